@@ -1,0 +1,1 @@
+"""shardport.deploy (placeholder package: filled in by later issues)."""

@@ -1,0 +1,1 @@
+"""shardport.kernels (placeholder package: filled in by later issues)."""

@@ -1,0 +1,1 @@
+"""shardport.loader (placeholder package: filled in by later issues)."""

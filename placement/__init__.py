@@ -1,0 +1,1 @@
+"""shardport.placement (placeholder package: filled in by later issues)."""

@@ -1,0 +1,1 @@
+"""shardport.provenance (placeholder package: filled in by later issues)."""

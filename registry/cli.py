@@ -1,0 +1,187 @@
+"""The ``registry`` command line. Exit codes: 0 ok, 1 verification failure, 2 usage, 3 not found,
+4 conflict. ``--json`` prints one JSON document on stdout; errors then go to stdout as
+``{"error": {...}}`` too. Progress bars appear only on an interactive terminal without ``--json``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from shardport import ShardportError
+from shardport.registry import commands
+from shardport.registry.errors import UsageError
+from shardport.registry.housekeeping import fsck, gc
+from shardport.registry.progress import reporter
+from shardport.registry.pull import pull
+from shardport.registry.push import push
+from shardport.registry.refs import parse_ref
+from shardport.registry.session import Session
+from shardport.registry.verify import verify_dir, verify_ref
+
+EXIT_CODES = "exit codes: 0 ok, 1 verification failure, 2 usage, 3 not found, 4 conflict"
+
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    s = argparse.SUPPRESS
+    p.add_argument("--store", default=s, help="store URL: a folder or s3://bucket/prefix (env SHARDPORT_STORE)")
+    p.add_argument("--s3-endpoint", default=s, help="S3 endpoint URL (default: AWS_ENDPOINT_URL)")
+    p.add_argument("--json", action="store_true", default=s, help="machine-readable output")
+    p.add_argument("--trust", default=s, type=Path, help="trust policy JSON or a PEM public key")
+    p.add_argument("--key", default=s, type=Path, help="Ed25519 private key (PEM) to sign with")
+    p.add_argument("--allow-unsigned", action="store_true", default=s, help="accept/produce unsigned content")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also used for ``--help``)."""
+    common = _common()
+    parser = argparse.ArgumentParser(prog="registry", parents=[common], epilog=EXIT_CODES,
+                                     description="Signed, content-addressed registry for model checkpoints.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], help=help_, description=help_, epilog=EXIT_CODES)
+
+    p = add("keygen", "make an Ed25519 key pair and trust it locally")
+    p.add_argument("--name", default="default")
+    p.add_argument("--scope", action="append", help="repository/tag glob the key may sign (default *)")
+    p = add("push", "push a checkpoint folder as NAME:TAG; prints the manifest digest")
+    p.add_argument("src", type=Path)
+    p.add_argument("target")
+    p.add_argument("--retry", type=int, default=0, help="retries when another writer moves the tag")
+    p.add_argument("--expires-days", type=float, default=365.0, help="validity of the tag document")
+    p.add_argument("--sign", choices=["ed25519", "sigstore"], default="ed25519")
+    p = add("pull", "verify and download REF into DEST (atomically)")
+    p.add_argument("ref")
+    p.add_argument("dest", type=Path)
+    p = add("tag", "point NAME:TAG at what REF resolves to")
+    p.add_argument("ref")
+    p.add_argument("target")
+    p.add_argument("--retry", type=int, default=0)
+    p.add_argument("--expires-days", type=float, default=365.0)
+    p = add("rollback", "move NAME:TAG back to an earlier pinned manifest")
+    p.add_argument("ref")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--to", help="manifest digest from the tag's history")
+    g.add_argument("--steps", type=int, help="go back N versions")
+    p.add_argument("--reason", default="")
+    p.add_argument("--retry", type=int, default=0)
+    p = add("log", "history of NAME:TAG")
+    p.add_argument("ref")
+    p = add("ls", "list repositories and tags")
+    p.add_argument("name", nargs="?")
+    p = add("inspect", "show the verified manifest of REF")
+    p.add_argument("ref")
+    p = add("verify", "verify REF (signatures, chain, every hash) or a pulled DIR")
+    p.add_argument("target")
+    p = add("gc", "delete blobs no retained tag version, attachment or live upload references")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--grace-seconds", type=float, default=3600.0)
+    add("fsck", "report corrupt blobs, dangling references and broken tags")
+    return parser
+
+
+def _session(args: argparse.Namespace) -> Session:
+    return Session.open(
+        getattr(args, "store", None),
+        s3_endpoint=getattr(args, "s3_endpoint", None),
+        trust=getattr(args, "trust", None),
+        key=getattr(args, "key", None),
+        allow_unsigned=getattr(args, "allow_unsigned", False),
+    )
+
+
+def _dispatch(args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
+    cmd = args.command
+    if cmd == "keygen":
+        return commands.keygen(args.name, tuple(args.scope or ["*"])), 0
+    session = _session(args)
+    if cmd == "push":
+        if args.sign == "sigstore":
+            from shardport.provenance.sigstore_signing import sign_statement_sigstore
+
+            sign_statement_sigstore(b"{}")  # fails fast, before anything is written, when offline
+        ref = parse_ref(args.target, require_tag=True)
+        assert ref.tag is not None
+        with reporter(json_mode) as rep:
+            res = push(session, args.src, ref.name, ref.tag, reporter=rep, retries=args.retry,
+                       valid_for=timedelta(days=args.expires_days))
+        return res.to_json(), 0
+    if cmd == "pull":
+        with reporter(json_mode) as rep:
+            return pull(session, parse_ref(args.ref), args.dest, reporter=rep).to_json(), 0
+    if cmd == "tag":
+        ref, target = parse_ref(args.ref), parse_ref(args.target, require_tag=True)
+        assert target.tag is not None
+        return commands.tag(session, ref, target.name, target.tag, retries=args.retry,
+                            valid_for=timedelta(days=args.expires_days)), 0
+    if cmd == "rollback":
+        return commands.rollback(session, parse_ref(args.ref, require_tag=True), to=args.to,
+                                 steps=args.steps, reason=args.reason, retries=args.retry), 0
+    if cmd == "log":
+        return commands.log(session, parse_ref(args.ref, require_tag=True)), 0
+    if cmd == "ls":
+        return commands.ls(session, args.name), 0
+    if cmd == "inspect":
+        return commands.inspect(session, parse_ref(args.ref)), 0
+    if cmd == "verify":
+        folder = commands.local_path(args.target)
+        report = verify_dir(session, folder) if folder else verify_ref(session, parse_ref(args.target))
+        return report.to_json(), 0 if report.ok else 1
+    if cmd == "gc":
+        return gc(session, dry_run=args.dry_run, grace=timedelta(seconds=args.grace_seconds)).to_json(), 0
+    if cmd == "fsck":
+        rep = fsck(session)
+        return rep.to_json(), 0 if rep.ok else 1
+    raise UsageError(f"unknown command {cmd!r}")
+
+
+def _human(cmd: str, result: Any) -> str:
+    if cmd == "push":
+        return (f"{result['digest']}\npushed {result['name']}:{result['tag']} version {result['version']}: "
+                f"{result['files']} files, uploaded {result['uploaded_bytes']} bytes, "
+                f"reused {result['reused_bytes']} bytes")
+    if cmd == "pull":
+        return f"{result['digest']}\npulled {result['ref']} into {result['dest']}: {result['files']} files, {result['bytes']} bytes"
+    if cmd == "log":
+        lines = []
+        for e in result:
+            rb = f"  ROLLBACK of v{e['rollback_of']['version']}: {e['rollback_of']['reason']}" if e["rollback_of"] else ""
+            who = e["signer_name"] or e["signer"] or "unsigned"
+            lines.append(f"v{e['version']}  {e['issued_at']}  {e['target']}  signed by {who}{rb}")
+        return "\n".join(lines)
+    if cmd == "ls":
+        lines = []
+        for repo in result:
+            lines.append(repo["name"])
+            lines += [f"  {t['tag']}  v{t['version']}  {t['target']}" for t in repo["tags"]]
+        return "\n".join(lines)
+    if cmd in ("tag", "rollback"):
+        return f"{result['digest']}\n{result['ref']} is now version {result['version']}"
+    if cmd == "verify":
+        head = f"{'OK' if result['ok'] else 'FAILED'}: {result['subject']} {result['digest'] or ''}".rstrip()
+        body = [f"  {f['kind']}: {f['object']}: {f['message']}" for f in result["findings"]]
+        return "\n".join([head, f"  {result['checked_files']} files, {result['checked_bytes']} bytes checked", *body])
+    return json.dumps(result, indent=2, sort_keys=True)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the exit code."""
+    args = build_parser().parse_args(argv)
+    json_mode = bool(getattr(args, "json", False))
+    try:
+        result, code = _dispatch(args, json_mode)
+    except ShardportError as exc:
+        if json_mode:
+            print(json.dumps({"error": {"type": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}}))
+        else:
+            print(f"registry {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(json.dumps(result, sort_keys=True) if json_mode else _human(args.command, result))
+    return code

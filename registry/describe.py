@@ -1,0 +1,116 @@
+"""Describe a checkpoint folder for its manifest: files, container kind, model and quantization info.
+
+Pure reading of the folder (small JSON files only); file hashing happens in :mod:`push`.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from typing import Any
+
+import rfc8785
+
+from shardport.registry.errors import UsageError
+from shardport.registry.hashing import digest_bytes
+from shardport.registry.manifest import ContainerInfo, FileEntry, ModelInfo, QuantizationInfo
+
+METADATA_DIR = ".shardport"
+MODEL_PARAMS = (
+    "model_type",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "rope_theta",
+    "rope_scaling",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "max_position_embeddings",
+    "head_dim",
+)
+
+
+def scan(src: Path) -> list[tuple[str, Path]]:
+    """Regular files under ``src`` as (relative POSIX path, absolute path), sorted.
+
+    Symlinks and special files are refused: a manifest records bytes, not links. The top-level
+    ``.shardport`` folder (metadata written by pull) is skipped.
+    """
+    if not src.is_dir():
+        raise UsageError(f"{src}: not a directory (push takes a checkpoint folder)")
+    out: list[tuple[str, Path]] = []
+    stack = [src]
+    while stack:
+        folder = stack.pop()
+        for child in folder.iterdir():
+            rel = child.relative_to(src).as_posix()
+            if rel == METADATA_DIR:
+                continue
+            mode = child.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                raise UsageError(f"{child}: symbolic links are not pushed; copy the target into the folder")
+            if stat.S_ISDIR(mode):
+                stack.append(child)
+            elif stat.S_ISREG(mode):
+                out.append((rel, child))
+            else:
+                raise UsageError(f"{child}: not a regular file")
+    if not out:
+        raise UsageError(f"{src}: no files to push")
+    return sorted(out)
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def container_of(paths: list[str]) -> ContainerInfo:
+    """Container kind from the file names."""
+    if any(p.endswith(".gguf") for p in paths):
+        return ContainerInfo(kind="gguf", profile_version=1)
+    if any(p.endswith(".safetensors") for p in paths):
+        return ContainerInfo(kind="safetensors", profile_version=1)
+    return ContainerInfo(kind="other", profile_version=1)
+
+
+def model_of(src: Path, files: dict[str, FileEntry]) -> ModelInfo:
+    """Model info from ``config.json`` (when present) and the tokenizer's digest."""
+    config = _json(src / "config.json") or {}
+    archs = config.get("architectures")
+    params = {k: config[k] for k in MODEL_PARAMS if k in config}
+    tokenizer = files.get("tokenizer.json") or files.get("tokenizer.model")
+    return ModelInfo(
+        architecture=archs[0] if isinstance(archs, list) and archs else config.get("model_type"),
+        revision=config.get("_commit_hash") or None,
+        tokenizer_digest=tokenizer.digest if tokenizer else None,
+        params=params,
+    )
+
+
+def quantization_of(src: Path) -> QuantizationInfo:
+    """Quantization family and config digest from ``config.json`` or ``quantize_config.json``."""
+    config = _json(src / "config.json") or {}
+    qc = config.get("quantization_config") or _json(src / "quantize_config.json")
+    if not isinstance(qc, dict):
+        return QuantizationInfo(family="none")
+    family = str(qc.get("quant_method") or qc.get("format") or "unknown")
+    return QuantizationInfo(
+        family=family,
+        config_digest=digest_bytes(rfc8785.dumps(qc)),
+        producer=str(qc["producer"]) if "producer" in qc else None,
+    )
+
+
+def source_digest(files: list[FileEntry]) -> str:
+    """Digest of the checkpoint as a whole: sha256 of the canonical (path, size, digest) list."""
+    return digest_bytes(rfc8785.dumps([[f.path, f.size, f.digest] for f in files]))

@@ -1,0 +1,112 @@
+"""Errors of the registry package.
+
+Every error names the object it is about and what was expected vs found, and carries the CLI exit
+code: 1 verification or contract failure, 2 usage, 3 not found, 4 conflict (tag moved; for container
+parsers, a parse error).
+
+Tree::
+
+    ShardportError
+    └── RegistryError                      (1)
+        ├── UsageError                     (2)  bad reference, name, option or input path
+        ├── NotFoundError                  (3)  blob, manifest, tag, key
+        ├── ConflictError                  (4)
+        │   └── TagMovedError                   another writer took the version first
+        ├── StoreError                     (1)  the storage backend failed (cause chained)
+        └── VerificationError              (1)  the store or a file lied
+            ├── DigestMismatchError
+            ├── SchemaVersionError
+            ├── UnsafePathError
+            ├── SignatureError
+            │   ├── UnsignedError
+            │   └── UntrustedSignerError
+            └── TagHistoryError
+                ├── TagChainError
+                ├── RollbackAttackError
+                ├── EquivocationError
+                └── TagExpiredError
+"""
+
+from __future__ import annotations
+
+from shardport import ShardportError
+
+
+class RegistryError(ShardportError):
+    """Base of every registry error."""
+
+    exit_code = 1
+
+
+class UsageError(RegistryError):
+    """The command was called wrongly (bad reference, name, option or input path)."""
+
+    exit_code = 2
+
+
+class NotFoundError(RegistryError):
+    """A blob, manifest, tag or key does not exist."""
+
+    exit_code = 3
+
+
+class ConflictError(RegistryError):
+    """A concurrent writer got there first."""
+
+    exit_code = 4
+
+
+class TagMovedError(ConflictError):
+    """Another writer created the tag version this writer wanted; re-read the tag and retry."""
+
+
+class StoreError(RegistryError):
+    """The storage backend failed (the original exception is chained)."""
+
+
+class VerificationError(RegistryError):
+    """Content failed verification: a hash, a signature, a tag history or a path is not as it must be."""
+
+
+class DigestMismatchError(VerificationError):
+    """Bytes do not hash to the digest that names them."""
+
+
+class SchemaVersionError(VerificationError):
+    """A document uses a mandatory schema version this shardport does not understand."""
+
+
+class UnsafePathError(VerificationError):
+    """A path from a manifest would escape its destination (absolute, ``..``, symlink, duplicate)."""
+
+
+class SignatureError(VerificationError):
+    """A signature is missing, malformed or does not verify."""
+
+
+class UnsignedError(SignatureError):
+    """Content carries no signature and ``--allow-unsigned`` was not given."""
+
+
+class UntrustedSignerError(SignatureError):
+    """The signature verifies, but the trust policy does not allow that key for this repository/tag."""
+
+
+class TagHistoryError(VerificationError):
+    """The tag's document history is not acceptable."""
+
+
+class TagChainError(TagHistoryError):
+    """A tag document does not link to its predecessor (or names the wrong tag or version)."""
+
+
+class RollbackAttackError(TagHistoryError):
+    """The store offers a lower tag version than this client has already seen."""
+
+
+class EquivocationError(TagHistoryError):
+    """The store offers a different document for a version this client has already seen."""
+
+
+class TagExpiredError(TagHistoryError):
+    """The newest tag document has expired (a freeze attack, or the tag needs re-signing)."""

@@ -1,0 +1,188 @@
+"""The artifact manifest: a pydantic v2 model, canonical JSON, digest = sha256 of the exact bytes.
+
+Each section carries its own ``version``. A section whose version is newer than this shardport
+understands is rejected (:class:`SchemaVersionError`); unknown optional fields are kept and written
+back unchanged (``extra="allow"``), so a manifest made by a newer producer round-trips.
+The ``tensors`` and ``weights`` sections are filled by the contracts layer; they are opaque here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+import rfc8785
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shardport.registry.errors import SchemaVersionError, VerificationError
+from shardport.registry.hashing import digest_bytes
+
+SCHEMA_ID = "shardport.manifest"
+SCHEMA_VERSION = 1
+MEDIA_TYPE = "application/vnd.shardport.manifest.v1+json"
+
+
+class Section(BaseModel):
+    """A manifest section: frozen, keeps unknown fields, versioned on its own."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True)
+    max_version: ClassVar[int] = 1
+    section: ClassVar[str] = "section"
+    version: int = 1
+
+    @model_validator(mode="after")
+    def _known_version(self) -> Section:
+        if self.version > self.max_version or self.version < 1:
+            raise SchemaVersionError(
+                f"manifest section {self.section!r}: version {self.version} is not supported "
+                f"(this shardport understands 1..{self.max_version}); upgrade shardport"
+            )
+        return self
+
+
+class SchemaInfo(Section):
+    """Artifact schema id and version."""
+
+    section = "schema"
+
+    id: str = SCHEMA_ID
+
+
+class ContainerInfo(Section):
+    """Where the bytes live: ``safetensors`` | ``gguf`` | ``shardport-tiled`` | ``other``."""
+
+    section = "container"
+
+    kind: str
+    profile_version: int = 1
+    spec_revision: str | None = None
+
+
+class ModelInfo(Section):
+    """What the model is: architecture, revision, the parameters a runtime needs."""
+
+    section = "model"
+
+    architecture: str | None = None
+    revision: str | None = None
+    tokenizer_digest: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class QuantizationInfo(Section):
+    """Quantization family and the digest of its configuration."""
+
+    section = "quantization"
+
+    family: str = "none"
+    config_digest: str | None = None
+    producer: str | None = None
+    producer_version: str | None = None
+    calibration_digest: str | None = None
+
+
+class PackingInfo(Section):
+    """Layout of the stored bytes."""
+
+    section = "packing"
+
+    layout: str | None = None
+    layout_version: int | None = None
+    encoding: str | None = None
+    packer: str | None = None
+    packer_version: str | None = None
+
+
+class RuntimeInfo(Section):
+    """Runtime tested with, and kernels required or preferred."""
+
+    section = "runtime"
+
+    name: str | None = None
+    tested_version: str | None = None
+    kernels_required: list[str] = Field(default_factory=list)
+    kernels_preferred: list[str] = Field(default_factory=list)
+
+
+class TopologyHints(Section):
+    """Parallel layouts the producer validated."""
+
+    section = "topology"
+
+    tp: list[int] = Field(default_factory=list)
+    ep: list[int] = Field(default_factory=list)
+    pp: list[int] = Field(default_factory=list)
+
+
+class FileEntry(BaseModel):
+    """One checkpoint file (path relative to the checkpoint root; untrusted on the way in)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    path: str
+    size: int = Field(ge=0)
+    digest: str
+
+
+class ProvenanceInfo(Section):
+    """Where the artifact came from."""
+
+    section = "provenance"
+
+    source_digest: str | None = None
+    converter: str | None = None
+    converter_version: str | None = None
+    source_manifest: str | None = None
+    parent: str | None = None
+    created_at: str | None = None
+
+
+class Manifest(BaseModel):
+    """The signed description of one artifact."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True)
+    media_type: str = Field(default=MEDIA_TYPE, alias="mediaType")
+    schema_: SchemaInfo = Field(default_factory=SchemaInfo, alias="schema")
+    container: ContainerInfo
+    model: ModelInfo = Field(default_factory=ModelInfo)
+    quantization: QuantizationInfo = Field(default_factory=QuantizationInfo)
+    packing: PackingInfo = Field(default_factory=PackingInfo)
+    runtime: RuntimeInfo = Field(default_factory=RuntimeInfo)
+    topology: TopologyHints | None = None
+    files: list[FileEntry]
+    tensors: list[dict[str, Any]] | None = None
+    weights: list[dict[str, Any]] | None = None
+    provenance: ProvenanceInfo = Field(default_factory=ProvenanceInfo)
+
+    @model_validator(mode="after")
+    def _known_schema(self) -> Manifest:
+        if self.schema_.id != SCHEMA_ID:
+            raise SchemaVersionError(f"manifest schema id: expected {SCHEMA_ID!r}, found {self.schema_.id!r}")
+        return self
+
+    def to_bytes(self) -> bytes:
+        """Canonical JSON (RFC 8785: sorted keys, no insignificant whitespace)."""
+        return rfc8785.dumps(self.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+    def digest(self) -> str:
+        """``sha256:<hex>`` of :meth:`to_bytes`."""
+        return digest_bytes(self.to_bytes())
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, source: str = "manifest") -> Manifest:
+        """Parse and validate; errors name ``source`` and the failing field."""
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise VerificationError(f"{source}: not valid JSON ({exc})") from exc
+        try:
+            return cls.model_validate(doc)
+        except SchemaVersionError:
+            raise
+        except ValidationError as exc:
+            for err in exc.errors():
+                inner = (err.get("ctx") or {}).get("error")
+                if isinstance(inner, SchemaVersionError):
+                    raise SchemaVersionError(f"{source}: {inner}") from exc
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise VerificationError(f"{source}: field {where!r}: {first['msg']}") from exc

@@ -1,0 +1,172 @@
+"""Push a checkpoint folder: hash once, upload only missing blobs, then manifest, signature, tag.
+
+Write order (each step only after the previous is durable): blobs → manifest → signature → tag
+document. A crash at any point leaves no tag pointing at incomplete content; re-running the push
+finds the blobs already stored and uploads only what is missing. A lease under ``uploads/<id>/``
+names every blob the push will reference, so a concurrent ``gc`` keeps them.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import shardport
+from shardport.registry import _failpoints
+from shardport.registry.describe import container_of, model_of, quantization_of, scan, source_digest
+from shardport.registry.errors import RegistryError, UnsignedError
+from shardport.registry.hashing import digest_file
+from shardport.registry.manifest import FileEntry, Manifest, ProvenanceInfo
+from shardport.registry.progress import Quiet, Reporter
+from shardport.registry.session import Session
+from shardport.registry.signatures import sign_manifest
+from shardport.registry.tagging import DEFAULT_VALIDITY, history, move_tag
+from shardport.registry.tags import format_time
+
+LEASE_TIME = timedelta(hours=6)
+WORKERS = 4
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """What a push did."""
+
+    name: str
+    tag: str
+    digest: str
+    version: int
+    files: int
+    uploaded_bytes: int
+    reused_bytes: int
+    uploaded_files: int
+    signed_by: str | None
+    unchanged: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        """The ``--json`` form."""
+        return {
+            "name": self.name,
+            "tag": self.tag,
+            "digest": self.digest,
+            "version": self.version,
+            "files": self.files,
+            "uploaded_bytes": self.uploaded_bytes,
+            "reused_bytes": self.reused_bytes,
+            "uploaded_files": self.uploaded_files,
+            "signed_by": self.signed_by,
+            "unchanged": self.unchanged,
+        }
+
+
+def build_manifest(src: Path, entries: list[FileEntry], created_at: str) -> Manifest:
+    """The manifest of a checkpoint folder whose files were hashed into ``entries``."""
+    by_path = {e.path: e for e in entries}
+    return Manifest(
+        container=container_of([e.path for e in entries]),
+        model=model_of(src, by_path),
+        quantization=quantization_of(src),
+        files=entries,
+        provenance=ProvenanceInfo(
+            source_digest=source_digest(entries),
+            converter="shardport.push",
+            converter_version=shardport.__version__,
+            created_at=created_at,
+        ),
+    )
+
+
+def _without_time(m: Manifest) -> bytes:
+    return m.model_copy(update={"provenance": m.provenance.model_copy(update={"created_at": None})}).to_bytes()
+
+
+def _unchanged_head(session: Session, name: str, tag: str, manifest: Manifest) -> Manifest | None:
+    """The tag's current manifest when it describes exactly these files (an idempotent re-push)."""
+    entries = history(session, name, tag)
+    if not entries:
+        return None
+    try:
+        head = Manifest.from_bytes(session.store.read_blob(entries[-1].doc.target))
+    except RegistryError:
+        return None
+    return head if _without_time(head) == _without_time(manifest) else None
+
+
+def push(
+    session: Session,
+    src: Path,
+    name: str,
+    tag: str,
+    *,
+    reporter: Reporter | None = None,
+    retries: int = 0,
+    valid_for: timedelta = DEFAULT_VALIDITY,
+) -> PushResult:
+    """Push folder ``src`` as ``name:tag``."""
+    if session.key is None and not session.allow_unsigned:
+        raise UnsignedError(
+            f"push {name}:{tag}: no signing key; run `registry keygen`, pass --key FILE, or --allow-unsigned"
+        )
+    reporter = reporter or Quiet()
+    store = session.store
+    files = scan(src)
+    total = sum(p.stat().st_size for _, p in files)
+
+    advance = reporter.task("hashing", total)
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        hashed = list(pool.map(lambda f: digest_file(f[1], advance), files))
+    entries = [FileEntry(path=rel, size=size, digest=d) for (rel, _), (d, size) in zip(files, hashed, strict=True)]
+    now = session.clock()
+    manifest = build_manifest(src, entries, format_time(now))
+    head = _unchanged_head(session, name, tag, manifest)
+    if head is not None:
+        manifest = head
+    manifest_bytes = manifest.to_bytes()
+    manifest_digest = manifest.digest()
+
+    lease_dir = f"uploads/{uuid.uuid4().hex}"
+    lease = {
+        "expires": format_time(now + LEASE_TIME),
+        "digests": sorted({e.digest for e in entries} | {manifest_digest}),
+    }
+    store.put(f"{lease_dir}/lease.json", json.dumps(lease).encode())
+    try:
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            present = list(pool.map(lambda e: store.has_blob(e.digest), entries))
+        unique_missing: dict[str, tuple[Path, int]] = {}
+        for (_, path), entry, have in zip(files, entries, present, strict=True):
+            if not have:
+                unique_missing.setdefault(entry.digest, (path, entry.size))
+        up_total = sum(size for _, size in unique_missing.values())
+        advance = reporter.task("uploading", up_total)
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            moved = list(
+                pool.map(lambda kv: store.upload_blob(kv[1][0], kv[0], advance), unique_missing.items())
+            )
+        _failpoints.hit("blobs-done")
+        store.put_blob(manifest_bytes)
+        _failpoints.hit("manifest-written")
+        sign_manifest(session, name, manifest_digest)
+        _failpoints.hit("signature-written")
+        if head is not None:
+            entry = history(session, name, tag)[-1]
+        else:
+            entry = move_tag(session, name, tag, manifest_digest, retries=retries, valid_for=valid_for)
+    finally:
+        store.delete_tree(lease_dir)
+    uploaded = sum(moved)
+    return PushResult(
+        name=name,
+        tag=tag,
+        digest=manifest_digest,
+        version=entry.doc.version,
+        files=len(entries),
+        uploaded_bytes=uploaded,
+        reused_bytes=sum(e.size for e in entries) - sum(unique_missing[d][1] for d in unique_missing),
+        uploaded_files=len(unique_missing),
+        signed_by=session.key.keyid if session.key else None,
+        unchanged=head is not None,
+    )

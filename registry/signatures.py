@@ -1,0 +1,94 @@
+"""Manifest signatures: DSSE envelopes over an in-toto statement whose subject is the manifest.
+
+Stored as blobs and attached to the manifest with a referrer key
+``repos/<name>/referrers/<manifest-hex>/<blob-hex>`` whose content names the artifact type.
+"""
+
+from __future__ import annotations
+
+import json
+
+from shardport.provenance import dsse
+from shardport.provenance.dsse import Envelope
+from shardport.provenance.errors import EnvelopeFormatError
+from shardport.provenance.statement import PAYLOAD_TYPE, Statement, Subject
+from shardport.registry.errors import SignatureError, UnsignedError, VerificationError
+from shardport.registry.hashing import hex_of
+from shardport.registry.session import Session
+from shardport.registry.store import referrer_key
+
+SIGNATURE_PREDICATE = "https://shardport.dev/manifest-signature/v1"
+SIGNATURE_ARTIFACT = "application/vnd.shardport.signature.v1+json"
+
+
+def manifest_statement(name: str, manifest_digest: str) -> Statement:
+    """The statement a manifest signature signs."""
+    return Statement(
+        subjects=(Subject(name=f"{name}@{manifest_digest}", sha256=hex_of(manifest_digest)),),
+        predicate_type=SIGNATURE_PREDICATE,
+        predicate={"repository": name, "manifest": manifest_digest},
+    )
+
+
+def attach(session: Session, name: str, manifest: str, blob: str, artifact_type: str) -> None:
+    """Attach ``blob`` to ``manifest`` in repository ``name``."""
+    body = json.dumps({"artifactType": artifact_type, "digest": blob}, sort_keys=True).encode()
+    session.store.put(referrer_key(name, manifest, blob), body)
+
+
+def referrers(session: Session, name: str, manifest: str, artifact_type: str | None = None) -> list[str]:
+    """Digests of the blobs attached to ``manifest`` (optionally of one artifact type)."""
+    folder = f"repos/{name}/referrers/{hex_of(manifest)}"
+    out = []
+    for child in session.store.listdir(folder):
+        try:
+            doc = json.loads(session.store.read(f"{folder}/{child}"))
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(doc, dict) and (artifact_type is None or doc.get("artifactType") == artifact_type):
+            digest = str(doc.get("digest", ""))
+            if hex_of(digest) == child:
+                out.append(digest)
+    return out
+
+
+def sign_manifest(session: Session, name: str, manifest: str) -> str | None:
+    """Sign ``manifest`` with the session key, store and attach the envelope; return its digest."""
+    if session.key is None:
+        return None
+    env = dsse.sign(PAYLOAD_TYPE, manifest_statement(name, manifest).to_bytes(), [session.key])
+    blob = session.store.put_blob(env.to_bytes())
+    attach(session, name, manifest, blob, SIGNATURE_ARTIFACT)
+    return blob
+
+
+def check_envelope(session: Session, raw: bytes, name: str, manifest: str, source: str) -> list[str]:
+    """Verify one signature envelope of ``manifest``; return the trusted key ids that signed it."""
+    try:
+        env = Envelope.from_bytes(raw, source=source)
+        st = Statement.from_bytes(env.payload)
+    except (EnvelopeFormatError, ValueError) as exc:
+        raise SignatureError(f"{source}: {exc}") from exc
+    if st.predicate_type != SIGNATURE_PREDICATE or [s.sha256 for s in st.subjects] != [hex_of(manifest)]:
+        raise SignatureError(f"{source}: does not sign manifest {manifest}")
+    return session.policy.check(env, what=f"manifest {manifest} ({source})", repository=name)
+
+
+def verify_manifest(session: Session, name: str, manifest: str) -> list[str]:
+    """Key ids of trusted signers of ``manifest``; raise unless ``allow_unsigned``."""
+    blobs = referrers(session, name, manifest, SIGNATURE_ARTIFACT)
+    errors: list[VerificationError] = []
+    signers: list[str] = []
+    for blob in blobs:
+        try:
+            raw = session.store.read_blob(blob)
+            signers += check_envelope(session, raw, name, manifest, f"signature {blob}")
+        except VerificationError as exc:
+            errors.append(exc)
+    if signers or session.allow_unsigned:
+        return sorted(set(signers))
+    if errors:
+        raise errors[0]
+    raise UnsignedError(
+        f"manifest {manifest} in {name} has no signature; pass --allow-unsigned to accept unsigned content"
+    )

@@ -1,0 +1,322 @@
+"""The object store: one fsspec code path for a local directory and ``s3://bucket/prefix``.
+
+Layout (see DESIGN.md)::
+
+    blobs/sha256/<hex>                               immutable, content-addressed
+    repos/<name>/tags/<tag>/<version:012d>.json      signed tag documents, create-only
+    repos/<name>/referrers/<manifest-hex>/<blob-hex> attachments (signatures, evidence)
+    uploads/<id>/                                    staging and leases of pushes in flight
+
+Only two operations differ by backend: *create-only* writes (``os.link`` of a finished temporary file
+locally, ``If-None-Match: *`` on S3) and *blob publication* (temporary file + rename locally; on S3 a
+streamed multipart upload that is aborted, never completed, when the bytes do not hash to their name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from shardport import ShardportError
+from shardport.registry import _failpoints
+from shardport.registry.errors import DigestMismatchError, NotFoundError, StoreError, UsageError
+from shardport.registry.hashing import CHUNK, digest_bytes, hex_of
+
+Progress = Callable[[int], None]
+
+
+class AlreadyExists(Exception):  # noqa: N818 - internal signal, never leaves this package
+    """A create-only write found the key already present."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """A listed object: its key relative to the store root, size and modification time (UTC)."""
+
+    key: str
+    size: int
+    mtime: datetime
+
+
+def blob_key(digest: str) -> str:
+    """Key of the blob named ``digest``."""
+    return f"blobs/sha256/{hex_of(digest)}"
+
+
+def tag_dir(name: str, tag: str) -> str:
+    """Folder holding a tag's documents."""
+    return f"repos/{name}/tags/{tag}"
+
+
+def tag_key(name: str, tag: str, version: int) -> str:
+    """Key of one tag document."""
+    return f"{tag_dir(name, tag)}/{version:012d}.json"
+
+
+def referrer_key(name: str, manifest: str, blob: str) -> str:
+    """Key that attaches ``blob`` to ``manifest`` in repository ``name``."""
+    return f"repos/{name}/referrers/{hex_of(manifest)}/{hex_of(blob)}"
+
+
+@contextlib.contextmanager
+def _io(what: str) -> Iterator[None]:
+    """Wrap backend exceptions once, with the object named."""
+    try:
+        yield
+    except (ShardportError, AlreadyExists):
+        raise
+    except FileNotFoundError as exc:
+        raise NotFoundError(f"{what}: not found in the store") from exc
+    except Exception as exc:  # the backend's own errors, wrapped once with the object named
+        raise StoreError(f"{what}: storage error: {type(exc).__name__}: {exc}") from exc
+
+
+def _is_precondition_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is S3's answer to a failed condition.
+
+    Servers differ: 412 PreconditionFailed (AWS, moto, SeaweedFS), 409 ConditionalRequestConflict
+    (AWS, for a racing conditional write); s3fs wraps them in OSError with the ClientError chained.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            code = str(response.get("Error", {}).get("Code", ""))
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                return True
+        if "pre-conditions you specified did not hold" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class Store:
+    """A registry store rooted at a local directory or an ``s3://bucket/prefix`` URL."""
+
+    def __init__(self, url: str, *, s3_endpoint: str | None = None) -> None:
+        self.url = url
+        if url.startswith("s3://"):
+            opts: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": True}
+            endpoint = s3_endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
+                "AWS_ENDPOINT_URL"
+            )
+            if endpoint:
+                opts["client_kwargs"] = {"endpoint_url": endpoint}
+            self.fs = fsspec.filesystem("s3", **opts)
+            self.root = url[len("s3://") :].rstrip("/")
+            self.is_local = False
+        elif "://" in url and not url.startswith("file://"):
+            raise UsageError(f"store URL {url!r}: expected a local directory or s3://bucket/prefix")
+        else:
+            path = Path(url.removeprefix("file://")).expanduser().resolve()
+            path.mkdir(parents=True, exist_ok=True)
+            self.fs = LocalFileSystem()
+            self.root = str(path)
+            self.is_local = True
+
+    # ---- paths -------------------------------------------------------------------------------
+    def path(self, key: str) -> str:
+        """Backend path of ``key``."""
+        return f"{self.root}/{key}"
+
+    # ---- generic reads -------------------------------------------------------------------------
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` exists."""
+        with _io(key):
+            return bool(self.fs.exists(self.path(key)))
+
+    def read(self, key: str) -> bytes:
+        """Whole content of a small object."""
+        with _io(key):
+            data: bytes = self.fs.cat_file(self.path(key))
+            return data
+
+    def info(self, key: str) -> ObjectInfo:
+        """Size and modification time of ``key``."""
+        with _io(key):
+            return self._info(key, self.fs.info(self.path(key)))
+
+    def _info(self, key: str, raw: dict[str, Any]) -> ObjectInfo:
+        mtime = raw.get("LastModified") or raw.get("mtime") or raw.get("created") or 0
+        if not isinstance(mtime, datetime):
+            mtime = datetime.fromtimestamp(float(mtime), tz=timezone.utc)
+        return ObjectInfo(key=key, size=int(raw.get("size") or 0), mtime=mtime)
+
+    def listdir(self, key: str) -> list[str]:
+        """Names of the immediate children of folder ``key`` (empty when it does not exist)."""
+        with _io(key):
+            try:
+                entries = self.fs.ls(self.path(key), detail=False)
+            except FileNotFoundError:
+                return []
+        own = self.path(key).rstrip("/")
+        return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != own})
+
+    def walk(self, prefix: str) -> list[ObjectInfo]:
+        """Every object under folder ``prefix``, recursively."""
+        with _io(prefix):
+            try:
+                found = self.fs.find(self.path(prefix), detail=True)
+            except FileNotFoundError:
+                return []
+        base = len(self.root) + 1
+        out = []
+        for path, raw in found.items():
+            if raw.get("type") == "directory":
+                continue
+            out.append(self._info(path[base:], raw))
+        return sorted(out, key=lambda o: o.key)
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (missing is fine)."""
+        with _io(key), contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self.path(key))
+
+    def delete_tree(self, key: str) -> None:
+        """Remove folder ``key`` recursively (missing is fine)."""
+        with _io(key), contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.path(key), recursive=True)
+
+    # ---- writes --------------------------------------------------------------------------------
+    def _local_temp(self) -> Path:
+        tmp = Path(self.root, "uploads", "tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        return tmp / uuid.uuid4().hex
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write a small object, replacing any previous one atomically."""
+        with _io(key):
+            if self.is_local:
+                tmp = self._local_temp()
+                tmp.write_bytes(data)
+                target = Path(self.path(key))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, target)
+            else:
+                self.fs.pipe_file(self.path(key), data)
+
+    def create_only(self, key: str, data: bytes) -> None:
+        """Write ``key`` only if it does not exist yet; raise :class:`AlreadyExists` otherwise.
+
+        Of many concurrent writers exactly one succeeds, and readers never see a partial object.
+        """
+        with _io(key):
+            if self.is_local:
+                tmp = self._local_temp()
+                tmp.write_bytes(data)
+                target = Path(self.path(key))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(tmp, target)
+                except FileExistsError as exc:
+                    raise AlreadyExists(key) from exc
+                finally:
+                    tmp.unlink()
+                return
+            try:
+                self.fs.pipe_file(self.path(key), data, mode="create")
+            except FileExistsError as exc:
+                raise AlreadyExists(key) from exc
+            except Exception as exc:
+                if _is_precondition_failure(exc):
+                    raise AlreadyExists(key) from exc
+                raise
+
+    # ---- blobs ---------------------------------------------------------------------------------
+    def has_blob(self, digest: str) -> bool:
+        """Whether the blob named ``digest`` is present."""
+        return self.exists(blob_key(digest))
+
+    def read_blob(self, digest: str) -> bytes:
+        """A small blob's bytes, verified against its name."""
+        data = self.read(blob_key(digest))
+        if digest_bytes(data) != digest:
+            raise DigestMismatchError(
+                f"blob {digest}: content hashes to {digest_bytes(data)} (corrupt or tampered store)"
+            )
+        return data
+
+    def put_blob(self, data: bytes) -> str:
+        """Store ``data`` as a blob (no-op when present); return its digest."""
+        digest = digest_bytes(data)
+        if not self.has_blob(digest):
+            self.put(blob_key(digest), data)
+        return digest
+
+    def upload_blob(self, source: Path, digest: str, progress: Progress | None = None) -> int:
+        """Publish file ``source`` as blob ``digest``, verifying the bytes sent hash to ``digest``.
+
+        Returns the number of bytes moved. Nothing is published when the hash differs.
+        """
+        key = blob_key(digest)
+        with _io(f"{source} -> {key}"):
+            if self.is_local:
+                return self._upload_local(source, digest, key, progress)
+            return self._upload_remote(source, digest, key, progress)
+
+    def _copy_hashing(self, src: IO[bytes], dst: IO[bytes], progress: Progress | None) -> tuple[str, int]:
+        h = hashlib.sha256()
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        total = 0
+        while n := src.readinto(buf):  # type: ignore[attr-defined]
+            h.update(view[:n])
+            dst.write(view[:n])
+            total += n
+            if progress:
+                progress(n)
+        return "sha256:" + h.hexdigest(), total
+
+    def _upload_local(self, source: Path, digest: str, key: str, progress: Progress | None) -> int:
+        tmp = self._local_temp()
+        try:
+            with open(source, "rb", buffering=0) as src, open(tmp, "wb") as dst:
+                got, size = self._copy_hashing(src, dst, progress)
+            _failpoints.hit("blob-written")
+            if got != digest:
+                raise DigestMismatchError(
+                    f"{source}: changed while pushing (hashed {digest}, uploaded bytes hash to {got})"
+                )
+            target = Path(self.path(key))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, target)
+            return size
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+    def _upload_remote(self, source: Path, digest: str, key: str, progress: Progress | None) -> int:
+        with open(source, "rb", buffering=0) as src:
+            dst = self.fs.open(self.path(key), "wb", block_size=max(CHUNK, 16 * 1024 * 1024))
+            try:
+                got, size = self._copy_hashing(src, dst, progress)
+                _failpoints.hit("blob-written")
+                if got != digest:
+                    raise DigestMismatchError(
+                        f"{source}: changed while pushing (hashed {digest}, uploaded bytes hash to {got})"
+                    )
+            except BaseException:
+                dst.discard()
+                raise
+            dst.close()
+        return size
+
+    def open_blob(self, digest: str) -> IO[bytes]:
+        """A binary stream of the blob (verify what you read: the store is untrusted)."""
+        key = blob_key(digest)
+        with _io(key):
+            if self.is_local:
+                return open(self.path(key), "rb", buffering=0)  # noqa: SIM115 - caller closes
+            stream: IO[bytes] = self.fs.open(self.path(key), "rb", block_size=CHUNK, cache_type="none")
+            return stream

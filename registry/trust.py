@@ -1,0 +1,141 @@
+"""Trust policy: which Ed25519 keys may sign which repositories and tags. Pure decisions, small I/O.
+
+Policy file (JSON)::
+
+    {"version": 1,
+     "keys": [{"keyid": "ed25519:…", "name": "ci", "public_key": "-----BEGIN PUBLIC KEY-----…",
+               "scopes": ["*"]}]}
+
+A scope is a glob matched against the repository name (``acme/*``) or, when it contains ``:``,
+against ``name:tag`` (``acme/llama:prod``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardport.provenance.dsse import Envelope
+from shardport.provenance.errors import KeyFormatError
+from shardport.provenance.keys import VerifyingKey
+from shardport.registry.errors import (
+    SignatureError,
+    UnsignedError,
+    UntrustedSignerError,
+    UsageError,
+)
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    """A key the policy lists, with its name and scopes."""
+
+    key: VerifyingKey
+    name: str
+    scopes: tuple[str, ...]
+
+    def allows(self, repository: str, tag: str | None) -> bool:
+        """Whether this key may sign for ``repository`` (and ``tag``, when given)."""
+        for scope in self.scopes:
+            if ":" in scope:
+                if tag is not None and fnmatch.fnmatchcase(f"{repository}:{tag}", scope):
+                    return True
+            elif fnmatch.fnmatchcase(repository, scope):
+                return True
+        return False
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    """The set of trusted keys."""
+
+    keys: tuple[TrustedKey, ...] = ()
+
+    @classmethod
+    def load(cls, path: Path) -> TrustPolicy:
+        """Load a policy file, or a PEM public key file (trusted for everything). Missing: empty."""
+        if not path.exists():
+            return cls()
+        data = path.read_bytes()
+        if data.lstrip().startswith(b"-----BEGIN"):
+            try:
+                key = VerifyingKey.from_pem(data, source=str(path))
+            except KeyFormatError as exc:
+                raise UsageError(str(exc)) from exc
+            return cls(keys=(TrustedKey(key=key, name=path.stem, scopes=("*",)),))
+        try:
+            doc = json.loads(data)
+            keys = tuple(
+                TrustedKey(
+                    key=VerifyingKey.from_pem(k["public_key"].encode(), source=f"{path}: key {k.get('name')}"),
+                    name=str(k.get("name", "")),
+                    scopes=tuple(str(s) for s in k.get("scopes", ["*"])),
+                )
+                for k in doc["keys"]
+            )
+        except (ValueError, KeyError, TypeError, AttributeError, KeyFormatError) as exc:
+            raise UsageError(f"trust policy {path}: malformed ({exc}); expected {{'keys': [...]}}") from exc
+        return cls(keys=keys)
+
+    def save(self, path: Path) -> None:
+        """Write the policy atomically."""
+        doc = {
+            "version": 1,
+            "keys": [
+                {
+                    "keyid": k.key.keyid,
+                    "name": k.name,
+                    "public_key": k.key.to_pem().decode(),
+                    "scopes": list(k.scopes),
+                }
+                for k in self.keys
+            ],
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        os.replace(tmp, path)
+
+    def with_key(self, key: VerifyingKey, name: str, scopes: tuple[str, ...] = ("*",)) -> TrustPolicy:
+        """A copy with ``key`` added (or its entry replaced)."""
+        kept = tuple(k for k in self.keys if k.key.keyid != key.keyid)
+        return TrustPolicy(keys=(*kept, TrustedKey(key=key, name=name, scopes=scopes)))
+
+    def name_of(self, keyid: str) -> str | None:
+        """The policy's name for ``keyid``."""
+        for k in self.keys:
+            if k.key.keyid == keyid:
+                return k.name
+        return None
+
+    def check(self, envelope: Envelope, *, what: str, repository: str, tag: str | None = None) -> list[str]:
+        """Return the key ids of trusted, in-scope keys that signed ``envelope``; else raise.
+
+        ``what`` names the signed object in messages (e.g. ``tag acme/m:prod version 3``).
+        """
+        if not envelope.signatures:
+            raise UnsignedError(f"{what} is unsigned; pass --allow-unsigned to accept unsigned content")
+        good = envelope.signed_by(k.key for k in self.keys)
+        if not good:
+            ids = ", ".join(sorted({s.keyid for s in envelope.signatures}))
+            listed = {k.key.keyid for k in self.keys}
+            if any(s.keyid in listed for s in envelope.signatures):
+                raise SignatureError(
+                    f"{what}: signature by {ids} does not verify (the signed content was altered)"
+                )
+            raise UntrustedSignerError(
+                f"{what}: signed by {ids}, which the trust policy does not list; add the key with "
+                "--trust FILE|PUBKEY or to $SHARDPORT_HOME/trust.json"
+            )
+        by_id = {k.key.keyid: k for k in self.keys}
+        allowed = [k.keyid for k in good if by_id[k.keyid].allows(repository, tag)]
+        if not allowed:
+            scope = f"{repository}:{tag}" if tag else repository
+            raise UntrustedSignerError(
+                f"{what}: signed by {', '.join(k.keyid for k in good)}, which the trust policy does not "
+                f"allow for {scope}"
+            )
+        return allowed

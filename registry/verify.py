@@ -1,0 +1,148 @@
+"""``registry verify``: signatures, tag chain and every hash, for a stored reference or a pulled folder."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shardport.registry.describe import METADATA_DIR, scan
+from shardport.registry.errors import NotFoundError, RegistryError, UsageError, VerificationError
+from shardport.registry.hashing import CHUNK, digest_file
+from shardport.registry.manifest import Manifest
+from shardport.registry.paths import check_paths
+from shardport.registry.refs import Ref
+from shardport.registry.resolve import resolve
+from shardport.registry.session import Session
+from shardport.registry.signatures import check_envelope
+
+
+@dataclass
+class Report:
+    """Findings of a verification; ``ok`` when there are none."""
+
+    subject: str
+    digest: str | None = None
+    checked_files: int = 0
+    checked_bytes: int = 0
+    signers: list[str] = field(default_factory=list)
+    findings: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing was found wrong."""
+        return not self.findings
+
+    def add(self, kind: str, obj: str, message: str) -> None:
+        """Record a finding."""
+        self.findings.append({"kind": kind, "object": obj, "message": message})
+
+    def to_json(self) -> dict[str, object]:
+        """The ``--json`` form."""
+        return {
+            "subject": self.subject,
+            "digest": self.digest,
+            "ok": self.ok,
+            "checked_files": self.checked_files,
+            "checked_bytes": self.checked_bytes,
+            "signers": self.signers,
+            "findings": self.findings,
+        }
+
+
+def _stream_digest(session: Session, digest: str) -> tuple[str, int]:
+    h = hashlib.sha256()
+    n = 0
+    with session.store.open_blob(digest) as fh:
+        while chunk := fh.read(CHUNK):
+            h.update(chunk)
+            n += len(chunk)
+    return "sha256:" + h.hexdigest(), n
+
+
+def verify_ref(session: Session, ref: Ref) -> Report:
+    """Verify a stored reference: tag history, signature, manifest, and every file blob's hash."""
+    report = Report(subject=str(ref))
+    try:
+        resolved = resolve(session, ref)
+    except NotFoundError:
+        raise
+    except VerificationError as exc:
+        report.add(type(exc).__name__, str(ref), str(exc))
+        return report
+    report.digest = resolved.digest
+    report.signers = list(resolved.signers)
+    try:
+        check_paths([f.path for f in resolved.manifest.files], source=f"manifest {resolved.digest}")
+    except VerificationError as exc:
+        report.add(type(exc).__name__, resolved.digest, str(exc))
+    for entry in resolved.manifest.files:
+        try:
+            got, size = _stream_digest(session, entry.digest)
+        except NotFoundError:
+            report.add("MissingBlob", entry.path, f"blob {entry.digest} is missing from the store")
+            continue
+        report.checked_files += 1
+        report.checked_bytes += size
+        if got != entry.digest or size != entry.size:
+            report.add(
+                "DigestMismatch",
+                entry.path,
+                f"blob {entry.digest}: expected {entry.size} bytes hashing to {entry.digest}, "
+                f"found {size} bytes hashing to {got}",
+            )
+    return report
+
+
+def verify_dir(session: Session, folder: Path) -> Report:
+    """Verify a pulled folder against the manifest and signatures recorded in ``.shardport/``."""
+    meta = folder / METADATA_DIR
+    report = Report(subject=str(folder))
+    try:
+        raw = (meta / "manifest.json").read_bytes()
+        ref = json.loads((meta / "ref.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(
+            f"{folder}: no shardport metadata ({METADATA_DIR}/manifest.json, ref.json); "
+            "verify takes a folder written by `registry pull` or a stored reference"
+        ) from exc
+    digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    report.digest = digest
+    if ref.get("digest") != digest:
+        report.add("DigestMismatch", "manifest.json", f"manifest hashes to {digest}, ref.json says {ref.get('digest')}")
+    try:
+        manifest = Manifest.from_bytes(raw, source=f"{folder}/{METADATA_DIR}/manifest.json")
+        paths = check_paths([f.path for f in manifest.files], source=f"manifest {digest}")
+    except RegistryError as exc:
+        report.add(type(exc).__name__, "manifest.json", str(exc))
+        return report
+    signers: list[str] = []
+    errors: list[str] = []
+    for sig in sorted((meta / "signatures").glob("*.json")):
+        try:
+            signers += check_envelope(session, sig.read_bytes(), str(ref.get("repository", "")), digest, str(sig))
+        except VerificationError as exc:
+            errors.append(str(exc))
+    report.signers = sorted(set(signers))
+    if not signers and not session.allow_unsigned:
+        report.add("Signature", "manifest.json", errors[0] if errors else "manifest is unsigned")
+    expected = {str(p) for p in paths}
+    for entry in manifest.files:
+        path = folder / entry.path
+        if not path.is_file() or path.is_symlink():
+            report.add("MissingFile", entry.path, "listed in the manifest but missing (or not a regular file)")
+            continue
+        got, size = digest_file(path)
+        report.checked_files += 1
+        report.checked_bytes += size
+        if got != entry.digest or size != entry.size:
+            report.add(
+                "DigestMismatch",
+                entry.path,
+                f"expected {entry.size} bytes hashing to {entry.digest}, found {size} bytes hashing to {got}",
+            )
+    for rel, _ in scan(folder):
+        if rel not in expected:
+            report.add("ExtraFile", rel, "present in the folder but not in the manifest")
+    return report
