@@ -31,12 +31,15 @@ def history(session: Session, name: str, tag: str, *, remember: bool = True) -> 
 
     With ``remember``, the state advances to the newest verified document.
     """
+    # Read the trusted state before listing: the state only ever names documents that were already
+    # stored, so a listing taken afterwards contains them (a concurrent writer may add more).
+    seen = session.state.get(name, tag)
     entries = verify_history(
         read_raw_history(session, name, tag),
         repository=name,
         tag=tag,
         policy=session.policy,
-        seen=session.state.get(name, tag),
+        seen=seen,
         now=session.clock(),
         allow_unsigned=session.allow_unsigned,
     )
