@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import rfc8785
-
 from shardport.provenance.errors import EnvelopeFormatError
 from shardport.provenance.keys import SigningKey, VerifyingKey
 
@@ -70,8 +69,7 @@ class Envelope:
         try:
             raw_payload = base64.b64decode(payload, validate=True)
             signatures = tuple(
-                Signature(keyid=str(s["keyid"]), sig=base64.b64decode(s["sig"], validate=True))
-                for s in sigs
+                Signature(keyid=str(s["keyid"]), sig=base64.b64decode(s["sig"], validate=True)) for s in sigs
             )
         except (binascii.Error, KeyError, TypeError, ValueError) as exc:
             raise EnvelopeFormatError(f"{source}: malformed payload or signature entry ({exc})") from exc

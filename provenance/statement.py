@@ -30,7 +30,7 @@ class Statement:
 
     def to_bytes(self) -> bytes:
         """Canonical (RFC 8785) JSON bytes of the statement."""
-        doc = {
+        doc: dict[str, Any] = {
             "_type": STATEMENT_TYPE,
             "subject": [{"name": s.name, "digest": {"sha256": s.sha256}} for s in self.subjects],
             "predicateType": self.predicate_type,

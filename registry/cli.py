@@ -1,6 +1,9 @@
-"""The ``registry`` command line. Exit codes: 0 ok, 1 verification failure, 2 usage, 3 not found,
-4 conflict. ``--json`` prints one JSON document on stdout; errors then go to stdout as
-``{"error": {...}}`` too. Progress bars appear only on an interactive terminal without ``--json``."""
+"""The ``registry`` command line.
+
+Exit codes: 0 ok, 1 verification failure, 2 usage, 3 not found, 4 conflict. ``--json`` prints one
+JSON document on stdout; errors then go to stdout as ``{"error": {...}}`` too.
+Progress bars appear only on an interactive terminal without ``--json``.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from shardport import ShardportError
 from shardport.registry import commands
 from shardport.registry.errors import UsageError
 from shardport.registry.housekeeping import fsck, gc
@@ -23,13 +25,17 @@ from shardport.registry.refs import parse_ref
 from shardport.registry.session import Session
 from shardport.registry.verify import verify_dir, verify_ref
 
+from shardport import ShardportError
+
 EXIT_CODES = "exit codes: 0 ok, 1 verification failure, 2 usage, 3 not found, 4 conflict"
 
 
 def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     s = argparse.SUPPRESS
-    p.add_argument("--store", default=s, help="store URL: a folder or s3://bucket/prefix (env SHARDPORT_STORE)")
+    p.add_argument(
+        "--store", default=s, help="store URL: a folder or s3://bucket/prefix (env SHARDPORT_STORE)"
+    )
     p.add_argument("--s3-endpoint", default=s, help="S3 endpoint URL (default: AWS_ENDPOINT_URL)")
     p.add_argument("--json", action="store_true", default=s, help="machine-readable output")
     p.add_argument("--trust", default=s, type=Path, help="trust policy JSON or a PEM public key")
@@ -41,8 +47,12 @@ def _common() -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
     common = _common()
-    parser = argparse.ArgumentParser(prog="registry", parents=[common], epilog=EXIT_CODES,
-                                     description="Signed, content-addressed registry for model checkpoints.")
+    parser = argparse.ArgumentParser(
+        prog="registry",
+        parents=[common],
+        epilog=EXIT_CODES,
+        description="Signed, content-addressed registry for model checkpoints.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
@@ -110,8 +120,15 @@ def _dispatch(args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
         ref = parse_ref(args.target, require_tag=True)
         assert ref.tag is not None
         with reporter(json_mode) as rep:
-            res = push(session, args.src, ref.name, ref.tag, reporter=rep, retries=args.retry,
-                       valid_for=timedelta(days=args.expires_days))
+            res = push(
+                session,
+                args.src,
+                ref.name,
+                ref.tag,
+                reporter=rep,
+                retries=args.retry,
+                valid_for=timedelta(days=args.expires_days),
+            )
         return res.to_json(), 0
     if cmd == "pull":
         with reporter(json_mode) as rep:
@@ -119,11 +136,23 @@ def _dispatch(args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     if cmd == "tag":
         ref, target = parse_ref(args.ref), parse_ref(args.target, require_tag=True)
         assert target.tag is not None
-        return commands.tag(session, ref, target.name, target.tag, retries=args.retry,
-                            valid_for=timedelta(days=args.expires_days)), 0
+        return commands.tag(
+            session,
+            ref,
+            target.name,
+            target.tag,
+            retries=args.retry,
+            valid_for=timedelta(days=args.expires_days),
+        ), 0
     if cmd == "rollback":
-        return commands.rollback(session, parse_ref(args.ref, require_tag=True), to=args.to,
-                                 steps=args.steps, reason=args.reason, retries=args.retry), 0
+        return commands.rollback(
+            session,
+            parse_ref(args.ref, require_tag=True),
+            to=args.to,
+            steps=args.steps,
+            reason=args.reason,
+            retries=args.retry,
+        ), 0
     if cmd == "log":
         return commands.log(session, parse_ref(args.ref, require_tag=True)), 0
     if cmd == "ls":
@@ -137,22 +166,31 @@ def _dispatch(args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     if cmd == "gc":
         return gc(session, dry_run=args.dry_run, grace=timedelta(seconds=args.grace_seconds)).to_json(), 0
     if cmd == "fsck":
-        rep = fsck(session)
-        return rep.to_json(), 0 if rep.ok else 1
+        found = fsck(session)
+        return found.to_json(), 0 if found.ok else 1
     raise UsageError(f"unknown command {cmd!r}")
 
 
 def _human(cmd: str, result: Any) -> str:
     if cmd == "push":
-        return (f"{result['digest']}\npushed {result['name']}:{result['tag']} version {result['version']}: "
-                f"{result['files']} files, uploaded {result['uploaded_bytes']} bytes, "
-                f"reused {result['reused_bytes']} bytes")
+        return (
+            f"{result['digest']}\npushed {result['name']}:{result['tag']} version {result['version']}: "
+            f"{result['files']} files, uploaded {result['uploaded_bytes']} bytes, "
+            f"reused {result['reused_bytes']} bytes"
+        )
     if cmd == "pull":
-        return f"{result['digest']}\npulled {result['ref']} into {result['dest']}: {result['files']} files, {result['bytes']} bytes"
+        return (
+            f"{result['digest']}\npulled {result['ref']} into {result['dest']}: "
+            f"{result['files']} files, {result['bytes']} bytes"
+        )
     if cmd == "log":
         lines = []
         for e in result:
-            rb = f"  ROLLBACK of v{e['rollback_of']['version']}: {e['rollback_of']['reason']}" if e["rollback_of"] else ""
+            rb = (
+                f"  ROLLBACK of v{e['rollback_of']['version']}: {e['rollback_of']['reason']}"
+                if e["rollback_of"]
+                else ""
+            )
             who = e["signer_name"] or e["signer"] or "unsigned"
             lines.append(f"v{e['version']}  {e['issued_at']}  {e['target']}  signed by {who}{rb}")
         return "\n".join(lines)
@@ -167,7 +205,9 @@ def _human(cmd: str, result: Any) -> str:
     if cmd == "verify":
         head = f"{'OK' if result['ok'] else 'FAILED'}: {result['subject']} {result['digest'] or ''}".rstrip()
         body = [f"  {f['kind']}: {f['object']}: {f['message']}" for f in result["findings"]]
-        return "\n".join([head, f"  {result['checked_files']} files, {result['checked_bytes']} bytes checked", *body])
+        return "\n".join(
+            [head, f"  {result['checked_files']} files, {result['checked_bytes']} bytes checked", *body]
+        )
     return json.dumps(result, indent=2, sort_keys=True)
 
 
@@ -179,7 +219,11 @@ def run(argv: Sequence[str] | None = None) -> int:
         result, code = _dispatch(args, json_mode)
     except ShardportError as exc:
         if json_mode:
-            print(json.dumps({"error": {"type": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}}))
+            print(
+                json.dumps(
+                    {"error": {"type": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}}
+                )
+            )
         else:
             print(f"registry {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code

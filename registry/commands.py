@@ -30,7 +30,12 @@ def keygen(name: str = "default", scopes: tuple[str, ...] = ("*",)) -> dict[str,
     key.save(private, public)
     policy = TrustPolicy.load(home.trust_path()).with_key(key.verifying_key(), name, scopes)
     policy.save(home.trust_path())
-    return {"keyid": key.keyid, "private_key": str(private), "public_key": str(public), "trust": str(home.trust_path())}
+    return {
+        "keyid": key.keyid,
+        "private_key": str(private),
+        "public_key": str(public),
+        "trust": str(home.trust_path()),
+    }
 
 
 def entry_json(session: Session, e: TagEntry) -> dict[str, Any]:
@@ -52,8 +57,15 @@ def entry_json(session: Session, e: TagEntry) -> dict[str, Any]:
     }
 
 
-def tag(session: Session, ref: Ref, name: str, tag_name: str, *, retries: int = 0,
-        valid_for: timedelta = DEFAULT_VALIDITY) -> dict[str, Any]:
+def tag(
+    session: Session,
+    ref: Ref,
+    name: str,
+    tag_name: str,
+    *,
+    retries: int = 0,
+    valid_for: timedelta = DEFAULT_VALIDITY,
+) -> dict[str, Any]:
     """Point ``name:tag_name`` at what ``ref`` resolves to (verified)."""
     resolved = resolve(session, ref)
     if name != ref.name:
@@ -68,8 +80,9 @@ def tag(session: Session, ref: Ref, name: str, tag_name: str, *, retries: int = 
     return {"ref": f"{name}:{tag_name}", "digest": resolved.digest, "version": entry.doc.version}
 
 
-def rollback(session: Session, ref: Ref, *, to: str | None, steps: int | None, reason: str,
-             retries: int = 0) -> dict[str, Any]:
+def rollback(
+    session: Session, ref: Ref, *, to: str | None, steps: int | None, reason: str, retries: int = 0
+) -> dict[str, Any]:
     """Move ``ref``'s tag back to an earlier target of its history, recording ``rollback_of``."""
     assert ref.tag is not None
     entries = history(session, ref.name, ref.tag)
@@ -78,7 +91,9 @@ def rollback(session: Session, ref: Ref, *, to: str | None, steps: int | None, r
     head = entries[-1]
     if steps is not None:
         if steps < 1 or steps >= head.doc.version:
-            raise UsageError(f"--steps {steps}: tag {ref} is at version {head.doc.version}; use 1..{head.doc.version - 1}")
+            raise UsageError(
+                f"--steps {steps}: tag {ref} is at version {head.doc.version}; use 1..{head.doc.version - 1}"
+            )
         target = entries[head.doc.version - steps - 1].doc.target
     elif to is not None:
         if not any(e.doc.target == to for e in entries[:-1]):
@@ -89,8 +104,14 @@ def rollback(session: Session, ref: Ref, *, to: str | None, steps: int | None, r
     if target == head.doc.target:
         raise UsageError(f"tag {ref} already points at {target}")
     resolve(session, Ref(name=ref.name, digest=target))
-    entry = move_tag(session, ref.name, ref.tag, target,
-                     rollback_of=RollbackOf(version=head.doc.version, reason=reason), retries=retries)
+    entry = move_tag(
+        session,
+        ref.name,
+        ref.tag,
+        target,
+        rollback_of=RollbackOf(version=head.doc.version, reason=reason),
+        retries=retries,
+    )
     return {"ref": str(ref), "digest": target, "version": entry.doc.version, "rolled_back": head.doc.version}
 
 

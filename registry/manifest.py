@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 
 import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
 from shardport.registry.errors import SchemaVersionError, VerificationError
 from shardport.registry.hashing import digest_bytes
 

@@ -38,5 +38,7 @@ def check_paths(paths: list[str], *, source: str) -> list[PurePosixPath]:
     for p in out:
         for parent in p.parents:
             if str(parent) in seen:
-                raise UnsafePathError(f"{source}: {str(parent)!r} is both a file and the folder of {str(p)!r}")
+                raise UnsafePathError(
+                    f"{source}: {str(parent)!r} is both a file and the folder of {str(p)!r}"
+                )
     return out

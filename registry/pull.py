@@ -1,5 +1,8 @@
-"""Pull an artifact into a folder: verify first, download and hash-check into a temporary folder,
-then publish it at DEST in one rename. A failed or interrupted pull leaves DEST as it was."""
+"""Pull an artifact into a folder.
+
+Verify first, download and hash-check into a temporary folder, then publish it at DEST in one
+rename. A failed or interrupted pull leaves DEST as it was.
+"""
 
 from __future__ import annotations
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-import shardport
 from shardport.registry import _failpoints
 from shardport.registry.describe import container_of, model_of, quantization_of, scan, source_digest
 from shardport.registry.errors import RegistryError, UnsignedError
@@ -26,6 +25,8 @@ from shardport.registry.session import Session
 from shardport.registry.signatures import sign_manifest
 from shardport.registry.tagging import DEFAULT_VALIDITY, history, move_tag
 from shardport.registry.tags import format_time
+
+import shardport
 
 LEASE_TIME = timedelta(hours=6)
 WORKERS = 4
@@ -80,7 +81,9 @@ def build_manifest(src: Path, entries: list[FileEntry], created_at: str) -> Mani
 
 
 def _without_time(m: Manifest) -> bytes:
-    return m.model_copy(update={"provenance": m.provenance.model_copy(update={"created_at": None})}).to_bytes()
+    return m.model_copy(
+        update={"provenance": m.provenance.model_copy(update={"created_at": None})}
+    ).to_bytes()
 
 
 def _unchanged_head(session: Session, name: str, tag: str, manifest: Manifest) -> Manifest | None:
@@ -118,7 +121,9 @@ def push(
     advance = reporter.task("hashing", total)
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         hashed = list(pool.map(lambda f: digest_file(f[1], advance), files))
-    entries = [FileEntry(path=rel, size=size, digest=d) for (rel, _), (d, size) in zip(files, hashed, strict=True)]
+    entries = [
+        FileEntry(path=rel, size=size, digest=d) for (rel, _), (d, size) in zip(files, hashed, strict=True)
+    ]
     now = session.clock()
     manifest = build_manifest(src, entries, format_time(now))
     head = _unchanged_head(session, name, tag, manifest)
@@ -152,9 +157,9 @@ def push(
         sign_manifest(session, name, manifest_digest)
         _failpoints.hit("signature-written")
         if head is not None:
-            entry = history(session, name, tag)[-1]
+            tag_entry = history(session, name, tag)[-1]
         else:
-            entry = move_tag(session, name, tag, manifest_digest, retries=retries, valid_for=valid_for)
+            tag_entry = move_tag(session, name, tag, manifest_digest, retries=retries, valid_for=valid_for)
     finally:
         store.delete_tree(lease_dir)
     uploaded = sum(moved)
@@ -162,7 +167,7 @@ def push(
         name=name,
         tag=tag,
         digest=manifest_digest,
-        version=entry.doc.version,
+        version=tag_entry.doc.version,
         files=len(entries),
         uploaded_bytes=uploaded,
         reused_bytes=sum(e.size for e in entries) - sum(unique_missing[d][1] for d in unique_missing),

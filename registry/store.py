@@ -26,16 +26,16 @@ from typing import IO, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
-
-from shardport import ShardportError
 from shardport.registry import _failpoints
 from shardport.registry.errors import DigestMismatchError, NotFoundError, StoreError, UsageError
 from shardport.registry.hashing import CHUNK, digest_bytes, hex_of
 
+from shardport import ShardportError
+
 Progress = Callable[[int], None]
 
 
-class AlreadyExists(Exception):  # noqa: N818 - internal signal, never leaves this package
+class AlreadyExists(Exception):
     """A create-only write found the key already present."""
 
 
@@ -108,8 +108,8 @@ class Store:
         self.url = url
         if url.startswith("s3://"):
             opts: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": True}
-            endpoint = s3_endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
-                "AWS_ENDPOINT_URL"
+            endpoint = (
+                s3_endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
             )
             if endpoint:
                 opts["client_kwargs"] = {"endpoint_url": endpoint}
@@ -317,6 +317,6 @@ class Store:
         key = blob_key(digest)
         with _io(key):
             if self.is_local:
-                return open(self.path(key), "rb", buffering=0)  # noqa: SIM115 - caller closes
+                return open(self.path(key), "rb", buffering=0)
             stream: IO[bytes] = self.fs.open(self.path(key), "rb", block_size=CHUNK, cache_type="none")
             return stream

@@ -20,7 +20,9 @@ DEFAULT_VALIDITY = timedelta(days=365)
 
 def read_raw_history(session: Session, name: str, tag: str) -> dict[int, bytes]:
     """Every stored document of a tag, by the version in its key."""
-    versions = [int(m.group(1)) for n in session.store.listdir(tag_dir(name, tag)) if (m := _DOC_NAME.match(n))]
+    versions = [
+        int(m.group(1)) for n in session.store.listdir(tag_dir(name, tag)) if (m := _DOC_NAME.match(n))
+    ]
     with ThreadPoolExecutor(max_workers=8) as pool:
         raws = pool.map(lambda v: session.store.read(tag_key(name, tag, v)), versions)
         return dict(zip(versions, raws, strict=True))

@@ -70,7 +70,9 @@ class TrustPolicy:
             doc = json.loads(data)
             keys = tuple(
                 TrustedKey(
-                    key=VerifyingKey.from_pem(k["public_key"].encode(), source=f"{path}: key {k.get('name')}"),
+                    key=VerifyingKey.from_pem(
+                        k["public_key"].encode(), source=f"{path}: key {k.get('name')}"
+                    ),
                     name=str(k.get("name", "")),
                     scopes=tuple(str(s) for s in k.get("scopes", ["*"])),
                 )

@@ -110,7 +110,11 @@ def verify_dir(session: Session, folder: Path) -> Report:
     digest = "sha256:" + hashlib.sha256(raw).hexdigest()
     report.digest = digest
     if ref.get("digest") != digest:
-        report.add("DigestMismatch", "manifest.json", f"manifest hashes to {digest}, ref.json says {ref.get('digest')}")
+        report.add(
+            "DigestMismatch",
+            "manifest.json",
+            f"manifest hashes to {digest}, ref.json says {ref.get('digest')}",
+        )
     try:
         manifest = Manifest.from_bytes(raw, source=f"{folder}/{METADATA_DIR}/manifest.json")
         paths = check_paths([f.path for f in manifest.files], source=f"manifest {digest}")
@@ -121,7 +125,9 @@ def verify_dir(session: Session, folder: Path) -> Report:
     errors: list[str] = []
     for sig in sorted((meta / "signatures").glob("*.json")):
         try:
-            signers += check_envelope(session, sig.read_bytes(), str(ref.get("repository", "")), digest, str(sig))
+            signers += check_envelope(
+                session, sig.read_bytes(), str(ref.get("repository", "")), digest, str(sig)
+            )
         except VerificationError as exc:
             errors.append(str(exc))
     report.signers = sorted(set(signers))
@@ -131,7 +137,9 @@ def verify_dir(session: Session, folder: Path) -> Report:
     for entry in manifest.files:
         path = folder / entry.path
         if not path.is_file() or path.is_symlink():
-            report.add("MissingFile", entry.path, "listed in the manifest but missing (or not a regular file)")
+            report.add(
+                "MissingFile", entry.path, "listed in the manifest but missing (or not a regular file)"
+            )
             continue
         got, size = digest_file(path)
         report.checked_files += 1

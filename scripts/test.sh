@@ -4,7 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh test
 export PATH="$PWD/.venv/bin:$PATH"
-ruff check .
-mypy src registry loader placement provenance kernels deploy
-lint-imports
+bash scripts/lint.sh
 pytest "$@"

@@ -11,8 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from servers import S3Server, start_moto, start_seaweedfs  # noqa: E402
-from support import make_checkpoint  # noqa: E402
+from servers import S3Server, start_moto, start_seaweedfs
+from support import make_checkpoint
 
 
 @pytest.fixture
@@ -44,8 +44,13 @@ def _use_s3(server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
     return f"s3://{server.new_bucket()}/registry"
 
 
-@pytest.fixture(params=["local", pytest.param("moto", marks=pytest.mark.s3),
-                        pytest.param("seaweedfs", marks=[pytest.mark.s3, pytest.mark.slow])])
+@pytest.fixture(
+    params=[
+        "local",
+        pytest.param("moto", marks=pytest.mark.s3),
+        pytest.param("seaweedfs", marks=[pytest.mark.s3, pytest.mark.slow]),
+    ]
+)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh, empty store on every backend: a local folder, moto, SeaweedFS."""
     if request.param == "local":

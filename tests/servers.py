@@ -100,12 +100,23 @@ def start_seaweedfs() -> S3Server:
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
             [
-                _bin("weed"), "mini", f"-dir={work}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
-                f"-s3.port={s3}", f"-master.port={master}", f"-volume.port={volume}",
+                _bin("weed"),
+                "mini",
+                f"-dir={work}",
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-webdav=false",
+                "-admin.ui=false",
+                "-master.telemetry=false",
+                f"-s3.port={s3}",
+                f"-master.port={master}",
+                f"-volume.port={volume}",
                 f"-filer.port={filer}",
             ],
-            stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=work,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=work,
         )
     _wait_port(s3, proc, 60, log)
     server = S3Server("seaweedfs", f"http://127.0.0.1:{s3}", proc, work)

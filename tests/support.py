@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from shardport.registry.cli import run
 
 REGISTRY = str(Path(sys.executable).parent / "registry")
@@ -33,11 +32,16 @@ class Cli:
         return out
 
 
-def subprocess_cli(store: str, *args: str | Path, env: dict[str, str] | None = None,
-                   timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def subprocess_cli(
+    store: str, *args: str | Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [REGISTRY, "--store", store, "--json", *map(str, args)],
-        capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout, check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+        check=False,
     )
 
 

@@ -9,7 +9,6 @@ import pytest
 from support import Cli, make_checkpoint
 
 
-
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], store_url: str, home: Path) -> Cli:
     return Cli(capsys, store_url)
@@ -66,10 +65,15 @@ def test_full_cycle(cli: Cli, tmp_path: Path) -> None:
     assert all(e["signer"] == keys["keyid"] for e in log)
 
     listing = cli.ok("ls")
-    assert listing == [{"name": "acme/llama-q4", "tags": [
-        {"tag": "prod", "target": first["digest"], "version": 3},
-        {"tag": "stable", "target": first["digest"], "version": 1},
-    ]}]
+    assert listing == [
+        {
+            "name": "acme/llama-q4",
+            "tags": [
+                {"tag": "prod", "target": first["digest"], "version": 3},
+                {"tag": "stable", "target": first["digest"], "version": 1},
+            ],
+        }
+    ]
     info = cli.ok("inspect", "acme/llama-q4:prod")
     assert info["digest"] == first["digest"]
     assert info["manifest"]["model"]["architecture"] == "LlamaForCausalLM"

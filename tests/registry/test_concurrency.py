@@ -3,27 +3,34 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 from support import REGISTRY, Cli, make_checkpoint, subprocess_cli
-
-
 
 NAME = "race/model"
 
 
 @pytest.fixture(params=["local", pytest.param("moto", marks=pytest.mark.s3)])
 def store(request: pytest.FixtureRequest, tmp_path: Path, home: Path) -> str:
-    return str(tmp_path / "store") if request.param == "local" else str(request.getfixturevalue("moto_store_url"))
+    return (
+        str(tmp_path / "store")
+        if request.param == "local"
+        else str(request.getfixturevalue("moto_store_url"))
+    )
 
 
 def _race(store: str, ref: str, n: int, *extra: str) -> list[subprocess.CompletedProcess[str]]:
     procs = [
-        subprocess.Popen([REGISTRY, "--store", store, "--json", "tag", ref, f"{NAME}:hot", *extra],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        subprocess.Popen(
+            [REGISTRY, "--store", store, "--json", "tag", ref, f"{NAME}:hot", *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
         for _ in range(n)
     ]
     out = []
@@ -35,7 +42,9 @@ def _race(store: str, ref: str, n: int, *extra: str) -> list[subprocess.Complete
 
 @pytest.mark.slow
 @pytest.mark.parametrize("retry", [False, True])
-def test_eight_writers_race(store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], retry: bool) -> None:
+def test_eight_writers_race(
+    store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], retry: bool
+) -> None:
     cli = Cli(capsys, store)
     cli.ok("keygen")
     digest = cli.ok("push", make_checkpoint(tmp_path / "c"), f"{NAME}:hot")["digest"]
@@ -90,8 +99,9 @@ def test_crash_at_every_write_step(store: str, tmp_path: Path, capsys: pytest.Ca
     assert cli.ok("log", f"{NAME}:crash")[0]["target"] == v1
 
 
-def test_rollback_scenario(store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rollback_scenario(
+    store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     cli = Cli(capsys, store)
     cli.ok("keygen")
     v1 = make_checkpoint(tmp_path / "v1", seed=11)

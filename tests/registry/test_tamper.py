@@ -6,8 +6,6 @@ import time
 from pathlib import Path
 
 import pytest
-from support import Cli, make_checkpoint
-
 from shardport.provenance import dsse
 from shardport.provenance.keys import SigningKey
 from shardport.provenance.statement import PAYLOAD_TYPE
@@ -17,13 +15,15 @@ from shardport.registry.session import Session
 from shardport.registry.signatures import SIGNATURE_ARTIFACT, attach, referrers, sign_manifest
 from shardport.registry.store import blob_key, tag_key
 from shardport.registry.tagging import move_tag
+from support import Cli, make_checkpoint
 
 NAME, TAG = "acme/model", "prod"
 
 
 @pytest.fixture(params=["local", pytest.param("moto", marks=pytest.mark.s3)])
-def world(request: pytest.FixtureRequest, tmp_path: Path, home: Path,
-          capsys: pytest.CaptureFixture[str]) -> tuple[Cli, Session, dict[str, str]]:
+def world(
+    request: pytest.FixtureRequest, tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[Cli, Session, dict[str, str]]:
     store = str(tmp_path / "store") if request.param == "local" else request.getfixturevalue("moto_store_url")
     cli = Cli(capsys, store)
     cli.ok("keygen")
@@ -84,8 +84,9 @@ def test_altered_signature_rehosted(world: tuple[Cli, Session, dict[str, str]], 
     cli, session, d = world
     (sig,) = referrers(session, NAME, d["v2"], SIGNATURE_ARTIFACT)
     env = dsse.Envelope.from_bytes(session.store.read_blob(sig))
-    bad = dsse.Envelope(env.payload_type, env.payload,
-                        (dsse.Signature(env.signatures[0].keyid, flip(env.signatures[0].sig)),))
+    bad = dsse.Envelope(
+        env.payload_type, env.payload, (dsse.Signature(env.signatures[0].keyid, flip(env.signatures[0].sig)),)
+    )
     new = session.store.put_blob(bad.to_bytes())
     session.store.delete(f"repos/{NAME}/referrers/{hex_of(d['v2'])}/{hex_of(sig)}")
     attach(session, NAME, d["v2"], new, SIGNATURE_ARTIFACT)
@@ -97,7 +98,7 @@ def test_flipped_tag_document(world: tuple[Cli, Session, dict[str, str]], tmp_pa
     key = tag_key(NAME, TAG, 2)
     raw = session.store.read(key)
     i = raw.index(b'"payload":"') + 40  # inside the base64 payload
-    session.store.put(key, raw[:i] + (b"A" if raw[i:i + 1] != b"A" else b"B") + raw[i + 1:])
+    session.store.put(key, raw[:i] + (b"A" if raw[i : i + 1] != b"A" else b"B") + raw[i + 1 :])
     dest = tmp_path / "dest"
     code, out = cli("pull", f"{NAME}:{TAG}", dest)
     assert code == 1 and out["error"]["type"] in ("SignatureError", "TagChainError"), out
@@ -126,8 +127,16 @@ def test_equivocation(world: tuple[Cli, Session, dict[str, str]], tmp_path: Path
     from shardport.registry.tags import TagDocument, _parse_entry
 
     _, doc1 = _parse_entry(entries_raw, "v1")
-    evil = TagDocument(repository=NAME, tag=TAG, version=2, target=d["v1"], previous=digest_bytes(entries_raw),
-                       issued_at=doc1.issued_at, expires=doc1.expires, signer=session.key.keyid if session.key else None)
+    evil = TagDocument(
+        repository=NAME,
+        tag=TAG,
+        version=2,
+        target=d["v1"],
+        previous=digest_bytes(entries_raw),
+        issued_at=doc1.issued_at,
+        expires=doc1.expires,
+        signer=session.key.keyid if session.key else None,
+    )
     assert session.key is not None
     raw = dsse.sign(PAYLOAD_TYPE, evil.statement().to_bytes(), [session.key]).to_bytes()
     session.store.put(tag_key(NAME, TAG, 2), raw)
@@ -161,12 +170,17 @@ def test_signer_outside_scope(home: Path, tmp_path: Path, capsys: pytest.Capture
     assert f"does not allow for {NAME}" in out["error"]["message"]
 
 
-@pytest.mark.parametrize("bad_path", ["../escape.bin", "/etc/evil", "a/../../b", "a//b", ".shardport/x", "a\\b"])
-def test_unsafe_manifest_paths(world: tuple[Cli, Session, dict[str, str]], tmp_path: Path, bad_path: str) -> None:
+@pytest.mark.parametrize(
+    "bad_path", ["../escape.bin", "/etc/evil", "a/../../b", "a//b", ".shardport/x", "a\\b"]
+)
+def test_unsafe_manifest_paths(
+    world: tuple[Cli, Session, dict[str, str]], tmp_path: Path, bad_path: str
+) -> None:
     cli, session, _ = world
     blob = session.store.put_blob(b"payload")
-    manifest = Manifest(container=ContainerInfo(kind="other"),
-                        files=[FileEntry(path=bad_path, size=7, digest=blob)])
+    manifest = Manifest(
+        container=ContainerInfo(kind="other"), files=[FileEntry(path=bad_path, size=7, digest=blob)]
+    )
     digest = session.store.put_blob(manifest.to_bytes())
     sign_manifest(session, NAME, digest)
     move_tag(session, NAME, TAG, digest)
@@ -174,10 +188,10 @@ def test_unsafe_manifest_paths(world: tuple[Cli, Session, dict[str, str]], tmp_p
     assert not (tmp_path / "escape.bin").exists()
 
 
-def test_tamper_cases_leave_other_tags_usable(world: tuple[Cli, Session, dict[str, str]], tmp_path: Path) -> None:
+def test_tamper_cases_leave_other_tags_usable(
+    world: tuple[Cli, Session, dict[str, str]], tmp_path: Path
+) -> None:
     cli, session, d = world
     cli.ok("tag", f"{NAME}@{d['v1']}", f"{NAME}:stable")
     session.store.delete(tag_key(NAME, TAG, 2))
     assert cli.ok("pull", f"{NAME}:stable", tmp_path / "s")["digest"] == d["v1"]
-
-
