@@ -10,18 +10,17 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
-import hashlib
 import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from shardport.registry.describe import METADATA_DIR
 from shardport.registry.errors import DigestMismatchError, UnsafePathError, UsageError
-from shardport.registry.hashing import CHUNK
 from shardport.registry.manifest import FileEntry
 from shardport.registry.paths import check_paths
 from shardport.registry.progress import Quiet, Reporter
@@ -57,28 +56,13 @@ class PullResult:
         }
 
 
-def _fetch(session: Session, entry: FileEntry, root: Path, advance: object) -> int:
+def _fetch(session: Session, entry: FileEntry, root: Path, advance: Callable[[int], None]) -> int:
     target = root / entry.path
     target.parent.mkdir(parents=True, exist_ok=True)
     real_parent = target.parent.resolve()
     if real_parent != root.resolve() and root.resolve() not in real_parent.parents:
         raise UnsafePathError(f"file path {entry.path!r}: resolves outside the destination")
-    h = hashlib.sha256()
-    size = 0
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as out, session.store.open_blob(entry.digest) as src:
-        while True:
-            chunk = src.read(CHUNK)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > entry.size:
-                break
-            h.update(chunk)
-            out.write(chunk)
-            if callable(advance):
-                advance(len(chunk))
-    got = "sha256:" + h.hexdigest()
+    got, size = session.store.fetch_blob(entry.digest, target, advance, max_size=entry.size)
     if size != entry.size or got != entry.digest:
         raise DigestMismatchError(
             f"file {entry.path!r} (blob {entry.digest}): store returned {size} bytes hashing to {got}, "

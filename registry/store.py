@@ -81,6 +81,39 @@ def _io(what: str) -> Iterator[None]:
         raise StoreError(f"{what}: storage error: {type(exc).__name__}: {exc}") from exc
 
 
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    st = os.stat(path)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _kernel_copy(src: Path, dst: Path, progress: Progress | None, *, exclusive: bool = False) -> int:
+    """Copy ``src`` to a new file ``dst`` inside the kernel (copy_file_range); return bytes copied."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_EXCL if exclusive else os.O_TRUNC)
+    total = 0
+    with open(src, "rb", buffering=0) as fin:
+        fd = os.open(dst, flags, 0o644)
+        try:
+            while True:
+                try:
+                    n = os.copy_file_range(fin.fileno(), fd, CHUNK)
+                except OSError:  # filesystems without copy_file_range: fall back to sendfile
+                    n = os.sendfile(fd, fin.fileno(), None, CHUNK)
+                if n == 0:
+                    break
+                total += n
+                if progress:
+                    progress(n)
+        finally:
+            os.close(fd)
+    return total
+
+
+def _digest_path(path: Path) -> tuple[str, int]:
+    from shardport.registry.hashing import digest_file
+
+    return digest_file(path)
+
+
 def _is_precondition_failure(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception it was raised from) is S3's answer to a failed condition.
 
@@ -265,7 +298,9 @@ class Store:
                 return self._upload_local(source, digest, key, progress)
             return self._upload_remote(source, digest, key, progress)
 
-    def _copy_hashing(self, src: IO[bytes], dst: IO[bytes], progress: Progress | None) -> tuple[str, int]:
+    def _copy_hashing(
+        self, src: IO[bytes], dst: IO[bytes], progress: Progress | None, limit: int | None = None
+    ) -> tuple[str, int]:
         h = hashlib.sha256()
         buf = bytearray(CHUNK)
         view = memoryview(buf)
@@ -276,17 +311,27 @@ class Store:
             total += n
             if progress:
                 progress(n)
+            if limit is not None and total > limit:
+                break
         return "sha256:" + h.hexdigest(), total
 
     def _upload_local(self, source: Path, digest: str, key: str, progress: Progress | None) -> int:
+        """Kernel-side copy to a temporary name, then rename into place.
+
+        The source was hashed just before (push hashes each file once); the copy is accepted only if
+        the source's identity (inode, size, mtime, ctime) did not change between that hash and the end
+        of the copy, so the published bytes are the hashed bytes. Any write to the source changes its
+        mtime/ctime; a re-hash of the copy from the page cache would prove nothing more.
+        """
         tmp = self._local_temp()
         try:
-            with open(source, "rb", buffering=0) as src, open(tmp, "wb") as dst:
-                got, size = self._copy_hashing(src, dst, progress)
+            before = _identity(source)
+            size = _kernel_copy(source, tmp, progress)
             _failpoints.hit("blob-written")
-            if got != digest:
+            if _identity(source) != before or size != before[1]:
                 raise DigestMismatchError(
-                    f"{source}: changed while pushing (hashed {digest}, uploaded bytes hash to {got})"
+                    f"{source}: changed while pushing (its size or modification time moved after it was "
+                    f"hashed to {digest}); re-run the push"
                 )
             target = Path(self.path(key))
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -311,6 +356,26 @@ class Store:
                 raise
             dst.close()
         return size
+
+    def fetch_blob(
+        self, digest: str, dest: Path, progress: Progress | None = None, *, max_size: int | None = None
+    ) -> tuple[str, int]:
+        """Copy blob ``digest`` to the new file ``dest``; return the digest and size of what was written.
+
+        The store is untrusted: the caller compares the result with what it expected. At most
+        ``max_size + 1`` bytes are written, so an oversized blob cannot fill the disk.
+        """
+        key = blob_key(digest)
+        with _io(key):
+            if self.is_local:
+                size = self.info(key).size
+                if max_size is not None and size > max_size:
+                    return f"(a blob of {size} bytes)", size
+                _kernel_copy(Path(self.path(key)), dest, progress, exclusive=True)
+                return _digest_path(dest)
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as out, self.open_blob(digest) as src:
+                return self._copy_hashing(src, out, progress, limit=max_size)
 
     def open_blob(self, digest: str) -> IO[bytes]:
         """A binary stream of the blob (verify what you read: the store is untrusted)."""
