@@ -25,9 +25,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from servers import start_seaweedfs  # noqa: E402
+from servers import start_seaweedfs
 
-from shardport.registry.cli import run  # noqa: E402
+from shardport.registry.cli import run
 
 
 def make_checkpoint(root: Path, size: int, files: int) -> None:
@@ -76,8 +76,9 @@ def hash_all(root: Path) -> None:
         list(pool.map(one, [p for p in root.iterdir() if p.is_file()]))
 
 
-def bench_store(label: str, store: str, src: Path, work: Path, repeat: int,
-                baseline_put: Any, baseline_get: Any) -> dict[str, Any]:
+def bench_store(
+    label: str, store: str, src: Path, work: Path, repeat: int, baseline_put: Any, baseline_get: Any
+) -> dict[str, Any]:
     size = sum(p.stat().st_size for p in src.iterdir())
     res: dict[str, Any] = {"bytes": size}
     res["baseline_put_s"] = timed(baseline_put, repeat)
@@ -156,7 +157,9 @@ def main() -> None:
                     shutil.rmtree(work / "s3-get", ignore_errors=True)
                     fs.get(f"{base}/ckpt", str(work / "s3-get"), recursive=True)
 
-                results["seaweedfs"] = bench_store("s3", f"s3://{ours}/r", src, work, args.repeat, s3_put, s3_get)
+                results["seaweedfs"] = bench_store(
+                    "s3", f"s3://{ours}/r", src, work, args.repeat, s3_put, s3_get
+                )
             finally:
                 server.stop()
     finally:

@@ -34,8 +34,10 @@ def make_checkpoint(folder: Path, *, seed: int, layers: int = 2, hidden: int = 2
         '"rms_norm_eps": 1e-05, "tie_word_embeddings": false}'
     )
     embed = {"model.embed_tokens.weight": rng.standard_normal((vocab, hidden), dtype=np.float32)}
-    save_file({k: np.ascontiguousarray(v.astype(np.float16)) for k, v in embed.items()},
-              str(folder / "model-embed.safetensors"))
+    save_file(
+        {k: np.ascontiguousarray(v.astype(np.float16)) for k, v in embed.items()},
+        str(folder / "model-embed.safetensors"),
+    )
     for i in range(layers):
         p = f"model.layers.{i}."
         tensors = {
@@ -47,7 +49,9 @@ def make_checkpoint(folder: Path, *, seed: int, layers: int = 2, hidden: int = 2
             p + "mlp.up_proj.weight": (inter, hidden),
             p + "mlp.down_proj.weight": (hidden, inter),
         }
-        arrays = {k: np.ascontiguousarray(rng.standard_normal(s).astype(np.float16)) for k, s in tensors.items()}
+        arrays = {
+            k: np.ascontiguousarray(rng.standard_normal(s).astype(np.float16)) for k, s in tensors.items()
+        }
         save_file(arrays, str(folder / f"model-layer{i}.safetensors"))
 
 
@@ -81,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         failures += step("push v2: only the changed shard moves", "push", str(work / "v2"), ref) != 0
         failures += step("pull (verified, atomic)", "pull", ref, str(work / "pulled")) != 0
         failures += step("verify the pulled folder", "verify", str(work / "pulled")) != 0
-        failures += step("roll back to v1", "rollback", ref, "--steps", "1", "--reason", "demo regression") != 0
+        failures += (
+            step("roll back to v1", "rollback", ref, "--steps", "1", "--reason", "demo regression") != 0
+        )
         failures += step("the signed tag history", "log", ref) != 0
         failures += step("pull again: v1's bytes", "pull", ref, str(work / "pulled")) != 0
         failures += step("verify everything in the store", "verify", ref) != 0

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import rfc8785
+
 from shardport.provenance.errors import EnvelopeFormatError
 from shardport.provenance.keys import SigningKey, VerifyingKey
 

@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from shardport import ShardportError
 from shardport.registry import commands
 from shardport.registry.errors import UsageError
 from shardport.registry.housekeeping import fsck, gc
@@ -24,8 +25,6 @@ from shardport.registry.push import push
 from shardport.registry.refs import parse_ref
 from shardport.registry.session import Session
 from shardport.registry.verify import verify_dir, verify_ref
-
-from shardport import ShardportError
 
 EXIT_CODES = "exit codes: 0 ok, 1 verification failure, 2 usage, 3 not found, 4 conflict"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import rfc8785
+
 from shardport.registry.errors import UsageError
 from shardport.registry.hashing import digest_bytes
 from shardport.registry.manifest import ContainerInfo, FileEntry, ModelInfo, QuantizationInfo

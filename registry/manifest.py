@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 
 import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from shardport.registry.errors import SchemaVersionError, VerificationError
+
+from shardport.registry.errors import SchemaVersionError, UsageError, VerificationError
 from shardport.registry.hashing import digest_bytes
 
 SCHEMA_ID = "shardport.manifest"
@@ -160,7 +161,13 @@ class Manifest(BaseModel):
 
     def to_bytes(self) -> bytes:
         """Canonical JSON (RFC 8785: sorted keys, no insignificant whitespace)."""
-        return rfc8785.dumps(self.model_dump(mode="json", by_alias=True, exclude_none=True))
+        try:
+            return rfc8785.dumps(self.model_dump(mode="json", by_alias=True, exclude_none=True))
+        except rfc8785.CanonicalizationError as exc:
+            raise UsageError(
+                f"manifest cannot be canonicalized (RFC 8785): {exc}; integers must stay within "
+                "±(2**53 - 1) and floats must be finite — fix the value in config.json"
+            ) from exc
 
     def digest(self) -> str:
         """``sha256:<hex>`` of :meth:`to_bytes`."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+import shardport
 from shardport.registry import _failpoints
 from shardport.registry.describe import container_of, model_of, quantization_of, scan, source_digest
 from shardport.registry.errors import RegistryError, UnsignedError
@@ -23,10 +24,9 @@ from shardport.registry.manifest import FileEntry, Manifest, ProvenanceInfo
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.session import Session
 from shardport.registry.signatures import sign_manifest
+from shardport.registry.store import file_identity
 from shardport.registry.tagging import DEFAULT_VALIDITY, history, move_tag
 from shardport.registry.tags import format_time
-
-import shardport
 
 LEASE_TIME = timedelta(hours=6)
 WORKERS = 4
@@ -119,6 +119,7 @@ def push(
     total = sum(p.stat().st_size for _, p in files)
 
     advance = reporter.task("hashing", total)
+    identities = [file_identity(p) for _, p in files]
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         hashed = list(pool.map(lambda f: digest_file(f[1], advance), files))
     entries = [
@@ -141,15 +142,18 @@ def push(
     try:
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             present = list(pool.map(lambda e: store.has_blob(e.digest), entries))
-        unique_missing: dict[str, tuple[Path, int]] = {}
-        for (_, path), entry, have in zip(files, entries, present, strict=True):
+        unique_missing: dict[str, tuple[Path, int, tuple[int, int, int, int]]] = {}
+        for (_, path), entry, have, ident in zip(files, entries, present, identities, strict=True):
             if not have:
-                unique_missing.setdefault(entry.digest, (path, entry.size))
-        up_total = sum(size for _, size in unique_missing.values())
+                unique_missing.setdefault(entry.digest, (path, entry.size, ident))
+        up_total = sum(v[1] for v in unique_missing.values())
         advance = reporter.task("uploading", up_total)
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             moved = list(
-                pool.map(lambda kv: store.upload_blob(kv[1][0], kv[0], advance), unique_missing.items())
+                pool.map(
+                    lambda kv: store.upload_blob(kv[1][0], kv[0], advance, identity=kv[1][2]),
+                    unique_missing.items(),
+                )
             )
         _failpoints.hit("blobs-done")
         store.put_blob(manifest_bytes)

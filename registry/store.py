@@ -26,11 +26,11 @@ from typing import IO, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from shardport import ShardportError
 from shardport.registry import _failpoints
 from shardport.registry.errors import DigestMismatchError, NotFoundError, StoreError, UsageError
 from shardport.registry.hashing import CHUNK, digest_bytes, hex_of
-
-from shardport import ShardportError
 
 Progress = Callable[[int], None]
 
@@ -81,7 +81,8 @@ def _io(what: str) -> Iterator[None]:
         raise StoreError(f"{what}: storage error: {type(exc).__name__}: {exc}") from exc
 
 
-def _identity(path: Path) -> tuple[int, int, int, int]:
+def file_identity(path: Path) -> tuple[int, int, int, int]:
+    """(inode, size, mtime_ns, ctime_ns): changes whenever the file's content is written."""
     st = os.stat(path)
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -287,15 +288,24 @@ class Store:
             self.put(blob_key(digest), data)
         return digest
 
-    def upload_blob(self, source: Path, digest: str, progress: Progress | None = None) -> int:
-        """Publish file ``source`` as blob ``digest``, verifying the bytes sent hash to ``digest``.
+    def upload_blob(
+        self,
+        source: Path,
+        digest: str,
+        progress: Progress | None = None,
+        *,
+        identity: tuple[int, int, int, int] | None = None,
+    ) -> int:
+        """Publish file ``source`` as blob ``digest``, verifying the bytes stored are the bytes hashed.
 
-        Returns the number of bytes moved. Nothing is published when the hash differs.
+        ``identity`` is the source's :func:`file_identity` taken before it was hashed; with it, a local
+        upload is a kernel-side copy checked against that identity, without it the copy is re-hashed.
+        Returns the number of bytes moved. Nothing is published when verification fails.
         """
         key = blob_key(digest)
         with _io(f"{source} -> {key}"):
             if self.is_local:
-                return self._upload_local(source, digest, key, progress)
+                return self._upload_local(source, digest, key, progress, identity)
             return self._upload_remote(source, digest, key, progress)
 
     def _copy_hashing(
@@ -306,6 +316,8 @@ class Store:
         view = memoryview(buf)
         total = 0
         while n := src.readinto(buf):  # type: ignore[attr-defined]
+            if limit is not None and total + n > limit:
+                n = limit + 1 - total  # one byte past the limit proves the blob is too large
             h.update(view[:n])
             dst.write(view[:n])
             total += n
@@ -315,23 +327,34 @@ class Store:
                 break
         return "sha256:" + h.hexdigest(), total
 
-    def _upload_local(self, source: Path, digest: str, key: str, progress: Progress | None) -> int:
-        """Kernel-side copy to a temporary name, then rename into place.
+    def _upload_local(
+        self,
+        source: Path,
+        digest: str,
+        key: str,
+        progress: Progress | None,
+        identity: tuple[int, int, int, int] | None,
+    ) -> int:
+        """Kernel-side copy to a temporary name, verification, then rename into place.
 
-        The source was hashed just before (push hashes each file once); the copy is accepted only if
-        the source's identity (inode, size, mtime, ctime) did not change between that hash and the end
-        of the copy, so the published bytes are the hashed bytes. Any write to the source changes its
-        mtime/ctime; a re-hash of the copy from the page cache would prove nothing more.
+        With ``identity`` (taken before push hashed the file), the copy is accepted only if the source's
+        inode, size, mtime and ctime are unchanged at the end of the copy: every write to the source
+        moves its mtime/ctime, so the published bytes are the hashed bytes, and re-hashing the copy from
+        the page cache would prove nothing more. Without it, the copy is hashed.
         """
         tmp = self._local_temp()
         try:
-            before = _identity(source)
             size = _kernel_copy(source, tmp, progress)
             _failpoints.hit("blob-written")
-            if _identity(source) != before or size != before[1]:
+            if identity is not None:
+                ok = file_identity(source) == identity and size == identity[1]
+                found = "its size or modification time moved after it was hashed"
+            else:
+                got, _ = _digest_path(tmp)
+                ok, found = got == digest, f"the copied bytes hash to {got}"
+            if not ok:
                 raise DigestMismatchError(
-                    f"{source}: changed while pushing (its size or modification time moved after it was "
-                    f"hashed to {digest}); re-run the push"
+                    f"{source}: changed while pushing ({found}; expected {digest}); re-run"
                 )
             target = Path(self.path(key))
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -352,7 +375,8 @@ class Store:
                         f"{source}: changed while pushing (hashed {digest}, uploaded bytes hash to {got})"
                     )
             except BaseException:
-                dst.discard()
+                dst.discard()  # aborts the multipart upload: nothing is published
+                dst.closed = True  # discard() leaves the file open; keep fsspec from flushing it later
                 raise
             dst.close()
         return size

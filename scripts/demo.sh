@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh
-exec .venv/bin/python -m shardport.demo "$@"
+exec .venv/bin/python -m shardport.deploy.demo "$@"

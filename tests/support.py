@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from shardport.registry.cli import run
 
 REGISTRY = str(Path(sys.executable).parent / "registry")

@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 
 import pytest
+from support import Cli, make_checkpoint
+
 from shardport.provenance import dsse
 from shardport.provenance.keys import SigningKey
 from shardport.provenance.statement import PAYLOAD_TYPE
@@ -15,7 +17,6 @@ from shardport.registry.session import Session
 from shardport.registry.signatures import SIGNATURE_ARTIFACT, attach, referrers, sign_manifest
 from shardport.registry.store import blob_key, tag_key
 from shardport.registry.tagging import move_tag
-from support import Cli, make_checkpoint
 
 NAME, TAG = "acme/model", "prod"
 

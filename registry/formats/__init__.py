@@ -1,0 +1,47 @@
+"""Container gates: validate untrusted safetensors and GGUF headers before anything else reads them.
+
+Consumes: a checkpoint file path, or any :class:`ByteSource` (``name``, ``size``, ``read(offset,
+length)``), so the same gate runs over a local file or a range-read remote object; for sharded
+Hugging Face checkpoints, the path of ``model.safetensors.index.json``.
+
+Produces: frozen records whose byte ranges are proven to lie inside the file without overlap —
+:class:`SafetensorsHeader` (tensors as :class:`TensorRecord`), :class:`GGUFHeader` (tensors as
+:class:`GGUFTensorRecord`), :class:`ShardedCheckpoint` — or one named
+:class:`~shardport.registry.formats.errors.ContainerError` subclass (CLI exit code 4) whose message
+names the file, tensor, field, expected and found. Reads are bounded by the caps in
+:class:`SafetensorsLimits` / :class:`GGUFLimits`. No torch; the ``gguf`` package is used only
+for its table of ggml block sizes.
+"""
+
+from .errors import ContainerError
+from .gguf_gate import GGUFArray, GGUFHeader, GGUFLimits, GGUFTensorRecord, parse_gguf, parse_gguf_source
+from .safetensors_gate import (
+    SafetensorsHeader,
+    SafetensorsLimits,
+    TensorRecord,
+    parse_safetensors,
+    parse_safetensors_source,
+)
+from .shard_index import ShardedCheckpoint, ShardIndex, validate_sharded_checkpoint
+from .source import ByteSource, BytesSource, FileSource
+
+__all__ = [
+    "ByteSource",
+    "BytesSource",
+    "ContainerError",
+    "FileSource",
+    "GGUFArray",
+    "GGUFHeader",
+    "GGUFLimits",
+    "GGUFTensorRecord",
+    "SafetensorsHeader",
+    "SafetensorsLimits",
+    "ShardIndex",
+    "ShardedCheckpoint",
+    "TensorRecord",
+    "parse_gguf",
+    "parse_gguf_source",
+    "parse_safetensors",
+    "parse_safetensors_source",
+    "validate_sharded_checkpoint",
+]
