@@ -1,0 +1,58 @@
+"""Numeric contracts: what a quantized checkpoint's bytes mean, made explicit and checked.
+
+Consumes a checkpoint's config and tensor inventory (names, dtypes, shapes) and, where values are
+needed, the planes as numpy arrays. Produces, per logical weight, a :class:`LogicalWeight` (contract,
+graph binding, planes by role, decode witness), reference decodes in binary32, gate reports, and
+typed refusals (:mod:`.errors`). numpy only; no torch.
+
+- :mod:`.model` — the frozen contract models;
+- :mod:`.infer` — contracts from config + inventory (+ ``--declare``);
+- :mod:`.gates` — semantic gates;
+- :mod:`.decode` — reference decoders (the kernels' oracle);
+- :mod:`.witness` — decode witnesses and the reference-error gate.
+"""
+
+from .declare import DeclareSpec, parse_declare
+from .decode import decode_weight
+from .gates import GateReport, check_contract, check_inventory, check_values, run_gates
+from .infer import infer_gguf, infer_safetensors
+from .model import (
+    AffineIntContract,
+    Contract,
+    DecodeWitness,
+    FloatContract,
+    GgufBlockContract,
+    GraphBinding,
+    LogicalShape,
+    LogicalWeight,
+    PlaneRef,
+    TensorInfo,
+)
+from .witness import check_witness, compare_witness, make_witness, reference_error_gate
+
+__all__ = [
+    "AffineIntContract",
+    "Contract",
+    "DeclareSpec",
+    "DecodeWitness",
+    "FloatContract",
+    "GateReport",
+    "GgufBlockContract",
+    "GraphBinding",
+    "LogicalShape",
+    "LogicalWeight",
+    "PlaneRef",
+    "TensorInfo",
+    "check_contract",
+    "check_inventory",
+    "check_values",
+    "check_witness",
+    "compare_witness",
+    "decode_weight",
+    "infer_gguf",
+    "infer_safetensors",
+    "make_witness",
+    "parse_declare",
+    "reference_error_gate",
+    "run_gates",
+]

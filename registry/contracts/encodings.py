@@ -1,0 +1,51 @@
+"""Physical dtypes and integer value encodings (``u4``, ``s4_twos``, ``s4_offset8``, ``s8`` ...).
+
+An encoding names how a ``b``-bit field denotes an integer: ``u<b>`` unsigned; ``s<b>_twos`` two's
+complement (``s8`` for the native int8); ``s<b>_offset<2^(b-1)>`` unsigned storage minus the offset.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Bytes per element of each physical dtype spelling (safetensors names).
+DTYPE_BYTES: dict[str, int] = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "U64": 8,
+    "I32": 4,
+    "U32": 4,
+    "I16": 2,
+    "U16": 2,
+    "I8": 1,
+    "U8": 1,
+    "F8_E4M3": 1,
+    "F8_E8M0": 1,
+}
+INT_DTYPES = ("I64", "I32", "U32", "I16", "U16", "I8", "U8")
+
+_ENCODING_RE = re.compile(r"^(?:u([1-8])|s([2-7])_twos|s(8)|s([2-8])_offset(\d+))$")
+
+
+def encoding_bits(encoding: str) -> int:
+    """Return the bit width of a value encoding (``u4`` → 4, ``s4_offset8`` → 4, ``s8`` → 8)."""
+    match = _ENCODING_RE.match(encoding)
+    if match is None:
+        raise ValueError(f"unknown value encoding {encoding!r} (u<b>, s<b>_twos, s8, s<b>_offset<2^(b-1)>)")
+    width = next(group for group in match.groups() if group is not None)
+    bits = int(width)
+    offset = match.group(5)
+    if offset is not None and int(offset) != 1 << (bits - 1):
+        raise ValueError(f"value encoding {encoding!r}: the offset of s{bits} must be {1 << (bits - 1)}")
+    return bits
+
+
+def encoding_value_range(encoding: str) -> tuple[int, int]:
+    """Return the closed range of integer values the encoding denotes (after any offset)."""
+    bits = encoding_bits(encoding)
+    if encoding.startswith("u"):
+        return 0, (1 << bits) - 1
+    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1

@@ -1,0 +1,126 @@
+"""Errors of the numeric-contract package.
+
+Every error names the tensor (or logical weight), the contract field, what was expected and what was
+found, and says what to do about it. All of them are verification failures (CLI exit code 1), except
+a malformed ``--declare`` spec, which is a usage error (exit code 2).
+
+Tree::
+
+    VerificationError                          (shardport.registry.errors)
+    └── ContractError                          a contract or its planes are not as they must be
+        ├── PlaneMissingError                  a plane the contract names is absent (dropped plane)
+        ├── PlaneShapeError                    a plane's shape/dtype disagrees with its equation
+        ├── PlaneSizeError                     a plane's byte count disagrees (truncated plane)
+        ├── ScaleShapeError                    scale plane is not [N, ceil(K/G)] on its declared axes
+        ├── TailGroupError                     the tail group is missing, extra, or not allowed
+        ├── ScaleFormatError                   declared scale format does not fit the plane's dtype
+        │   └── ScaleNarrowingError            a wider float plane declared as E8M0 (narrowing)
+        ├── ScaleValueError                    a scale is not finite
+        │   └── ScaleSignError                 a negative scale where the sign domain is positive
+        ├── CodeRangeError                     a code (or padding bit) outside its element format
+        ├── ZeroPointRangeError                an effective zero point outside the code range
+        ├── GroupIndexError                    g_idx out of range or groups of the wrong size
+        ├── PermutationError                   a permutation plane that is not a bijection
+        ├── WitnessMismatchError               a re-decode disagrees with the decode witness
+        ├── ReferenceErrorTooLargeError        decode is much farther from the float reference
+        │                                      than the bit width allows (mislabelled contract)
+        ├── UnsupportedContractError           a contract this shardport cannot decode
+        └── ContractAmbiguousError             inference cannot decide; the message says what to
+                                               declare
+    UsageError                                 (shardport.registry.errors)
+    └── DeclareSpecError                       a ``--declare`` spec that is not valid
+"""
+
+from __future__ import annotations
+
+from shardport.registry.errors import UsageError, VerificationError
+
+
+class ContractError(VerificationError):  # type: ignore[misc, unused-ignore]
+    """A numeric contract, or the planes it describes, is not as it must be.
+
+    Attributes ``tensor``, ``field``, ``expected`` and ``found`` hold the parts of the message.
+    """
+
+    def __init__(self, tensor: str, field: str, expected: object, found: object, remedy: str = "") -> None:
+        self.tensor = tensor
+        self.field = field
+        self.expected = expected
+        self.found = found
+        self.remedy = remedy
+        message = f"{tensor}: {field}: expected {expected}, found {found}"
+        if remedy:
+            message += f" — {remedy}"
+        super().__init__(message)
+
+
+class PlaneMissingError(ContractError):
+    """A plane named by the contract is not among the tensors (a dropped plane)."""
+
+
+class PlaneShapeError(ContractError):
+    """A plane's physical shape or dtype disagrees with the contract's equation for it."""
+
+
+class PlaneSizeError(ContractError):
+    """A plane's byte count disagrees with its declared dtype and shape (a truncated plane)."""
+
+
+class ScaleShapeError(ContractError):
+    """The scale plane is not [N, ceil(K/G)] on its declared axes (e.g. a scale that only broadcasts)."""
+
+
+class TailGroupError(ContractError):
+    """The last, partial group along K is missing, extra, or present where the tail rule forbids it."""
+
+
+class ScaleFormatError(ContractError):
+    """The declared scale format cannot be stored in the plane's physical dtype."""
+
+
+class ScaleNarrowingError(ScaleFormatError):
+    """A float plane (e.g. fp16) is declared as E8M0 scales: decoding would narrow it silently."""
+
+
+class ScaleValueError(ContractError):
+    """A scale value is NaN or infinite."""
+
+
+class ScaleSignError(ScaleValueError):
+    """A scale is negative although the contract's sign domain is ``positive``."""
+
+
+class CodeRangeError(ContractError):
+    """A code, or a padding bit, lies outside what the element format allows."""
+
+
+class ZeroPointRangeError(ContractError):
+    """An effective zero point (after the convention is applied) lies outside the code range."""
+
+
+class GroupIndexError(ContractError):
+    """A g_idx plane has values out of range, or groups whose member counts disagree with G."""
+
+
+class PermutationError(ContractError):
+    """A permutation plane is not a bijection of its axis."""
+
+
+class WitnessMismatchError(ContractError):
+    """Re-decoding the witness rows does not reproduce the decode witness."""
+
+
+class ReferenceErrorTooLargeError(ContractError):
+    """The decoded rows are farther from the float reference than the bit width can explain."""
+
+
+class UnsupportedContractError(ContractError):
+    """The contract is valid but this shardport has no reference decoder for it."""
+
+
+class ContractAmbiguousError(ContractError):
+    """The checkpoint does not say enough to infer a contract; the message says what to declare."""
+
+
+class DeclareSpecError(UsageError):  # type: ignore[misc, unused-ignore]
+    """A ``--declare`` spec is malformed or produces an invalid contract."""

@@ -1,0 +1,102 @@
+"""GRIT grades for numeric contracts, where GRIT version 1 can express them.
+
+A GRIT grade (package ``grit-datatype``) is the decode contract as one canonical string with a
+64-bit id. We record it when the contract maps onto GRIT's fields exactly and otherwise say why not —
+an honest ``{expressible: false, why}`` is worth more than a near-miss grade.
+
+Mapping: element format from the codes' value encoding (``u2/u4/u6/u8``, ``s4_twos``→``s4``,
+``s8``); ``k0`` = group size along K; ``s0`` = scale format; an integer zero plane gives ``zp`` and
+``zpc`` (``as_is``→``asis``, ``minus_one``→``minus1``); ``affine_round_to_scale_format`` gives
+``dt`` = the scale format. ``esr`` (how the producer derived scales) is required by GRIT but is not
+decode-relevant; we record ``affineminmax`` when there is a zero-point plane and ``ratiomaxabs``
+otherwise, the producers' usual rules. Placement (e.g. AWQ's slot order) is not part of a grade.
+"""
+
+from __future__ import annotations
+
+import grit
+from grit.infer import GGML_INFERENCE
+
+from .model import (
+    AffineIntContract,
+    FloatContract,
+    GgufBlockContract,
+    GritRecord,
+    GroupMapIndex,
+    PermutationPlane,
+    ZeroFloatPlane,
+    ZeroImplicit,
+    ZeroIntPlane,
+)
+
+_ELEMENT = {"u2": "u2", "u4": "u4", "u6": "u6", "u8": "u8", "s4_twos": "s4", "s8": "s8"}
+_SCALE = {"binary32": "binary32", "binary16": "binary16", "e8m0": "e8m0", "e4m3": "e4m3"}
+_CARRIER = "an unquantized carrier type; GRIT grades describe block-scaled formats"
+
+
+def _no(why: str) -> GritRecord:
+    return GritRecord(expressible=False, grade=None, grade_id=None, why=why)
+
+
+def _yes(grade: str) -> GritRecord:
+    canonical = grit.canonicalize(grade)
+    return GritRecord(
+        expressible=True, grade=canonical, grade_id=f"{grit.grade_id_of(canonical):016x}", why=None
+    )
+
+
+def _element(encoding: str, role: str) -> str | GritRecord:
+    if encoding in _ELEMENT:
+        return _ELEMENT[encoding]
+    if "_offset" in encoding:
+        return _no(
+            f"{role} encoding {encoding} stores an implicit zero point as an offset; GRIT v1 requires "
+            "a zero-point plane for any zero point"
+        )
+    return _no(f"{role} encoding {encoding} has no GRIT v1 element format")
+
+
+def _affine(contract: AffineIntContract) -> GritRecord:
+    element = _element(contract.codes.encoding, "codes")
+    if isinstance(element, GritRecord):
+        return element
+    scales = contract.scales
+    if scales.format not in _SCALE:
+        return _no(f"scale format {scales.format} has no GRIT v1 spelling (bfloat16 is not binary16)")
+    if scales.group_axis != "K" or scales.levels != 1:
+        return _no("GRIT v1 groups along the contiguous (K) axis with this shardport's one scale level")
+    if isinstance(contract.group_map, GroupMapIndex) and not contract.group_map.sequential:
+        return _no("an act-order g_idx group map has no GRIT v1 field")
+    if isinstance(contract.permutation, PermutationPlane):
+        return _no("a column permutation plane has no GRIT v1 field")
+    fields = [f"e={element}", f"k0={scales.group_size}", f"s0={_SCALE[scales.format]}"]
+    zero = contract.zero_point
+    if isinstance(zero, ZeroImplicit):
+        return _no(f"the zero point is an implicit constant {zero.value}; GRIT v1 requires a zp plane")
+    if isinstance(zero, ZeroFloatPlane):
+        return _no("a float zero-point plane (s*(q - z) with real z) has no GRIT v1 zp format here")
+    if isinstance(zero, ZeroIntPlane):
+        zp = _element(zero.encoding, "zero-point")
+        if isinstance(zp, GritRecord):
+            return zp
+        fields += [f"zp={zp}", f"zpc={'minus1' if zero.convention == 'minus_one' else 'asis'}"]
+        fields.append("esr=affineminmax")
+    else:
+        fields.append("esr=ratiomaxabs")
+    if contract.decode_law == "affine_round_to_scale_format":
+        fields.append(f"dt={_SCALE[scales.format]}")
+    return _yes("grit1(" + ",".join(fields) + ")")
+
+
+def grade_contract(contract: FloatContract | AffineIntContract | GgufBlockContract) -> GritRecord:
+    """Return the GRIT record of a contract (its own ``grit`` field is ignored)."""
+    if isinstance(contract, FloatContract):
+        return _no(f"{contract.format} is {_CARRIER}")
+    if isinstance(contract, GgufBlockContract):
+        entry = GGML_INFERENCE.get(contract.ggml_type)
+        if entry is None:
+            return _no(f"ggml {contract.ggml_type} is {_CARRIER}")
+        if entry.grade is None:
+            return _no(f"ggml {contract.ggml_type}: {entry.note}")
+        return _yes(entry.grade)
+    return _affine(contract)

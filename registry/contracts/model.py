@@ -1,0 +1,407 @@
+"""The numeric contract of a logical weight, as frozen pydantic models (DESIGN.md "Numeric contract").
+
+Vocabulary: a logical weight has the logical shape ``[N, K]`` (N = out, K = in; ``[N]`` for vectors,
+``[E, N, K]`` for stacked experts). Its planes are tensors with a role (codes, scale, zero, g_idx, perm,
+float, shape). Physical axes name what each dimension of a plane runs over: ``N``, ``K`` or ``G`` (the
+group index along K). Nothing here is defaulted: every field is stated by whoever builds the contract.
+
+Models validate their own structure (lengths, permutations, encodings); whether a contract fits the
+planes of a checkpoint is decided by :mod:`.gates`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .encodings import DTYPE_BYTES, INT_DTYPES, encoding_bits
+
+Axis = Literal["N", "K", "G"]
+LogicalAxis = Literal["E", "N", "K"]
+ScaleFormat = Literal["binary32", "binary16", "bfloat16", "e8m0", "e4m3"]
+FloatFormat = Literal["binary32", "binary16", "bfloat16"]
+PlaneRole = Literal["codes", "scale", "zero", "g_idx", "perm", "float", "shape"]
+GgmlType = Literal["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+#: Closed set of decode laws, each with a fixed evaluation order (see :mod:`.decode`).
+DecodeLaw = Literal["float_upcast", "affine_f32", "affine_round_to_scale_format", "ggml_block"]
+Family = Literal["float", "affine_int", "gguf_block", "mx_block", "codebook", "mixed"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Packing(_Frozen):
+    """How fields of ``bits`` width sit in the containers of a plane.
+
+    ``scheme="slots"``: each container holds ``container_bits // bits`` whole fields; slot ``i``
+    (bits ``[i*bits, (i+1)*bits)`` counted from the LSB, or from the MSB with ``msb_first``) holds the
+    run element ``slot_order[i]`` — AWQ is ``(0, 2, 4, 6, 1, 3, 5, 7)``, GPTQ ``(0, 1, …, 7)``.
+    ``scheme="bitstream"``: element ``e`` starts at bit ``e*bits`` of the little-endian container
+    sequence and may straddle two containers (compressed-tensors); ``slot_order`` is empty.
+    ``axis="none"``: one value per container (the container's integer value); ``slot_order=(0,)``.
+    ``tail``: ``exact`` — the fields fill the last container; ``zero_fill`` — unused bits are zero.
+    """
+
+    axis: Literal["N", "K", "none"]
+    container_bits: Literal[8, 16, 32]
+    scheme: Literal["slots", "bitstream"]
+    slot_order: tuple[int, ...]
+    bit_order: Literal["lsb_first", "msb_first"]
+    tail: Literal["exact", "zero_fill"]
+
+
+def _check_packed_plane(
+    physical_dtype: str, shape: tuple[int, ...], axes: tuple[str, ...], bits: int, packing: Packing
+) -> None:
+    if len(shape) != len(axes) or len(set(axes)) != len(axes):
+        raise ValueError(f"physical_axes {axes} must name each of the {len(shape)} dimensions once")
+    if physical_dtype not in INT_DTYPES:
+        raise ValueError(f"packed planes are integer planes, not {physical_dtype}")
+    if DTYPE_BYTES[physical_dtype] * 8 != packing.container_bits:
+        raise ValueError(f"container_bits {packing.container_bits} != width of {physical_dtype}")
+    if packing.axis == "none":
+        if packing.scheme != "slots" or packing.slot_order != (0,):
+            raise ValueError("unpacked planes (axis none) use scheme slots and slot_order (0,)")
+        return
+    if packing.axis not in axes:
+        raise ValueError(f"pack axis {packing.axis} is not one of the physical axes {axes}")
+    if packing.scheme == "bitstream":
+        if packing.slot_order or packing.bit_order != "lsb_first":
+            raise ValueError("bitstream packing has no slot order and is lsb_first")
+        return
+    if packing.container_bits % bits:
+        raise ValueError(f"{bits}-bit fields do not tile a {packing.container_bits}-bit container")
+    per = packing.container_bits // bits
+    if sorted(packing.slot_order) != list(range(per)):
+        raise ValueError(f"slot_order {packing.slot_order} is not a permutation of range({per})")
+
+
+class CodesSpec(_Frozen):
+    """The codes plane: its physical form, element bits and value encoding, and its packing."""
+
+    plane: str
+    physical_dtype: str
+    physical_shape: tuple[int, ...]
+    physical_axes: tuple[Axis, ...]
+    bits: int = Field(ge=1, le=8)
+    encoding: str
+    packing: Packing
+
+    @model_validator(mode="after")
+    def _structure(self) -> CodesSpec:
+        if encoding_bits(self.encoding) != self.bits:
+            raise ValueError(f"encoding {self.encoding} is not {self.bits}-bit")
+        if sorted(self.physical_axes) != ["K", "N"]:
+            raise ValueError(f"codes physical_axes {self.physical_axes} must be a permutation of (N, K)")
+        _check_packed_plane(
+            self.physical_dtype, self.physical_shape, self.physical_axes, self.bits, self.packing
+        )
+        return self
+
+
+class ScaleSpec(_Frozen):
+    """The scale plane: format, storage, sign domain and grouping (one level, groups along K)."""
+
+    plane: str
+    physical_dtype: str
+    physical_shape: tuple[int, ...]
+    physical_axes: tuple[Axis, ...]
+    format: ScaleFormat
+    storage: Literal["numeric", "raw_bits"]
+    sign: Literal["positive", "signed"]
+    group_axis: Literal["K", "N"]
+    group_size: int = Field(ge=1)
+    group_count: int = Field(ge=1)
+    tail_rule: Literal["exact", "partial_last"]
+    placement: Literal["row_major"]
+    levels: Literal[1, 2]
+
+    @model_validator(mode="after")
+    def _structure(self) -> ScaleSpec:
+        if len(self.physical_shape) != len(self.physical_axes) or sorted(self.physical_axes) != ["G", "N"]:
+            raise ValueError(f"scale physical_axes {self.physical_axes} must be a permutation of (N, G)")
+        return self
+
+
+class ZeroNone(_Frozen):
+    """No zero point: the value is ``s·q``."""
+
+    kind: Literal["none"]
+
+
+class ZeroImplicit(_Frozen):
+    """A constant zero point that is not stored."""
+
+    kind: Literal["implicit"]
+    value: int
+
+
+class ZeroIntPlane(_Frozen):
+    """An integer zero-point plane; ``minus_one`` means the stored number is zero-1 (GPTQ v1)."""
+
+    kind: Literal["int_plane"]
+    plane: str
+    physical_dtype: str
+    physical_shape: tuple[int, ...]
+    physical_axes: tuple[Axis, ...]
+    bits: int = Field(ge=1, le=8)
+    encoding: str
+    packing: Packing
+    convention: Literal["as_is", "minus_one"]
+
+    @model_validator(mode="after")
+    def _structure(self) -> ZeroIntPlane:
+        if encoding_bits(self.encoding) != self.bits:
+            raise ValueError(f"encoding {self.encoding} is not {self.bits}-bit")
+        if sorted(self.physical_axes) != ["G", "N"]:
+            raise ValueError(f"zero physical_axes {self.physical_axes} must be a permutation of (N, G)")
+        _check_packed_plane(
+            self.physical_dtype, self.physical_shape, self.physical_axes, self.bits, self.packing
+        )
+        return self
+
+
+class ZeroFloatPlane(_Frozen):
+    """A float zero-point plane in code units: the value is ``s·(q - z)``."""
+
+    kind: Literal["float_plane"]
+    plane: str
+    physical_dtype: str
+    physical_shape: tuple[int, ...]
+    physical_axes: tuple[Axis, ...]
+    format: FloatFormat
+    law: Literal["code_minus_zero"]
+
+
+ZeroPoint = Annotated[ZeroNone | ZeroImplicit | ZeroIntPlane | ZeroFloatPlane, Field(discriminator="kind")]
+
+
+class GroupMapNone(_Frozen):
+    """Column ``k`` belongs to group ``k // G``."""
+
+    kind: Literal["none"]
+
+
+class GroupMapIndex(_Frozen):
+    """A g_idx plane ``[K]`` gives each column's group; ``sequential`` asserts it equals ``k // G``."""
+
+    kind: Literal["g_idx"]
+    plane: str
+    physical_dtype: str
+    physical_shape: tuple[int, ...]
+    sequential: bool
+
+
+GroupMap = Annotated[GroupMapNone | GroupMapIndex, Field(discriminator="kind")]
+
+
+class PermutationNone(_Frozen):
+    """Stored columns are logical columns."""
+
+    kind: Literal["none"]
+
+
+class PermutationPlane(_Frozen):
+    """Logical column ``k`` is stored column ``perm[k]``; the plane must be a bijection of K."""
+
+    kind: Literal["plane"]
+    plane: str
+    physical_dtype: str
+    physical_shape: tuple[int, ...]
+    axis: Literal["K"]
+
+
+Permutation = Annotated[PermutationNone | PermutationPlane, Field(discriminator="kind")]
+
+
+class Label(_Frozen):
+    """Where the contract came from: declared by a person, or inferred (with the evidence used)."""
+
+    kind: Literal["declared", "inferred"]
+    evidence: tuple[str, ...] = Field(min_length=1)
+
+
+class GritRecord(_Frozen):
+    """The GRIT grade of the contract (canonical string and 64-bit id in hex), or why there is none."""
+
+    expressible: bool
+    grade: str | None
+    grade_id: str | None
+    why: str | None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GritRecord:
+        if self.expressible and (self.grade is None or self.grade_id is None or self.why is not None):
+            raise ValueError("an expressible GRIT record has a grade and a grade_id and no why")
+        if not self.expressible and (self.why is None or self.grade is not None or self.grade_id is not None):
+            raise ValueError("an inexpressible GRIT record has a why and no grade")
+        if self.grade_id is not None and not re.fullmatch(r"[0-9a-f]{16}", self.grade_id):
+            raise ValueError("grade_id is 16 lowercase hex digits")
+        return self
+
+
+class FloatContract(_Frozen):
+    """An unquantized float plane, decoded by widening to binary32."""
+
+    family: Literal["float"]
+    plane: str
+    physical_dtype: Literal["F32", "F16", "BF16"]
+    format: FloatFormat
+    decode_law: Literal["float_upcast"]
+    label: Label
+    grit: GritRecord
+
+
+class AffineIntContract(_Frozen):
+    """Integer codes with per-group scales and an optional zero point: ``y = s·(q - z)``."""
+
+    family: Literal["affine_int"]
+    codes: CodesSpec
+    scales: ScaleSpec
+    zero_point: ZeroPoint
+    group_map: GroupMap
+    permutation: Permutation
+    decode_law: Literal["affine_f32", "affine_round_to_scale_format"]
+    label: Label
+    grit: GritRecord
+
+
+class GgufBlockContract(_Frozen):
+    """A GGUF tensor; every numeric field is implied by its ggml type, which is the declared format."""
+
+    family: Literal["gguf_block"]
+    ggml_type: GgmlType
+    plane: str
+    decode_law: Literal["ggml_block"]
+    label: Label
+    grit: GritRecord
+
+
+Contract = Annotated[FloatContract | AffineIntContract | GgufBlockContract, Field(discriminator="family")]
+
+
+def contract_planes(contract: FloatContract | AffineIntContract | GgufBlockContract) -> dict[str, PlaneRole]:
+    """Return the tensor names the contract reads, with their roles."""
+    if not isinstance(contract, AffineIntContract):
+        return {contract.plane: "float" if contract.family == "float" else "codes"}
+    names: dict[str, PlaneRole] = {contract.codes.plane: "codes", contract.scales.plane: "scale"}
+    if isinstance(contract.zero_point, ZeroIntPlane | ZeroFloatPlane):
+        names[contract.zero_point.plane] = "zero"
+    if isinstance(contract.group_map, GroupMapIndex):
+        names[contract.group_map.plane] = "g_idx"
+    if isinstance(contract.permutation, PermutationPlane):
+        names[contract.permutation.plane] = "perm"
+    return names
+
+
+class GraphBinding(_Frozen):
+    """Where the weight sits in the model graph: operator slot (``mlp.down_proj``), layer, expert, tie."""
+
+    architecture: str | None
+    layer: int | None = Field(ge=0)
+    slot: str = Field(min_length=1)
+    expert: int | None = Field(ge=0)
+    tied_alias: str | None
+
+
+class LogicalShape(_Frozen):
+    """Named logical axes and their extents: ``(N, K)``, ``(N,)`` or ``(E, N, K)``."""
+
+    axes: tuple[LogicalAxis, ...]
+    extents: tuple[int, ...]
+
+    @model_validator(mode="after")
+    def _structure(self) -> LogicalShape:
+        if self.axes not in (("N",), ("N", "K"), ("E", "N", "K")):
+            raise ValueError(f"logical axes {self.axes} must be (N,), (N, K) or (E, N, K)")
+        if len(self.extents) != len(self.axes) or any(extent < 1 for extent in self.extents):
+            raise ValueError(f"extents {self.extents} must be positive, one per axis")
+        return self
+
+    @property
+    def rows(self) -> int:
+        """Rows as decoders see them: every axis but K, flattened."""
+        count = 1
+        for axis, extent in zip(self.axes, self.extents, strict=True):
+            count *= extent if axis != "K" else 1
+        return count
+
+    @property
+    def columns(self) -> int:
+        """Extent of K (1 for vectors)."""
+        return self.extents[-1] if self.axes[-1] == "K" else 1
+
+
+class PlaneRef(_Frozen):
+    """One tensor bound to a logical weight, with its role and physical dtype/shape."""
+
+    role: PlaneRole
+    tensor: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class DecodeWitness(_Frozen):
+    """Seeded rows of the reference decode (little-endian binary32, base64) and optional error."""
+
+    seed: int = Field(ge=0, le=2**53 - 1)  # manifests are RFC 8785 JSON: integers stay exact below 2^53
+    rows: tuple[int, ...] = Field(min_length=1)
+    columns: int = Field(ge=1)
+    values_f32le: str
+    values_sha256: str
+    rel_error: float | None = Field(ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _structure(self) -> DecodeWitness:
+        raw = base64.b64decode(self.values_f32le, validate=True)
+        if len(raw) != 4 * len(self.rows) * self.columns:
+            raise ValueError(f"witness holds {len(raw)} bytes, expected {4 * len(self.rows) * self.columns}")
+        if hashlib.sha256(raw).hexdigest() != self.values_sha256:
+            raise ValueError("witness values do not match values_sha256")
+        return self
+
+
+class LogicalWeight(_Frozen):
+    """A logical weight: name, shape, planes by role, contract, graph binding and decode witness."""
+
+    name: str = Field(min_length=1)
+    shape: LogicalShape
+    planes: tuple[PlaneRef, ...]
+    contract: Contract
+    binding: GraphBinding
+    witness: DecodeWitness | None
+
+    @field_validator("planes")
+    @classmethod
+    def _unique(cls, planes: tuple[PlaneRef, ...]) -> tuple[PlaneRef, ...]:
+        names = [plane.tensor for plane in planes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"planes name a tensor twice: {names}")
+        return planes
+
+    @model_validator(mode="after")
+    def _planes_cover_contract(self) -> LogicalWeight:
+        bound = {plane.tensor: plane.role for plane in self.planes}
+        for tensor, role in contract_planes(self.contract).items():
+            if bound.get(tensor) != role:
+                raise ValueError(f"contract reads {tensor} as {role}, planes bind it as {bound.get(tensor)}")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """A tensor as a container parser reports it: name, dtype string, shape.
+
+    dtype uses safetensors spellings (``F16``, ``I32``…) or, for GGUF, the ggml type name (``Q4_K``);
+    for GGUF the shape is the logical element shape in row-major order (ggml ``ne`` reversed).
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]

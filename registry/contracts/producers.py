@@ -1,0 +1,316 @@
+"""Contract templates of the producers whose layouts shardport knows: GPTQ, AWQ, compressed-tensors.
+
+Each builder takes one module's companion tensors (by leaf name) and the producer's settings, and
+returns the logical ``[N, K]`` extents and an :class:`AffineIntContract` (GRIT record still blank).
+
+- GPTQ: ``qweight`` int32 ``[K*b/32, N]`` packed along K in natural slot order; ``qzeros`` int32
+  ``[ceil(K/G), N*b/32]`` packed along N, storing zero-1 (``checkpoint_format: gptq``) or the zero
+  (``gptq_v2``); ``scales`` ``[ceil(K/G), N]``; optional ``g_idx`` int32 ``[K]``.
+- AWQ (GEMM): ``qweight`` int32 ``[K, N/8]`` packed along N in slot order ``[0,2,4,6,1,3,5,7]``;
+  ``qzeros`` int32 ``[K/G, N/8]``, same order, zero as is; ``scales`` ``[K/G, N]``.
+- compressed-tensors ``pack-quantized``: ``weight_packed`` int32 ``[N, ceil(K*b/32)]``, a little-endian
+  bitstream along K of codes offset by ``2^(b-1)``; ``weight_scale`` ``[N, K/G]`` (``[N, 1]`` per
+  channel); asymmetric: ``weight_zero_point`` int32 ``[ceil(N*b/32), K/G]``, a bitstream along N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import ContractAmbiguousError, PlaneMissingError, UnsupportedContractError
+from .model import (
+    AffineIntContract,
+    Axis,
+    CodesSpec,
+    GritRecord,
+    GroupMapIndex,
+    GroupMapNone,
+    Label,
+    Packing,
+    PermutationNone,
+    ScaleFormat,
+    ScaleSpec,
+    TensorInfo,
+    ZeroIntPlane,
+    ZeroNone,
+)
+
+PENDING = GritRecord(expressible=False, grade=None, grade_id=None, why="pending")
+_SCALE_FORMAT: dict[str, ScaleFormat] = {"F16": "binary16", "BF16": "bfloat16", "F32": "binary32"}
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """A producer's settings as read from the checkpoint (or declared), with the evidence."""
+
+    method: str
+    params: Mapping[str, Any]
+    label: Label
+
+
+def _need(module: str, leaves: Mapping[str, TensorInfo], leaf: str) -> TensorInfo:
+    if leaf not in leaves:
+        raise PlaneMissingError(
+            f"{module}.weight",
+            f"plane {module}.{leaf}",
+            "present",
+            "absent",
+            "the checkpoint lost a companion tensor of this quantized weight",
+        )
+    return leaves[leaf]
+
+
+def _slots(axis: Literal["N", "K"], bits: int, order: Sequence[int] | None = None) -> Packing:
+    per = 32 // bits
+    return Packing(
+        axis=axis,
+        container_bits=32,
+        scheme="slots",
+        slot_order=tuple(order or range(per)),
+        bit_order="lsb_first",
+        tail="exact",
+    )
+
+
+def _scale_format(module: str, info: TensorInfo) -> ScaleFormat:
+    if info.dtype not in _SCALE_FORMAT:
+        raise UnsupportedContractError(
+            f"{module}.weight", f"{info.name} dtype", "F16, BF16 or F32", info.dtype
+        )
+    return _SCALE_FORMAT[info.dtype]
+
+
+def _scale(module: str, info: TensorInfo, axes: tuple[Axis, Axis], group: int, k: int) -> ScaleSpec:
+    return ScaleSpec(
+        plane=info.name,
+        physical_dtype=info.dtype,
+        physical_shape=info.shape,
+        physical_axes=axes,
+        format=_scale_format(module, info),
+        storage="numeric",
+        sign="positive",
+        group_axis="K",
+        group_size=group,
+        group_count=-(-k // group),
+        tail_rule="partial_last" if k % group else "exact",
+        placement="row_major",
+        levels=1,
+    )
+
+
+def _int(params: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        if params.get(key) is not None:
+            return int(params[key])
+    return None
+
+
+def gptq(
+    module: str, leaves: Mapping[str, TensorInfo], settings: Settings
+) -> tuple[tuple[int, int], AffineIntContract]:
+    """Build the contract of a GPTQ module (``checkpoint_format`` gptq → zero-1, gptq_v2 → as is)."""
+    params = settings.params
+    bits = _int(params, "bits", "w_bit") or 0
+    if bits not in (2, 4, 8):
+        raise UnsupportedContractError(f"{module}.weight", "quantization.bits", "2, 4 or 8 for GPTQ", bits)
+    qweight, qzeros, scales = (_need(module, leaves, leaf) for leaf in ("qweight", "qzeros", "scales"))
+    n = qweight.shape[1]
+    k = leaves["g_idx"].shape[0] if "g_idx" in leaves else qweight.shape[0] * 32 // bits
+    group = _int(params, "group_size") or -1
+    group = k if group <= 0 else group
+    fmt = str(params.get("checkpoint_format", "gptq")).lower()
+    if fmt not in ("gptq", "gptq_v2"):
+        raise UnsupportedContractError(
+            f"{module}.weight", "quantization.checkpoint_format", "gptq or gptq_v2", fmt
+        )
+    if "g_idx" in leaves:
+        sequential = params.get("desc_act") is False
+        group_map: GroupMapIndex | GroupMapNone = GroupMapIndex(
+            kind="g_idx",
+            plane=leaves["g_idx"].name,
+            physical_dtype=leaves["g_idx"].dtype,
+            physical_shape=leaves["g_idx"].shape,
+            sequential=sequential,
+        )
+    elif params.get("desc_act"):
+        raise PlaneMissingError(
+            f"{module}.weight", f"plane {module}.g_idx", "present (desc_act: true)", "absent"
+        )
+    else:
+        group_map = GroupMapNone(kind="none")
+    contract = AffineIntContract(
+        family="affine_int",
+        codes=CodesSpec(
+            plane=qweight.name,
+            physical_dtype=qweight.dtype,
+            physical_shape=qweight.shape,
+            physical_axes=("K", "N"),
+            bits=bits,
+            encoding=f"u{bits}",
+            packing=_slots("K", bits),
+        ),
+        scales=_scale(module, scales, ("G", "N"), group, k),
+        zero_point=ZeroIntPlane(
+            kind="int_plane",
+            plane=qzeros.name,
+            physical_dtype=qzeros.dtype,
+            physical_shape=qzeros.shape,
+            physical_axes=("G", "N"),
+            bits=bits,
+            encoding=f"u{bits}",
+            packing=_slots("N", bits),
+            convention="minus_one" if fmt == "gptq" else "as_is",
+        ),
+        group_map=group_map,
+        permutation=PermutationNone(kind="none"),
+        decode_law="affine_f32",
+        label=settings.label,
+        grit=PENDING,
+    )
+    return (n, k), contract
+
+
+def awq(
+    module: str, leaves: Mapping[str, TensorInfo], settings: Settings
+) -> tuple[tuple[int, int], AffineIntContract]:
+    """Build the contract of an AWQ GEMM module (4-bit, interleaved slot order, zero as is)."""
+    params = settings.params
+    bits = _int(params, "bits", "w_bit") or 0
+    version = str(params.get("version", "gemm")).lower()
+    if bits != 4 or version != "gemm" or params.get("zero_point") is False:
+        raise UnsupportedContractError(
+            f"{module}.weight",
+            "quantization",
+            "AWQ GEMM, 4-bit, zero_point: true",
+            f"bits={bits}, version={version}, zero_point={params.get('zero_point')}",
+        )
+    qweight, qzeros, scales = (_need(module, leaves, leaf) for leaf in ("qweight", "qzeros", "scales"))
+    k, n = qweight.shape[0], qweight.shape[1] * 8
+    group = _int(params, "group_size", "q_group_size") or -1
+    group = k if group <= 0 else group
+    contract = AffineIntContract(
+        family="affine_int",
+        codes=CodesSpec(
+            plane=qweight.name,
+            physical_dtype=qweight.dtype,
+            physical_shape=qweight.shape,
+            physical_axes=("K", "N"),
+            bits=4,
+            encoding="u4",
+            packing=_slots("N", 4, AWQ_ORDER),
+        ),
+        scales=_scale(module, scales, ("G", "N"), group, k),
+        zero_point=ZeroIntPlane(
+            kind="int_plane",
+            plane=qzeros.name,
+            physical_dtype=qzeros.dtype,
+            physical_shape=qzeros.shape,
+            physical_axes=("G", "N"),
+            bits=4,
+            encoding="u4",
+            packing=_slots("N", 4, AWQ_ORDER),
+            convention="as_is",
+        ),
+        group_map=GroupMapNone(kind="none"),
+        permutation=PermutationNone(kind="none"),
+        decode_law="affine_f32",
+        label=settings.label,
+        grit=PENDING,
+    )
+    return (n, k), contract
+
+
+def _bitstream(axis: Literal["N", "K"]) -> Packing:
+    return Packing(
+        axis=axis,
+        container_bits=32,
+        scheme="bitstream",
+        slot_order=(),
+        bit_order="lsb_first",
+        tail="zero_fill",
+    )
+
+
+def compressed_tensors(
+    module: str,
+    leaves: Mapping[str, TensorInfo],
+    weights: Mapping[str, Any],
+    shape_values: Sequence[int] | None,
+    label: Label,
+) -> tuple[tuple[int, int], AffineIntContract]:
+    """Build the contract of a compressed-tensors ``pack-quantized`` module from its weight args."""
+    name = f"{module}.weight"
+    bits = int(weights.get("num_bits", 0))
+    strategy = str(weights.get("strategy", ""))
+    if weights.get("type", "int") != "int" or not 2 <= bits <= 8 or strategy not in ("group", "channel"):
+        raise UnsupportedContractError(
+            name,
+            "weights",
+            "int, 2..8 bits, strategy group or channel",
+            f"type={weights.get('type')}, bits={bits}, strategy={strategy}",
+        )
+    packed, scale = _need(module, leaves, "weight_packed"), _need(module, leaves, "weight_scale")
+    n = packed.shape[0]
+    if shape_values is not None:
+        k = int(shape_values[-1])
+    elif strategy == "group":
+        k = scale.shape[1] * int(weights["group_size"])
+    else:
+        raise ContractAmbiguousError(
+            name,
+            "K",
+            f"the value of {module}.weight_shape",
+            "only its shape",
+            "per-channel packing does not fix K; pass the weight_shape values",
+        )
+    group = int(weights["group_size"]) if strategy == "group" else k
+    encoding = f"s{bits}_offset{1 << (bits - 1)}"
+    if weights.get("symmetric", True):
+        zero: ZeroIntPlane | ZeroNone = ZeroNone(kind="none")
+    else:
+        zp = _need(module, leaves, "weight_zero_point")
+        zero = ZeroIntPlane(
+            kind="int_plane",
+            plane=zp.name,
+            physical_dtype=zp.dtype,
+            physical_shape=zp.shape,
+            physical_axes=("N", "G"),
+            bits=bits,
+            encoding=encoding,
+            packing=_bitstream("N"),
+            convention="as_is",
+        )
+    if "weight_g_idx" in leaves:
+        g_idx = leaves["weight_g_idx"]
+        group_map: GroupMapIndex | GroupMapNone = GroupMapIndex(
+            kind="g_idx",
+            plane=g_idx.name,
+            physical_dtype=g_idx.dtype,
+            physical_shape=g_idx.shape,
+            sequential=False,
+        )
+    else:
+        group_map = GroupMapNone(kind="none")
+    contract = AffineIntContract(
+        family="affine_int",
+        codes=CodesSpec(
+            plane=packed.name,
+            physical_dtype=packed.dtype,
+            physical_shape=packed.shape,
+            physical_axes=("N", "K"),
+            bits=bits,
+            encoding=encoding,
+            packing=_bitstream("K"),
+        ),
+        scales=_scale(module, scale, ("N", "G"), group, k),
+        zero_point=zero,
+        group_map=group_map,
+        permutation=PermutationNone(kind="none"),
+        decode_law="affine_round_to_scale_format",
+        label=label,
+        grit=PENDING,
+    )
+    return (n, k), contract
