@@ -35,7 +35,7 @@ def make_checkpoint(root: Path, size: int, files: int) -> None:
     (root / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     per = size // files
     for i in range(files):
-        with open(root / f"model-{i:05d}-of-{files:05d}.safetensors", "wb") as fh:
+        with open(root / f"model-{i:05d}-of-{files:05d}.bin", "wb") as fh:
             left = per
             while left:
                 n = min(left, 16 << 20)

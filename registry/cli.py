@@ -17,6 +17,7 @@ from typing import Any
 
 from shardport import ShardportError
 from shardport.registry import commands
+from shardport.registry.decoding import run_decode
 from shardport.registry.errors import UsageError
 from shardport.registry.housekeeping import fsck, gc
 from shardport.registry.progress import reporter
@@ -24,7 +25,7 @@ from shardport.registry.pull import pull
 from shardport.registry.push import push
 from shardport.registry.refs import parse_ref
 from shardport.registry.session import Session
-from shardport.registry.verify import verify_dir, verify_ref
+from shardport.registry.verify import verify_checkpoint, verify_dir, verify_ref
 
 EXIT_CODES = "exit codes: 0 ok, 1 verification failure, 2 usage, 3 not found, 4 conflict"
 
@@ -66,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry", type=int, default=0, help="retries when another writer moves the tag")
     p.add_argument("--expires-days", type=float, default=365.0, help="validity of the tag document")
     p.add_argument("--sign", choices=["ed25519", "sigstore"], default="ed25519")
+    p.add_argument("--declare", help="contract declarations: a JSON object or a JSON file")
+    p.add_argument("--reference", type=Path, help="the unquantized float checkpoint, to measure error")
     p = add("pull", "verify and download REF into DEST (atomically)")
     p.add_argument("ref")
     p.add_argument("dest", type=Path)
@@ -89,11 +92,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ref")
     p = add("verify", "verify REF (signatures, chain, every hash) or a pulled DIR")
     p.add_argument("target")
+    p = add("decode", "write the reference float32 decode of one weight as safetensors")
+    p.add_argument("target", help="REF, a pulled folder, or a local checkpoint folder/file")
+    p.add_argument("tensor", help="logical weight name, or one of its planes (e.g. a qweight)")
+    p.add_argument("--out", type=Path, required=True)
     p = add("gc", "delete blobs no retained tag version, attachment or live upload references")
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--grace-seconds", type=float, default=3600.0)
     add("fsck", "report corrupt blobs, dangling references and broken tags")
     return parser
+
+
+def _declare(text: str | None) -> str | None:
+    """``--declare`` takes inline JSON or a path to a JSON file."""
+    if text is None or text.lstrip().startswith("{"):
+        return text
+    try:
+        return Path(text).read_text()
+    except OSError as exc:
+        raise UsageError(
+            f"--declare {text}: not inline JSON and not a readable file ({exc.strerror})"
+        ) from exc
 
 
 def _session(args: argparse.Namespace) -> Session:
@@ -127,6 +146,8 @@ def _dispatch(args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
                 reporter=rep,
                 retries=args.retry,
                 valid_for=timedelta(days=args.expires_days),
+                declare=_declare(args.declare),
+                reference=args.reference,
             )
         return res.to_json(), 0
     if cmd == "pull":
@@ -159,9 +180,14 @@ def _dispatch(args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     if cmd == "inspect":
         return commands.inspect(session, parse_ref(args.ref)), 0
     if cmd == "verify":
-        folder = commands.local_path(args.target)
-        report = verify_dir(session, folder) if folder else verify_ref(session, parse_ref(args.target))
-        return report.to_json(), 0 if report.ok else 1
+        local = Path(args.target)
+        if local.exists():
+            report = verify_dir(session, local) if local.is_dir() else verify_checkpoint(local)
+        else:
+            report = verify_ref(session, parse_ref(args.target))
+        return report.to_json(), report.exit_code
+    if cmd == "decode":
+        return run_decode(session, args.target, args.tensor, args.out).to_json(), 0
     if cmd == "gc":
         return gc(session, dry_run=args.dry_run, grace=timedelta(seconds=args.grace_seconds)).to_json(), 0
     if cmd == "fsck":
@@ -204,9 +230,10 @@ def _human(cmd: str, result: Any) -> str:
     if cmd == "verify":
         head = f"{'OK' if result['ok'] else 'FAILED'}: {result['subject']} {result['digest'] or ''}".rstrip()
         body = [f"  {f['kind']}: {f['object']}: {f['message']}" for f in result["findings"]]
-        return "\n".join(
-            [head, f"  {result['checked_files']} files, {result['checked_bytes']} bytes checked", *body]
-        )
+        checked = f"  {result['checked_files']} files, {result['checked_bytes']} bytes"
+        return "\n".join([head, f"{checked}, {result['weights_checked']} weights checked", *body])
+    if cmd == "decode":
+        return f"wrote {result['tensor']} {result['shape']} float32 ({result['family']}) to {result['out']}"
     return json.dumps(result, indent=2, sort_keys=True)
 
 

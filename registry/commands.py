@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from shardport.provenance.keys import SigningKey
@@ -147,14 +146,8 @@ def inspect(session: Session, ref: Ref) -> dict[str, Any]:
         "ref": str(ref),
         "digest": resolved.digest,
         "signers": list(resolved.signers),
-        "manifest": resolved.manifest.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "manifest": resolved.manifest.model_dump(mode="json", by_alias=True),
     }
     if ref.tag:
         out["versions"] = [entry_json(session, e) for e in history(session, ref.name, ref.tag)]
     return out
-
-
-def local_path(text: str) -> Path | None:
-    """``text`` as an existing local folder, when it is one (verify takes REF or DIR)."""
-    p = Path(text)
-    return p if p.is_dir() else None

@@ -3,7 +3,9 @@
 Each section carries its own ``version``. A section whose version is newer than this shardport
 understands is rejected (:class:`SchemaVersionError`); unknown optional fields are kept and written
 back unchanged (``extra="allow"``), so a manifest made by a newer producer round-trips.
-The ``tensors`` and ``weights`` sections are filled by the contracts layer; they are opaque here.
+The ``tensors`` (where each tensor's bytes are) and ``weights`` (per logical weight: numeric contract,
+graph binding, planes, decode witness — :mod:`shardport.registry.contracts`) sections are filled at
+push from the container gates and contract inference; they follow ``schema.version``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, ClassVar
 import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from shardport.registry.contracts.model import LogicalWeight
 from shardport.registry.errors import SchemaVersionError, UsageError, VerificationError
 from shardport.registry.hashing import digest_bytes
 
@@ -123,6 +126,25 @@ class FileEntry(BaseModel):
     digest: str
 
 
+class TensorEntry(BaseModel):
+    """One stored tensor: where its bytes are (absolute offsets in a file) and what it belongs to.
+
+    ``dtype`` is the container's spelling (safetensors ``F16``/``I32``…, or the ggml type name for
+    GGUF); ``shape`` is row-major (for GGUF, ggml ``ne`` reversed). ``weight`` names the logical weight
+    this tensor is a plane of, and ``role`` its role there (codes, scale, zero, g_idx, perm, float).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    name: str
+    file: str
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    dtype: str
+    shape: tuple[int, ...]
+    weight: str | None = None
+    role: str | None = None
+
+
 class ProvenanceInfo(Section):
     """Where the artifact came from."""
 
@@ -149,8 +171,8 @@ class Manifest(BaseModel):
     runtime: RuntimeInfo = Field(default_factory=RuntimeInfo)
     topology: TopologyHints | None = None
     files: list[FileEntry]
-    tensors: list[dict[str, Any]] | None = None
-    weights: list[dict[str, Any]] | None = None
+    tensors: list[TensorEntry] | None = None
+    weights: list[LogicalWeight] | None = None
     provenance: ProvenanceInfo = Field(default_factory=ProvenanceInfo)
 
     @model_validator(mode="after")
@@ -162,7 +184,7 @@ class Manifest(BaseModel):
     def to_bytes(self) -> bytes:
         """Canonical JSON (RFC 8785: sorted keys, no insignificant whitespace)."""
         try:
-            return rfc8785.dumps(self.model_dump(mode="json", by_alias=True, exclude_none=True))
+            return rfc8785.dumps(self.model_dump(mode="json", by_alias=True))
         except rfc8785.CanonicalizationError as exc:
             raise UsageError(
                 f"manifest cannot be canonicalized (RFC 8785): {exc}; integers must stay within "

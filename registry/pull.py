@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardport.registry.analysis import check_stored
 from shardport.registry.describe import METADATA_DIR
 from shardport.registry.errors import DigestMismatchError, UnsafePathError, UsageError
 from shardport.registry.manifest import FileEntry
@@ -138,6 +139,9 @@ def pull(session: Session, ref: Ref, dest: Path, *, reporter: Reporter | None = 
         advance = reporter.task("downloading", sum(f.size for f in files))
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             total = sum(pool.map(lambda f: _fetch(session, f, tmp, advance), files))
+        manifest = resolved.manifest
+        if manifest.tensors and manifest.weights:  # the bytes must still mean what was signed
+            check_stored(tmp, manifest.tensors, manifest.weights)
         write_metadata(session, resolved, tmp)
         _publish(tmp, dest)
     except BaseException:

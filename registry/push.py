@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import shardport
 from shardport.registry import _failpoints
+from shardport.registry.analysis import Analysis, analyze
 from shardport.registry.describe import container_of, model_of, quantization_of, scan, source_digest
 from shardport.registry.errors import RegistryError, UnsignedError
 from shardport.registry.hashing import digest_file
@@ -63,11 +66,15 @@ class PushResult:
         }
 
 
-def build_manifest(src: Path, entries: list[FileEntry], created_at: str) -> Manifest:
+def build_manifest(
+    src: Path, entries: list[FileEntry], created_at: str, analysis: Analysis | None = None
+) -> Manifest:
     """The manifest of a checkpoint folder whose files were hashed into ``entries``."""
     by_path = {e.path: e for e in entries}
     return Manifest(
         container=container_of([e.path for e in entries]),
+        tensors=list(analysis.tensors) if analysis else None,
+        weights=list(analysis.weights) if analysis else None,
         model=model_of(src, by_path),
         quantization=quantization_of(src),
         files=entries,
@@ -107,8 +114,16 @@ def push(
     reporter: Reporter | None = None,
     retries: int = 0,
     valid_for: timedelta = DEFAULT_VALIDITY,
+    declare: str | Mapping[str, Any] | None = None,
+    reference: Path | None = None,
 ) -> PushResult:
-    """Push folder ``src`` as ``name:tag``."""
+    """Push folder ``src`` as ``name:tag``.
+
+    Before anything is hashed or written, every safetensors/GGUF file passes the container gates, each
+    logical weight gets its numeric contract (inferred, or ``declare``d), the semantic gates run on its
+    planes, and quantized weights get a decode witness (with ``reference``, a float checkpoint, the
+    measured error is recorded and a push far beyond the bit width's error is refused).
+    """
     if session.key is None and not session.allow_unsigned:
         raise UnsignedError(
             f"push {name}:{tag}: no signing key; run `registry keygen`, pass --key FILE, or --allow-unsigned"
@@ -117,6 +132,7 @@ def push(
     store = session.store
     files = scan(src)
     total = sum(p.stat().st_size for _, p in files)
+    analysis = analyze(src, [rel for rel, _ in files], declare=declare, reference=reference)
 
     advance = reporter.task("hashing", total)
     identities = [file_identity(p) for _, p in files]
@@ -126,7 +142,7 @@ def push(
         FileEntry(path=rel, size=size, digest=d) for (rel, _), (d, size) in zip(files, hashed, strict=True)
     ]
     now = session.clock()
-    manifest = build_manifest(src, entries, format_time(now))
+    manifest = build_manifest(src, entries, format_time(now), analysis)
     head = _unchanged_head(session, name, tag, manifest)
     if head is not None:
         manifest = head

@@ -7,8 +7,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shardport import ShardportError
+from shardport.registry.analysis import analyze, check_stored
 from shardport.registry.describe import METADATA_DIR, scan
 from shardport.registry.errors import NotFoundError, RegistryError, UsageError, VerificationError
+from shardport.registry.formats import ContainerError
 from shardport.registry.hashing import CHUNK, digest_file
 from shardport.registry.manifest import Manifest
 from shardport.registry.paths import check_paths
@@ -28,6 +31,8 @@ class Report:
     checked_bytes: int = 0
     signers: list[str] = field(default_factory=list)
     findings: list[dict[str, str]] = field(default_factory=list)
+    weights_checked: int = 0
+    parse_error: bool = False
 
     @property
     def ok(self) -> bool:
@@ -47,8 +52,22 @@ class Report:
             "checked_files": self.checked_files,
             "checked_bytes": self.checked_bytes,
             "signers": self.signers,
+            "weights_checked": self.weights_checked,
             "findings": self.findings,
         }
+
+    @property
+    def exit_code(self) -> int:
+        """0 clean, 4 when a container could not be parsed, 1 for any other finding."""
+        if self.ok:
+            return 0
+        return 4 if self.parse_error else 1
+
+    def add_error(self, obj: str, exc: ShardportError) -> None:
+        """Record a raised error as a finding."""
+        self.add(type(exc).__name__, obj, str(exc))
+        if isinstance(exc, ContainerError):
+            self.parse_error = True
 
 
 def _stream_digest(session: Session, digest: str) -> tuple[str, int]:
@@ -95,9 +114,33 @@ def verify_ref(session: Session, ref: Ref) -> Report:
     return report
 
 
+def verify_checkpoint(path: Path) -> Report:
+    """Run the container gates, contract inference and semantic gates on a plain local checkpoint."""
+    report = Report(subject=str(path))
+    root, paths = (path.parent, [path.name]) if path.is_file() else (path, [r for r, _ in scan(path)])
+    report.checked_files = len(paths)
+    try:
+        analysis = analyze(root, paths, witnesses=False)
+    except ShardportError as exc:
+        report.add_error(str(path), exc)
+        return report
+    if analysis is None:
+        report.add("NoContainer", str(path), "no safetensors or GGUF file to check")
+        return report
+    report.weights_checked = len(analysis.weights)
+    report.checked_bytes = sum(t.end - t.start for t in analysis.tensors)
+    return report
+
+
 def verify_dir(session: Session, folder: Path) -> Report:
-    """Verify a pulled folder against the manifest and signatures recorded in ``.shardport/``."""
+    """Verify a pulled folder against the manifest and signatures recorded in ``.shardport/``.
+
+    A path without ``.shardport/`` (a plain checkpoint folder or file) is checked with
+    :func:`verify_checkpoint` instead.
+    """
     meta = folder / METADATA_DIR
+    if not (meta / "manifest.json").exists():
+        return verify_checkpoint(folder)
     report = Report(subject=str(folder))
     try:
         raw = (meta / "manifest.json").read_bytes()
@@ -153,4 +196,9 @@ def verify_dir(session: Session, folder: Path) -> Report:
     for rel, _ in scan(folder):
         if rel not in expected:
             report.add("ExtraFile", rel, "present in the folder but not in the manifest")
+    if report.ok and manifest.tensors and manifest.weights:
+        try:
+            report.weights_checked = check_stored(folder, manifest.tensors, manifest.weights)
+        except ShardportError as exc:
+            report.add_error("weights", exc)
     return report

@@ -57,5 +57,5 @@ def make_checkpoint(root: Path, *, seed: int = 0, size: int = 200_000, files: in
     )
     (root / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
     for i in range(files):
-        (root / f"model-{i:05d}.safetensors").write_bytes(rng.randbytes(size))
+        (root / f"model-{i:05d}.bin").write_bytes(rng.randbytes(size))
     return root

@@ -46,13 +46,17 @@ class HeaderCursor:
     def _fill(self, end: int, what: str) -> None:
         if end > self.size:
             raise TruncatedFileError(
-                self.name, field=what, expected=f"{end - self.pos} bytes at offset {self.pos}",
+                self.name,
+                field=what,
+                expected=f"{end - self.pos} bytes at offset {self.pos}",
                 found=f"{self.size - self.pos} bytes left in the {self.size}-byte file",
                 remedy="re-download the file",
             )
         if end > self._cap:
             raise HeaderTooLargeError(
-                self.name, field=what, expected=f"a header within the first {self._cap} bytes",
+                self.name,
+                field=what,
+                expected=f"a header within the first {self._cap} bytes",
                 found=f"a header reaching offset {end}",
                 remedy="raise GGUFLimits.max_header_bytes if the file is trusted",
             )
@@ -98,8 +102,10 @@ class HeaderCursor:
         left = self.size - self.pos
         if n > cap or n > left:
             raise StringLengthError(
-                self.name, field=f"{what} length", expected=f"at most {min(cap, left)} bytes "
-                f"(cap {cap}, {left} bytes left in the file)", found=str(n),
+                self.name,
+                field=f"{what} length",
+                expected=f"at most {min(cap, left)} bytes (cap {cap}, {left} bytes left in the file)",
+                found=str(n),
                 remedy="the file is truncated or hostile",
             )
         return n
@@ -111,7 +117,10 @@ class HeaderCursor:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise HeaderEncodingError(
-                self.name, field=what, expected="UTF-8 text", found=f"invalid byte at position {exc.start}",
+                self.name,
+                field=what,
+                expected="UTF-8 text",
+                found=f"invalid byte at position {exc.start}",
                 remedy="re-convert the model with a current llama.cpp / gguf-py",
             ) from exc
 

@@ -79,8 +79,10 @@ class ContainerError(RegistryError):  # type: ignore[misc, unused-ignore]
 
     def __reduce__(self) -> tuple[object, ...]:
         """Pickle with the keyword fields (the default would pass only the message)."""
-        return (_rebuild, (type(self), self.file, self.field, self.expected, self.found, self.tensor,
-                           self.remedy))
+        return (
+            _rebuild,
+            (type(self), self.file, self.field, self.expected, self.found, self.tensor, self.remedy),
+        )
 
 
 def _rebuild(

@@ -59,16 +59,25 @@ SIZE_BOUND = 2**62
 DEFAULT_ALIGNMENT = 32
 GGML_MAX_DIMS = 4
 
-GGML_TYPES: Mapping[int, tuple[str, int, int]] = MappingProxyType({
-    int(t): (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType if t in GGML_QUANT_SIZES
-})
+GGML_TYPES: Mapping[int, tuple[str, int, int]] = MappingProxyType(
+    {int(t): (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType if t in GGML_QUANT_SIZES}
+)
 """ggml type number → (name, block size in elements, bytes per block)."""
 
 # value type number → (name, struct format or "" for string/array, size in bytes or minimum size)
 _VALUE_TYPES: dict[int, tuple[str, str, int]] = {
-    0: ("UINT8", "B", 1), 1: ("INT8", "b", 1), 2: ("UINT16", "H", 2), 3: ("INT16", "h", 2),
-    4: ("UINT32", "I", 4), 5: ("INT32", "i", 4), 6: ("FLOAT32", "f", 4), 7: ("BOOL", "B", 1),
-    8: ("STRING", "", 8), 9: ("ARRAY", "", 12), 10: ("UINT64", "Q", 8), 11: ("INT64", "q", 8),
+    0: ("UINT8", "B", 1),
+    1: ("INT8", "b", 1),
+    2: ("UINT16", "H", 2),
+    3: ("INT16", "h", 2),
+    4: ("UINT32", "I", 4),
+    5: ("INT32", "i", 4),
+    6: ("FLOAT32", "f", 4),
+    7: ("BOOL", "B", 1),
+    8: ("STRING", "", 8),
+    9: ("ARRAY", "", 12),
+    10: ("UINT64", "Q", 8),
+    11: ("INT64", "q", 8),
     12: ("FLOAT64", "d", 8),
 }
 _STRING, _ARRAY, _BOOL = 8, 9, 7
@@ -176,7 +185,9 @@ class _Parser:
         if version not in (2, 3):
             swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
             raise UnsupportedVersionError(
-                name, field="version", expected="2 or 3 (little-endian)",
+                name,
+                field="version",
+                expected="2 or 3 (little-endian)",
                 found=f"{version}" + (" (a big-endian GGUF)" if swapped in (2, 3) else ""),
                 remedy=_REMEDY_RECONVERT,
             )
@@ -188,8 +199,14 @@ class _Parser:
         data_offset = -(-cur.pos // alignment) * alignment
         tensors = self._place(infos, data_offset, alignment)
         return GGUFHeader(
-            path=name, file_size=cur.size, version=version, alignment=alignment, data_offset=data_offset,
-            kv=MappingProxyType(kv), kv_types=MappingProxyType(kv_types), tensors=tuple(tensors),
+            path=name,
+            file_size=cur.size,
+            version=version,
+            alignment=alignment,
+            data_offset=data_offset,
+            kv=MappingProxyType(kv),
+            kv_types=MappingProxyType(kv_types),
+            tensors=tuple(tensors),
         )
 
     def _check_counts(self, n_tensors: int, n_kv: int) -> None:
@@ -200,14 +217,19 @@ class _Parser:
         ):
             if count > cap or count * unit > remaining:
                 raise CountLimitError(
-                    self.name, field=what,
+                    self.name,
+                    field=what,
                     expected=f"at most {cap} and at most {remaining // unit} ({remaining} bytes left)",
-                    found=str(count), remedy="the header is corrupt or hostile; raise GGUFLimits if trusted",
+                    found=str(count),
+                    remedy="the header is corrupt or hostile; raise GGUFLimits if trusted",
                 )
         if n_tensors * _MIN_TENSOR_INFO_BYTES + n_kv * _MIN_KV_BYTES > remaining:
             raise CountLimitError(
-                self.name, field="tensor count + KV count", expected=f"entries that fit in {remaining} bytes",
-                found=f"{n_tensors} tensors and {n_kv} KV pairs", remedy="the header is corrupt or hostile",
+                self.name,
+                field="tensor count + KV count",
+                expected=f"entries that fit in {remaining} bytes",
+                found=f"{n_tensors} tensors and {n_kv} KV pairs",
+                remedy="the header is corrupt or hostile",
             )
 
     def _read_kvs(self, n_kv: int) -> tuple[dict[str, GGUFValue], dict[str, str]]:
@@ -217,7 +239,10 @@ class _Parser:
             key = self.cur.text(self.limits.max_key_bytes, f"KV #{i} key")
             if key in kv:
                 raise DuplicateKeyError(
-                    self.name, field="KV key", expected="unique keys", found=f"{key!r} twice",
+                    self.name,
+                    field="KV key",
+                    expected="unique keys",
+                    found=f"{key!r} twice",
                     remedy=_REMEDY_RECONVERT,
                 )
             vtype = self.cur.u32(f"KV {key!r} type")
@@ -229,7 +254,10 @@ class _Parser:
         entry = _VALUE_TYPES.get(vtype)
         if entry is None:
             raise ValueTypeError(
-                self.name, field=field, expected="a GGUF value type 0..12", found=str(vtype),
+                self.name,
+                field=field,
+                expected="a GGUF value type 0..12",
+                found=str(vtype),
                 remedy=_REMEDY_RECONVERT,
             )
         return entry[0]
@@ -247,7 +275,10 @@ class _Parser:
     def _bool(self, value: int | float, key: str) -> bool:
         if value not in (0, 1):
             raise ValueTypeError(
-                self.name, field=f"KV {key!r} value", expected="a BOOL byte 0 or 1", found=repr(value),
+                self.name,
+                field=f"KV {key!r} value",
+                expected="a BOOL byte 0 or 1",
+                found=repr(value),
                 remedy=_REMEDY_RECONVERT,
             )
         return value == 1
@@ -259,8 +290,10 @@ class _Parser:
         item_name = self._type_name(item_type, f"{field} item type")
         if item_type == _ARRAY and depth + 1 >= limits.max_array_depth:
             raise ValueTypeError(
-                self.name, field=f"{field} item type",
-                expected=f"arrays nested at most {limits.max_array_depth} deep", found=f"depth {depth + 2}",
+                self.name,
+                field=f"{field} item type",
+                expected=f"arrays nested at most {limits.max_array_depth} deep",
+                found=f"depth {depth + 2}",
                 remedy=_REMEDY_RECONVERT,
             )
         length = cur.u64(f"{field} length")
@@ -268,9 +301,11 @@ class _Parser:
         remaining = cur.size - cur.pos
         if length * item_size > remaining:
             raise ArrayLengthError(
-                self.name, field=f"{field} length",
+                self.name,
+                field=f"{field} length",
                 expected=f"at most {remaining // item_size} {item_name} items ({remaining} bytes left)",
-                found=str(length), remedy="the file is truncated or hostile",
+                found=str(length),
+                remedy="the file is truncated or hostile",
             )
         keep = length <= limits.max_kept_array_len
         if fmt:
@@ -297,8 +332,11 @@ class _Parser:
         value, vtype = kv["general.alignment"], kv_types["general.alignment"]
         if vtype != "UINT32" or not isinstance(value, int) or value <= 0 or value & (value - 1):
             raise AlignmentError(
-                self.name, field="general.alignment", expected="a UINT32 power of two (default 32)",
-                found=f"{vtype} {value!r}", remedy=_REMEDY_RECONVERT,
+                self.name,
+                field="general.alignment",
+                expected="a UINT32 power of two (default 32)",
+                found=f"{vtype} {value!r}",
+                remedy=_REMEDY_RECONVERT,
             )
         return value
 
@@ -308,7 +346,11 @@ class _Parser:
         n_dims = cur.u32(f"tensor {tname!r} n_dims")
         if n_dims > GGML_MAX_DIMS:
             raise DimensionError(
-                name, tensor=tname, field="n_dims", expected=f"0..{GGML_MAX_DIMS}", found=str(n_dims),
+                name,
+                tensor=tname,
+                field="n_dims",
+                expected=f"0..{GGML_MAX_DIMS}",
+                found=str(n_dims),
                 remedy=_REMEDY_RECONVERT,
             )
         *dim_list, type_id, offset = cur.fields(_INFO_TAILS[n_dims], f"tensor {tname!r} dims, type, offset")
@@ -322,19 +364,31 @@ class _Parser:
             count *= d
         if type_id not in GGML_TYPES:
             raise UnknownGGMLTypeError(
-                name, tensor=tname, field="ggml type", expected=f"one of {sorted(GGML_TYPES)}",
-                found=f"type number {type_id}", remedy="upgrade shardport's gguf package or re-quantize",
+                name,
+                tensor=tname,
+                field="ggml type",
+                expected=f"one of {sorted(GGML_TYPES)}",
+                found=f"type number {type_id}",
+                remedy="upgrade shardport's gguf package or re-quantize",
             )
         type_name, block, block_bytes = GGML_TYPES[type_id]
         ne0 = dims[0] if dims else 1
         if ne0 % block:
             raise BlockSizeError(
-                name, tensor=tname, field="ne0", expected=f"a multiple of {block} ({type_name} block size)",
-                found=str(ne0), remedy="pad the row or choose another quantization type",
+                name,
+                tensor=tname,
+                field="ne0",
+                expected=f"a multiple of {block} ({type_name} block size)",
+                found=str(ne0),
+                remedy="pad the row or choose another quantization type",
             )
         if offset % alignment:
             raise MisalignedTensorError(
-                name, tensor=tname, field="offset", expected=f"a multiple of {alignment}", found=str(offset),
+                name,
+                tensor=tname,
+                field="offset",
+                expected=f"a multiple of {alignment}",
+                found=str(offset),
                 remedy=_REMEDY_RECONVERT,
             )
         return tname, type_id, dims, offset, count // block * block_bytes
@@ -348,27 +402,38 @@ class _Parser:
         for tname, type_id, dims, offset, nbytes in infos:
             if tname in seen:
                 raise DuplicateKeyError(
-                    name, tensor=tname, field="tensor name", expected="unique names", found="a second tensor",
+                    name,
+                    tensor=tname,
+                    field="tensor name",
+                    expected="unique names",
+                    found="a second tensor",
                     remedy=_REMEDY_RECONVERT,
                 )
             seen.add(tname)
             start = data_offset + offset
             if start + nbytes > size:
                 raise TensorOutOfBoundsError(
-                    name, tensor=tname, field="offset",
+                    name,
+                    tensor=tname,
+                    field="offset",
                     expected=f"bytes [{start}, {start + nbytes}) inside the {size}-byte file",
                     found=f"{start + nbytes - size} bytes beyond the end",
                     remedy="the file is truncated or its header lies",
                 )
-            records.append(GGUFTensorRecord(
-                tname, GGML_TYPES[type_id][0], type_id, dims, tuple(reversed(dims)), start, start + nbytes
-            ))
+            records.append(
+                GGUFTensorRecord(
+                    tname, GGML_TYPES[type_id][0], type_id, dims, tuple(reversed(dims)), start, start + nbytes
+                )
+            )
         last: GGUFTensorRecord | None = None
         for rec in sorted(records, key=lambda r: (r.start, r.end, r.name)):
             if last is not None and rec.start < last.end and rec.end > rec.start:
                 raise TensorOverlapError(
-                    name, tensor=rec.name, field="offset", expected=f"≥ {last.end - data_offset} (end of "
-                    f"{last.name!r})", found=f"{rec.start - data_offset}: it overlaps {last.name!r}",
+                    name,
+                    tensor=rec.name,
+                    field="offset",
+                    expected=f"≥ {last.end - data_offset} (end of {last.name!r})",
+                    found=f"{rec.start - data_offset}: it overlaps {last.name!r}",
                     remedy=_REMEDY_RECONVERT,
                 )
             if last is None or rec.end >= last.end:
@@ -378,7 +443,9 @@ class _Parser:
             for rec in records:
                 if rec.start - data_offset != expected:
                     raise TensorLayoutError(
-                        name, tensor=rec.name, field="offset",
+                        name,
+                        tensor=rec.name,
+                        field="offset",
                         expected=f"{expected} (previous tensor's end padded to {alignment})",
                         found=str(rec.start - data_offset),
                         remedy="rewrite the file with gguf-py or llama.cpp",

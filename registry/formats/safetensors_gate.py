@@ -54,14 +54,32 @@ SIZE_BOUND = 2**62
 DEFAULT_MAX_HEADER_BYTES = 100 * 1024 * 1024
 """Default cap on the safetensors JSON header (the reference implementation uses 100 MB)."""
 
-DTYPE_BITS: Mapping[str, int] = MappingProxyType({
-    "BOOL": 8, "U8": 8, "I8": 8,
-    "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
-    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
-})
+DTYPE_BITS: Mapping[str, int] = MappingProxyType(
+    {
+        "BOOL": 8,
+        "U8": 8,
+        "I8": 8,
+        "F8_E5M2": 8,
+        "F8_E4M3": 8,
+        "F8_E8M0": 8,
+        "F8_E4M3FNUZ": 8,
+        "F8_E5M2FNUZ": 8,
+        "F4": 4,
+        "F6_E2M3": 6,
+        "F6_E3M2": 6,
+        "I16": 16,
+        "U16": 16,
+        "F16": 16,
+        "BF16": 16,
+        "I32": 32,
+        "U32": 32,
+        "F32": 32,
+        "I64": 64,
+        "U64": 64,
+        "F64": 64,
+        "C64": 64,
+    }
+)
 """Bits per element of every dtype safetensors 0.8 accepts (its ``Dtype`` enum)."""
 
 _METADATA_KEY = "__metadata__"
@@ -139,19 +157,27 @@ def parse_safetensors_source(
     size = source_size(source)
     if size < 8:
         raise TruncatedFileError(
-            name, field="header length prefix", expected="at least 8 bytes", found=f"a {size}-byte file",
+            name,
+            field="header length prefix",
+            expected="at least 8 bytes",
+            found=f"a {size}-byte file",
             remedy="re-download the file",
         )
     (n,) = struct.unpack("<Q", read_exact(source, 0, 8, what="header length prefix"))
     if n > limits.max_header_bytes:
         raise HeaderTooLargeError(
-            name, field="header length", expected=f"at most {limits.max_header_bytes} bytes",
-            found=f"{n} bytes", remedy="raise SafetensorsLimits.max_header_bytes if the file is trusted",
+            name,
+            field="header length",
+            expected=f"at most {limits.max_header_bytes} bytes",
+            found=f"{n} bytes",
+            remedy="raise SafetensorsLimits.max_header_bytes if the file is trusted",
         )
     if n < 2 or 8 + n > size:
         raise HeaderLengthError(
-            name, field="header length",
-            expected=f"2..{max(size - 8, 0)} bytes (inside the {size}-byte file)", found=f"{n} bytes",
+            name,
+            field="header length",
+            expected=f"2..{max(size - 8, 0)} bytes (inside the {size}-byte file)",
+            found=f"{n} bytes",
             remedy="the file is truncated or not safetensors; re-download it",
         )
     raw = read_exact(source, 8, n, what="header")
@@ -160,8 +186,12 @@ def parse_safetensors_source(
     metadata, tensors = _check_entries(name, entries, 8 + n, limits, b"\\u" in raw)
     _check_tiling(name, tensors, 8 + n, size)
     return SafetensorsHeader(
-        path=name, file_size=size, header_length=n, data_offset=8 + n,
-        metadata=MappingProxyType(metadata), tensors=tuple(tensors),
+        path=name,
+        file_size=size,
+        header_length=n,
+        data_offset=8 + n,
+        metadata=MappingProxyType(metadata),
+        tensors=tuple(tensors),
     )
 
 
@@ -171,7 +201,10 @@ def load_json_object(name: str, raw: bytes) -> dict[str, object]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise HeaderEncodingError(
-            name, field="header", expected="UTF-8 text", found=f"invalid byte at position {exc.start}",
+            name,
+            field="header",
+            expected="UTF-8 text",
+            found=f"invalid byte at position {exc.start}",
             remedy=_REMEDY_RESAVE,
         ) from exc
 
@@ -182,7 +215,10 @@ def load_json_object(name: str, raw: bytes) -> dict[str, object]:
             for key, _ in items:
                 if key in seen:
                     raise DuplicateKeyError(
-                        name, field="JSON key", expected="unique keys", found=f"{key!r} twice",
+                        name,
+                        field="JSON key",
+                        expected="unique keys",
+                        found=f"{key!r} twice",
                         remedy=_REMEDY_RESAVE,
                     )
                 seen.add(key)
@@ -202,12 +238,18 @@ def load_json_object(name: str, raw: bytes) -> dict[str, object]:
         value = json.loads(text, object_pairs_hook=pairs, parse_constant=constant, parse_int=parse_int)
     except (ValueError, RecursionError) as exc:
         raise HeaderJSONError(
-            name, field="header", expected="valid JSON", found=f"{type(exc).__name__}: {str(exc)[:200]}",
+            name,
+            field="header",
+            expected="valid JSON",
+            found=f"{type(exc).__name__}: {str(exc)[:200]}",
             remedy=_REMEDY_RESAVE,
         ) from exc
     if not isinstance(value, dict):
         raise HeaderNotObjectError(
-            name, field="header", expected="a JSON object", found=f"a JSON {type(value).__name__}",
+            name,
+            field="header",
+            expected="a JSON object",
+            found=f"a JSON {type(value).__name__}",
             remedy=_REMEDY_RESAVE,
         )
     return value
@@ -222,8 +264,12 @@ def _check_text(name: str, text: str, field: str, tensor: str | None = None) -> 
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise HeaderEncodingError(
-            name, field=field, tensor=tensor, expected="valid Unicode",
-            found=f"a lone surrogate at position {exc.start}", remedy=_REMEDY_RESAVE,
+            name,
+            field=field,
+            tensor=tensor,
+            expected="valid Unicode",
+            found=f"a lone surrogate at position {exc.start}",
+            remedy=_REMEDY_RESAVE,
         ) from exc
 
 
@@ -232,14 +278,20 @@ def _check_metadata(name: str, value: object) -> dict[str, str]:
         return {}
     if not isinstance(value, dict):
         raise MetadataTypeError(
-            name, field=_METADATA_KEY, expected="an object of string → string",
-            found=f"a JSON {type(value).__name__}", remedy=_REMEDY_METADATA,
+            name,
+            field=_METADATA_KEY,
+            expected="an object of string → string",
+            found=f"a JSON {type(value).__name__}",
+            remedy=_REMEDY_METADATA,
         )
     for key, item in value.items():
         if not isinstance(item, str):
             raise MetadataTypeError(
-                name, field=f"{_METADATA_KEY}[{key!r}]", expected="a string",
-                found=f"a JSON {type(item).__name__}", remedy=_REMEDY_METADATA,
+                name,
+                field=f"{_METADATA_KEY}[{key!r}]",
+                expected="a string",
+                found=f"a JSON {type(item).__name__}",
+                remedy=_REMEDY_METADATA,
             )
         _check_text(name, key, f"{_METADATA_KEY} key")
         _check_text(name, item, f"{_METADATA_KEY}[{key!r}]")
@@ -247,7 +299,10 @@ def _check_metadata(name: str, value: object) -> dict[str, str]:
 
 
 def _check_entries(
-    name: str, entries: dict[str, object], data_offset: int, limits: SafetensorsLimits,
+    name: str,
+    entries: dict[str, object],
+    data_offset: int,
+    limits: SafetensorsLimits,
     may_have_surrogates: bool,
 ) -> tuple[dict[str, str], list[TensorRecord]]:
     metadata: dict[str, str] = {}
@@ -300,62 +355,97 @@ def _check_tensor(
 ) -> TensorRecord:
     if not isinstance(entry, dict):
         raise TensorEntryError(
-            name, tensor=tensor, field="entry", expected='an object {"dtype", "shape", "data_offsets"}',
-            found=f"a JSON {type(entry).__name__}", remedy=_REMEDY_RESAVE,
+            name,
+            tensor=tensor,
+            field="entry",
+            expected='an object {"dtype", "shape", "data_offsets"}',
+            found=f"a JSON {type(entry).__name__}",
+            remedy=_REMEDY_RESAVE,
         )
     keys = set(entry)
     if keys != _TENSOR_FIELDS:
         missing, extra = sorted(_TENSOR_FIELDS - keys), sorted(keys - _TENSOR_FIELDS)
         raise TensorEntryError(
-            name, tensor=tensor, field="entry fields", expected="exactly dtype, shape, data_offsets",
-            found=f"missing {missing}, unknown {extra}", remedy=_REMEDY_RESAVE,
+            name,
+            tensor=tensor,
+            field="entry fields",
+            expected="exactly dtype, shape, data_offsets",
+            found=f"missing {missing}, unknown {extra}",
+            remedy=_REMEDY_RESAVE,
         )
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise UnknownDtypeError(
-            name, tensor=tensor, field="dtype", expected=f"one of {', '.join(DTYPE_BITS)}",
-            found=repr(dtype)[:80], remedy="convert the tensor to a supported dtype",
+            name,
+            tensor=tensor,
+            field="dtype",
+            expected=f"one of {', '.join(DTYPE_BITS)}",
+            found=repr(dtype)[:80],
+            remedy="convert the tensor to a supported dtype",
         )
     if not isinstance(shape, list) or len(shape) > limits.max_ndim or not all(_is_int(d) for d in shape):
         raise TensorEntryError(
-            name, tensor=tensor, field="shape", expected=f"a list of at most {limits.max_ndim} integers",
-            found=repr(shape)[:80], remedy=_REMEDY_RESAVE,
+            name,
+            tensor=tensor,
+            field="shape",
+            expected=f"a list of at most {limits.max_ndim} integers",
+            found=repr(shape)[:80],
+            remedy=_REMEDY_RESAVE,
         )
     dims: list[int] = shape
     count = 1
     for dim in dims:
         if dim < 0 or dim > SIZE_BOUND or (dim and count > SIZE_BOUND // dim):
             raise ShapeOverflowError(
-                name, tensor=tensor, field="shape", expected="non-negative dims with a product ≤ 2**62",
+                name,
+                tensor=tensor,
+                field="shape",
+                expected="non-negative dims with a product ≤ 2**62",
                 found=repr(dims)[:120],
             )
         count *= dim
     bits = DTYPE_BITS[dtype]
     if count > SIZE_BOUND // bits:
         raise ShapeOverflowError(
-            name, tensor=tensor, field="shape x dtype", expected="at most 2**62 bits",
+            name,
+            tensor=tensor,
+            field="shape x dtype",
+            expected="at most 2**62 bits",
             found=f"{count} elements of {bits} bits",
         )
     if (count * bits) % 8:
         raise TensorSizeMismatchError(
-            name, tensor=tensor, field="shape x dtype", expected="a whole number of bytes",
-            found=f"{count} elements x {bits} bits = {count * bits} bits", remedy="pad the packed tensor",
+            name,
+            tensor=tensor,
+            field="shape x dtype",
+            expected="a whole number of bytes",
+            found=f"{count} elements x {bits} bits = {count * bits} bits",
+            remedy="pad the packed tensor",
         )
     nbytes = count * bits // 8
     if (
-        not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_int(o) for o in offsets)
         or not 0 <= offsets[0] <= offsets[1] <= SIZE_BOUND
     ):
         raise TensorEntryError(
-            name, tensor=tensor, field="data_offsets", expected="[begin, end] with 0 ≤ begin ≤ end ≤ 2**62",
-            found=repr(offsets)[:80], remedy=_REMEDY_RESAVE,
+            name,
+            tensor=tensor,
+            field="data_offsets",
+            expected="[begin, end] with 0 ≤ begin ≤ end ≤ 2**62",
+            found=repr(offsets)[:80],
+            remedy=_REMEDY_RESAVE,
         )
     begin, end = offsets
     if end - begin != nbytes:
         raise TensorSizeMismatchError(
-            name, tensor=tensor, field="data_offsets",
+            name,
+            tensor=tensor,
+            field="data_offsets",
             expected=f"an interval of {nbytes} bytes ({dtype} {dims})",
-            found=f"[{begin}, {end}] ({end - begin} bytes)", remedy=_REMEDY_RESAVE,
+            found=f"[{begin}, {end}] ({end - begin} bytes)",
+            remedy=_REMEDY_RESAVE,
         )
     return TensorRecord(tensor, dtype, tuple(dims), data_offset + begin, data_offset + end)
 
@@ -365,9 +455,12 @@ def _check_tiling(name: str, tensors: list[TensorRecord], data_offset: int, size
     for rec in tensors:
         if rec.end > size:
             raise TensorOutOfBoundsError(
-                name, tensor=rec.name, field="data_offsets",
+                name,
+                tensor=rec.name,
+                field="data_offsets",
                 expected=f"an end within the data region (≤ {size - data_offset})",
-                found=f"end {rec.end - data_offset}", remedy="the file is truncated or its header lies",
+                found=f"end {rec.end - data_offset}",
+                remedy="the file is truncated or its header lies",
             )
     tensors.sort(key=lambda t: (t.start, t.end, t.name))
     cursor = data_offset
@@ -376,13 +469,18 @@ def _check_tiling(name: str, tensors: list[TensorRecord], data_offset: int, size
         if rec.start < cursor:
             other = previous.name if previous is not None else "?"
             raise TensorOverlapError(
-                name, tensor=rec.name, field="data_offsets",
+                name,
+                tensor=rec.name,
+                field="data_offsets",
                 expected=f"begin ≥ {cursor - data_offset} (end of {other!r})",
-                found=f"begin {rec.start - data_offset}: it overlaps {other!r}", remedy=_REMEDY_RESAVE,
+                found=f"begin {rec.start - data_offset}: it overlaps {other!r}",
+                remedy=_REMEDY_RESAVE,
             )
         if rec.start > cursor:
             raise TensorGapError(
-                name, tensor=rec.name, field="data_offsets",
+                name,
+                tensor=rec.name,
+                field="data_offsets",
                 expected=f"begin {cursor - data_offset} (no unowned bytes)",
                 found=f"begin {rec.start - data_offset}: a {rec.start - cursor}-byte hole",
                 remedy=_REMEDY_RESAVE,
@@ -392,6 +490,9 @@ def _check_tiling(name: str, tensors: list[TensorRecord], data_offset: int, size
             previous = rec
     if cursor != size:
         raise TrailingBytesError(
-            name, field="data region", expected=f"{cursor - data_offset} bytes (the tensors' total)",
-            found=f"{size - data_offset} bytes: {size - cursor} trailing bytes", remedy=_REMEDY_RESAVE,
+            name,
+            field="data region",
+            expected=f"{cursor - data_offset} bytes (the tensors' total)",
+            found=f"{size - data_offset} bytes: {size - cursor} trailing bytes",
+            remedy=_REMEDY_RESAVE,
         )

@@ -72,17 +72,29 @@ class ShardedCheckpoint:
 def _check_shard_name(index_path: str, tensor: str, file: object) -> str:
     if not isinstance(file, str):
         raise ShardIndexError(
-            index_path, tensor=tensor, field="weight_map value", expected="a shard file name (string)",
-            found=f"a JSON {type(file).__name__}", remedy=_REMEDY_REINDEX,
+            index_path,
+            tensor=tensor,
+            field="weight_map value",
+            expected="a shard file name (string)",
+            found=f"a JSON {type(file).__name__}",
+            remedy=_REMEDY_REINDEX,
         )
     parts = PurePosixPath(file).parts
     if (
-        not file or "\\" in file or "\x00" in file or file.startswith("/") or file.endswith("/")
-        or any(p in ("", ".", "..") for p in file.split("/")) or not parts
+        not file
+        or "\\" in file
+        or "\x00" in file
+        or file.startswith("/")
+        or file.endswith("/")
+        or any(p in ("", ".", "..") for p in file.split("/"))
+        or not parts
     ):
         raise ShardIndexError(
-            index_path, tensor=tensor, field="weight_map value",
-            expected="a relative POSIX path without '.', '..' or empty segments", found=repr(file)[:120],
+            index_path,
+            tensor=tensor,
+            field="weight_map value",
+            expected="a relative POSIX path without '.', '..' or empty segments",
+            found=repr(file)[:120],
             remedy="the index may be hostile; do not load it",
         )
     return file
@@ -97,7 +109,10 @@ def _optional_count(index_path: str, metadata: Mapping[str, object], key: str) -
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**62:
         return value
     raise ShardIndexError(
-        index_path, field=f"metadata.{key}", expected="a non-negative integer", found=repr(value)[:80],
+        index_path,
+        field=f"metadata.{key}",
+        expected="a non-negative integer",
+        found=repr(value)[:80],
         remedy=_REMEDY_REINDEX,
     )
 
@@ -108,7 +123,9 @@ def parse_shard_index(index_path: str, raw: bytes) -> ShardIndex:
     weight_map = doc.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise ShardIndexError(
-            index_path, field="weight_map", expected="a non-empty object of tensor -> shard file",
+            index_path,
+            field="weight_map",
+            expected="a non-empty object of tensor -> shard file",
             found=repr(weight_map)[:80] if not isinstance(weight_map, dict) else "an empty object",
             remedy=_REMEDY_REINDEX,
         )
@@ -117,12 +134,16 @@ def parse_shard_index(index_path: str, raw: bytes) -> ShardIndex:
         metadata = {}
     if not isinstance(metadata, dict):
         raise ShardIndexError(
-            index_path, field="metadata", expected="an object", found=f"a JSON {type(metadata).__name__}",
+            index_path,
+            field="metadata",
+            expected="an object",
+            found=f"a JSON {type(metadata).__name__}",
             remedy=_REMEDY_REINDEX,
         )
     files = {tensor: _check_shard_name(index_path, tensor, file) for tensor, file in weight_map.items()}
     return ShardIndex(
-        path=index_path, weight_map=MappingProxyType(files),
+        path=index_path,
+        weight_map=MappingProxyType(files),
         total_size=_optional_count(index_path, metadata, "total_size"),
         total_parameters=_optional_count(index_path, metadata, "total_parameters"),
     )
@@ -145,22 +166,31 @@ def check_shards(
         header = shards.get(file)
         if header is None:
             raise ShardMissingError(
-                index.path, field="weight_map", expected=f"shard {file!r} to exist",
-                found="no such file", remedy="download the missing shard",
+                index.path,
+                field="weight_map",
+                expected=f"shard {file!r} to exist",
+                found="no such file",
+                remedy="download the missing shard",
             )
         ordered.append(header)
         for rec in header.tensors:
             named = index.weight_map.get(rec.name)
             if named is None:
                 raise ShardMembershipError(
-                    index.path, tensor=rec.name, field="weight_map",
+                    index.path,
+                    tensor=rec.name,
+                    field="weight_map",
                     expected="an entry for every stored tensor",
-                    found=f"the tensor is in shard {file!r} but not in the index", remedy=_REMEDY_REINDEX,
+                    found=f"the tensor is in shard {file!r} but not in the index",
+                    remedy=_REMEDY_REINDEX,
                 )
             if named != file:
                 raise ShardMembershipError(
-                    index.path, tensor=rec.name, field="weight_map",
-                    expected=f"the tensor only in shard {named!r}", found=f"it is (also) in shard {file!r}",
+                    index.path,
+                    tensor=rec.name,
+                    field="weight_map",
+                    expected=f"the tensor only in shard {named!r}",
+                    found=f"it is (also) in shard {file!r}",
                     remedy=_REMEDY_REINDEX,
                 )
             seen[rec.name] = file
@@ -168,13 +198,19 @@ def check_shards(
     for tensor, file in index.weight_map.items():
         if tensor not in seen:
             raise ShardMembershipError(
-                index.path, tensor=tensor, field="weight_map", expected=f"the tensor in shard {file!r}",
-                found="it is not in that shard", remedy="re-download the shard or regenerate the index",
+                index.path,
+                tensor=tensor,
+                field="weight_map",
+                expected=f"the tensor in shard {file!r}",
+                found="it is not in that shard",
+                remedy="re-download the shard or regenerate the index",
             )
     if check_total_size and index.total_size is not None and index.total_size != total:
         raise TotalSizeMismatchError(
-            index.path, field="metadata.total_size",
-            expected=f"{total} (the sum of the tensors' data bytes)", found=str(index.total_size),
+            index.path,
+            field="metadata.total_size",
+            expected=f"{total} (the sum of the tensors' data bytes)",
+            found=str(index.total_size),
             remedy="regenerate the index, or pass check_total_size=False for a known-benign producer",
         )
     return ShardedCheckpoint(index=index, shards=tuple(ordered), tensor_bytes=total)
@@ -193,7 +229,10 @@ def validate_sharded_checkpoint(
         size = source_size(source)
         if size > max_index_bytes:
             raise ShardIndexError(
-                name, field="file size", expected=f"at most {max_index_bytes} bytes", found=f"{size} bytes",
+                name,
+                field="file size",
+                expected=f"at most {max_index_bytes} bytes",
+                found=f"{size} bytes",
                 remedy="raise max_index_bytes if the index is trusted",
             )
         index = parse_shard_index(name, read_exact(source, 0, size, what="index"))
@@ -205,12 +244,18 @@ def validate_sharded_checkpoint(
         resolved = path.resolve()
         if not resolved.is_relative_to(root):
             raise ShardIndexError(
-                name, field="weight_map", expected=f"shard {file!r} inside {str(root)!r}",
-                found=f"it resolves to {str(resolved)!r}", remedy="the index may be hostile; do not load it",
+                name,
+                field="weight_map",
+                expected=f"shard {file!r} inside {str(root)!r}",
+                found=f"it resolves to {str(resolved)!r}",
+                remedy="the index may be hostile; do not load it",
             )
         if not resolved.is_file():
             raise ShardMissingError(
-                name, field="weight_map", expected=f"shard {file!r} to exist", found="no such file",
+                name,
+                field="weight_map",
+                expected=f"shard {file!r} to exist",
+                found="no such file",
                 remedy="download the missing shard",
             )
         headers[file] = parse_safetensors(path, limits)

@@ -76,7 +76,10 @@ class FileSource:
             self._fd = os.open(self._name, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         except OSError as exc:
             raise ContainerReadError(
-                self._name, field="open", expected="a readable file", found=f"{type(exc).__name__}: {exc}",
+                self._name,
+                field="open",
+                expected="a readable file",
+                found=f"{type(exc).__name__}: {exc}",
                 remedy="check the path and its permissions",
             ) from exc
         try:
@@ -141,14 +144,18 @@ def read_exact(source: ByteSource, offset: int, length: int, *, what: str) -> by
         data = source.read(offset, length)
     except OSError as exc:
         raise ContainerReadError(
-            source.name, field=what, expected=f"{length} readable bytes at offset {offset}",
+            source.name,
+            field=what,
+            expected=f"{length} readable bytes at offset {offset}",
             found=f"{type(exc).__name__}: {exc}",
             remedy="retry; if it persists, the file or the store is damaged",
         ) from exc
     if len(data) != length:
         raise TruncatedFileError(
-            source.name, field=what, expected=f"{length} bytes at offset {offset}",
-            found=f"{len(data)} bytes (the file ends early)", remedy="re-download or re-export the file",
+            source.name,
+            field=what,
+            expected=f"{length} bytes at offset {offset}",
+            found=f"{len(data)} bytes (the file ends early)",
+            remedy="re-download or re-export the file",
         )
     return bytes(data)
-

@@ -37,7 +37,7 @@ def test_full_cycle(cli: Cli, tmp_path: Path) -> None:
 
     # One shard changed: only that shard moves.
     v2 = make_checkpoint(tmp_path / "v2", seed=1)
-    (v2 / "model-00001.safetensors").write_bytes(b"changed" * 1000)
+    (v2 / "model-00001.bin").write_bytes(b"changed" * 1000)
     second = cli.ok("push", v2, "acme/llama-q4:prod")
     assert second["uploaded_bytes"] == 7000 and second["uploaded_files"] == 1
 

@@ -83,7 +83,7 @@ def test_crash_at_every_write_step(store: str, tmp_path: Path, capsys: pytest.Ca
     for n, fp in enumerate(FAILPOINTS):
         ck = make_checkpoint(tmp_path / f"ck{n}", seed=7)
         changed = f"changed shard {n}".encode() * 500
-        (ck / "model-00002.safetensors").write_bytes(changed)
+        (ck / "model-00002.bin").write_bytes(changed)
         killed = subprocess_cli(store, "push", ck, f"{NAME}:crash", env={"SHARDPORT_FAILPOINT": fp})
         assert killed.returncode == -9, (fp, killed.stdout, killed.stderr)
         fsck = cli.ok("fsck")

@@ -1,96 +1,20 @@
-"""Shared builders for the numeric-contract tests: independent GPTQ/AWQ packers and inventories.
-
-The packers here are written from the formats' descriptions, independently of the package's unpacking
-code, so that agreement between the two is evidence rather than tautology.
-"""
+"""Shared builders for the numeric-contract tests (defined in ``tests/quantized.py``)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
 
-import numpy as np
 import pytest
-
-from shardport.registry.contracts import TensorInfo
-
-AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
-_DTYPES = {"int32": "I32", "float16": "F16", "float32": "F32", "int64": "I64", "uint8": "U8", "int8": "I8"}
-
-
-def pack_along_rows(values: np.ndarray, bits: int) -> np.ndarray:
-    """GPTQ qweight: values [K, N] -> int32 [K*bits/32, N], natural order along K."""
-    per = 32 // bits
-    k, n = values.shape
-    out = np.zeros((k // per, n), dtype=np.uint32)
-    for lane in range(per):
-        out |= values[lane::per].astype(np.uint32) << np.uint32(bits * lane)
-    return out.view(np.int32)
-
-
-def pack_along_columns(values: np.ndarray, bits: int, order: list[int] | None = None) -> np.ndarray:
-    """Pack values [R, C] -> int32 [R, C*bits/32] along columns; slot i holds run element order[i]."""
-    per = 32 // bits
-    order = order or list(range(per))
-    r, c = values.shape
-    out = np.zeros((r, c // per), dtype=np.uint32)
-    for slot in range(per):
-        out |= values[:, order[slot] :: per].astype(np.uint32) << np.uint32(bits * slot)
-    return out.view(np.int32)
-
-
-def expected_decode(q: np.ndarray, zeros: np.ndarray, scales: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """W[n, k] = s[g(k), n] * (q[k, n] - z[g(k), n]) in float32; q is [K, N]."""
-    diff = (q.astype(np.int64) - zeros[group, :].astype(np.int64)).astype(np.float32)
-    return (diff * scales[group, :].astype(np.float32)).T
-
-
-def make_quantized(
-    n: int, k: int, group_size: int, *, bits: int = 4, seed: int = 0, act_order: bool = False
-) -> dict[str, Any]:
-    """Random codes, zeros (never 0 or max, so both conventions stay in range) and fp16 scales."""
-    rng = np.random.default_rng(seed)
-    groups = -(-k // group_size)
-    maxq = (1 << bits) - 1
-    q = rng.integers(0, maxq + 1, size=(k, n))
-    zeros = rng.integers(1, maxq, size=(groups, n))
-    scales = (rng.random((groups, n)) * 0.02 + 0.001).astype(np.float16)
-    group = np.arange(k) // group_size
-    if act_order:
-        group = group[rng.permutation(k)]
-    return {"q": q, "zeros": zeros, "scales": scales, "g_idx": group.astype(np.int32), "bits": bits}
-
-
-def gptq_planes(
-    case: dict[str, Any], prefix: str, *, stored_zero_offset: int = -1, g_idx: bool = True
-) -> dict[str, np.ndarray]:
-    bits = case["bits"]
-    planes = {
-        f"{prefix}.qweight": pack_along_rows(case["q"], bits),
-        f"{prefix}.qzeros": pack_along_columns(case["zeros"] + stored_zero_offset, bits),
-        f"{prefix}.scales": case["scales"],
-    }
-    if g_idx:
-        planes[f"{prefix}.g_idx"] = case["g_idx"]
-    return planes
-
-
-def awq_planes(case: dict[str, Any], prefix: str) -> dict[str, np.ndarray]:
-    return {
-        f"{prefix}.qweight": pack_along_columns(case["q"], 4, AWQ_ORDER),
-        f"{prefix}.qzeros": pack_along_columns(case["zeros"], 4, AWQ_ORDER),
-        f"{prefix}.scales": case["scales"],
-    }
-
-
-def inventory(
-    planes: dict[str, np.ndarray], overrides: dict[str, str] | None = None
-) -> dict[str, TensorInfo]:
-    overrides = overrides or {}
-    return {
-        name: TensorInfo(name, overrides.get(name, _DTYPES[str(array.dtype)]), tuple(array.shape))
-        for name, array in planes.items()
-    }
+from quantized import (
+    AWQ_ORDER,
+    awq_planes,
+    expected_decode,
+    gptq_planes,
+    inventory,
+    make_quantized,
+    pack_along_columns,
+    pack_along_rows,
+)
 
 
 @pytest.fixture

@@ -1,0 +1,256 @@
+"""Analyze a checkpoint's containers: bounded gates, tensor inventory, contracts, values, witnesses.
+
+Used by push (to fill the manifest's ``tensors`` and ``weights``), by ``verify PATH`` and by pull
+(to re-check witnesses on the bytes it wrote). Plane bytes are read through ``np.memmap``: one
+weight's planes at a time, never a whole checkpoint in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shardport.registry.contracts import (
+    DeclareSpec,
+    FloatContract,
+    LogicalWeight,
+    TensorInfo,
+    check_witness,
+    infer_gguf,
+    infer_safetensors,
+    make_witness,
+    run_gates,
+)
+from shardport.registry.contracts.decode import decode_weight
+from shardport.registry.errors import UsageError
+from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
+from shardport.registry.manifest import TensorEntry
+
+INDEX_FILE = "model.safetensors.index.json"
+WITNESS_ROWS = 2
+_NUMPY = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": "<u2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U64": "<u8",
+    "U32": "<u4",
+    "U16": "<u2",
+    "U8": "u1",
+    "BOOL": "u1",
+}
+
+
+def witness_seed(name: str) -> int:
+    """The recorded seed of a weight's witness rows (deterministic, below 2**53)."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:6], "big")
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What the containers of a checkpoint hold."""
+
+    kind: str
+    tensors: tuple[TensorEntry, ...]
+    weights: tuple[LogicalWeight, ...]
+
+
+@dataclass
+class PlaneReader:
+    """Raw bytes of stored tensors, memory-mapped from files under ``root``."""
+
+    root: Path
+    _maps: dict[str, np.memmap[Any, np.dtype[np.uint8]]] = field(default_factory=dict)
+
+    def raw(self, entry: TensorEntry) -> npt.NDArray[np.uint8]:
+        """The tensor's bytes (a view into the file)."""
+        mm = self._maps.get(entry.file)
+        if mm is None:
+            mm = np.memmap(self.root / entry.file, dtype=np.uint8, mode="r")
+            self._maps[entry.file] = mm
+        return np.asarray(mm[entry.start : entry.end])
+
+    def typed(self, entry: TensorEntry) -> npt.NDArray[Any]:
+        """The tensor as a typed array (safetensors dtypes; BF16 as uint16)."""
+        dt = _NUMPY.get(entry.dtype)
+        if dt is None:
+            raise UsageError(
+                f"tensor {entry.name} in {entry.file}: dtype {entry.dtype} cannot be read as numbers"
+            )
+        return self.raw(entry).view(dt).reshape(entry.shape)
+
+    def planes(
+        self, weight: LogicalWeight, by_name: Mapping[str, TensorEntry]
+    ) -> dict[str, npt.NDArray[Any]]:
+        """The weight's planes (missing ones are left out: the gates report a dropped plane)."""
+        out: dict[str, npt.NDArray[Any]] = {}
+        for plane in weight.planes:
+            entry = by_name.get(plane.tensor)
+            if entry is not None:
+                out[plane.tensor] = self.raw(entry) if entry.dtype not in _NUMPY else self.typed(entry)
+        return out
+
+
+def _as_f32(array: npt.NDArray[Any], dtype: str) -> npt.NDArray[np.float32]:
+    if dtype == "BF16":
+        return (array.astype("<u4") << 16).view("<f4")
+    return array.astype(np.float32)
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _entries_with_roles(
+    entries: Iterable[TensorEntry], weights: Iterable[LogicalWeight]
+) -> tuple[TensorEntry, ...]:
+    owner = {p.tensor: (w.name, p.role) for w in weights for p in w.planes}
+    return tuple(
+        e.model_copy(update={"weight": owner[e.name][0], "role": owner[e.name][1]}) if e.name in owner else e
+        for e in entries
+    )
+
+
+def _reference_rows(reference: Path | None) -> dict[str, tuple[Path, TensorEntry]]:
+    if reference is None:
+        return {}
+    files = [reference] if reference.is_file() else sorted(reference.rglob("*.safetensors"))
+    if not files:
+        raise UsageError(f"--reference {reference}: no .safetensors files (a float checkpoint is expected)")
+    out = {}
+    for f in files:
+        header = parse_safetensors(f)
+        for r in header.tensors:
+            out[r.name] = (
+                f.parent,
+                TensorEntry(
+                    name=r.name, file=f.name, start=r.start, end=r.end, dtype=r.dtype, shape=tuple(r.shape)
+                ),
+            )
+    return out
+
+
+def analyze(
+    root: Path,
+    paths: list[str],
+    *,
+    declare: str | Mapping[str, Any] | DeclareSpec | None = None,
+    reference: Path | None = None,
+    witnesses: bool = True,
+) -> Analysis | None:
+    """Gate every container under ``root`` (``paths`` relative), infer contracts, check values.
+
+    Returns None when the checkpoint has no safetensors or GGUF files. Raises the named container,
+    contract and usage errors.
+    """
+    st_files = sorted(p for p in paths if p.endswith(".safetensors"))
+    gguf_files = sorted(p for p in paths if p.endswith(".gguf"))
+    if not st_files and not gguf_files:
+        return None
+    entries: list[TensorEntry] = []
+    weights: list[LogicalWeight] = []
+    if INDEX_FILE in paths:
+        validate_sharded_checkpoint(root / INDEX_FILE)
+    seen: dict[str, str] = {}
+    for rel in st_files:
+        header = parse_safetensors(root / rel)
+        for r in header.tensors:
+            if r.name in seen:
+                raise UsageError(f"tensor {r.name} is stored twice: in {seen[r.name]} and in {rel}")
+            seen[r.name] = rel
+            entries.append(
+                TensorEntry(
+                    name=r.name, file=rel, start=r.start, end=r.end, dtype=r.dtype, shape=tuple(r.shape)
+                )
+            )
+    reader = PlaneReader(root)
+    if st_files:
+        by_name = {e.name: e for e in entries}
+        shape_values = {
+            e.name: [int(v) for v in reader.typed(e).reshape(-1)]
+            for e in entries
+            if e.name.endswith("weight_shape") and e.dtype in ("I32", "I64")
+        }
+        weights += infer_safetensors(
+            _json(root / "config.json") or {},
+            [TensorInfo(e.name, e.dtype, e.shape) for e in entries],
+            quantize_config=_json(root / "quantize_config.json") or _json(root / "quant_config.json"),
+            declare=declare,
+            shape_values=shape_values,
+        )
+    for rel in gguf_files:
+        gheader = parse_gguf(root / rel)
+        g_entries = [
+            TensorEntry(
+                name=t.name, file=rel, start=t.start, end=t.end, dtype=t.ggml_type, shape=tuple(t.shape)
+            )
+            for t in gheader.tensors
+        ]
+        weights += infer_gguf(
+            dict(gheader.kv), [TensorInfo(e.name, e.dtype, e.shape) for e in g_entries], declare=declare
+        )
+        entries += g_entries
+    by_name = {e.name: e for e in entries}
+    inventory = {e.name: TensorInfo(e.name, e.dtype, e.shape) for e in entries}
+    refs = _reference_rows(reference)
+    checked: list[LogicalWeight] = []
+    for w in weights:
+        planes = reader.planes(w, by_name)
+        run_gates(w, planes, inventory)
+        quantized = not isinstance(w.contract, FloatContract)
+        if witnesses and (quantized or w.name in refs):
+            ref = None
+            if refs:
+                if w.name not in refs:
+                    raise UsageError(f"--reference: no tensor {w.name} in the reference checkpoint")
+                folder, entry = refs[w.name]
+                ref = _as_f32(PlaneReader(folder).typed(entry), entry.dtype).reshape(w.shape.extents)
+            witness = make_witness(w, planes, witness_seed(w.name), count=WITNESS_ROWS, reference=ref)
+            w = w.model_copy(update={"witness": witness})
+        checked.append(w)
+    kind = "gguf" if gguf_files and not st_files else "safetensors"
+    return Analysis(kind=kind, tensors=_entries_with_roles(entries, checked), weights=tuple(checked))
+
+
+def check_stored(root: Path, tensors: Iterable[TensorEntry], weights: Iterable[LogicalWeight]) -> int:
+    """Re-run the semantic gates and every witness against bytes on disk; return the weights checked."""
+    by_name = {e.name: e for e in tensors}
+    inventory = {e.name: TensorInfo(e.name, e.dtype, e.shape) for e in by_name.values()}
+    reader = PlaneReader(root)
+    n = 0
+    for w in weights:
+        planes = reader.planes(w, by_name)
+        run_gates(w, planes, inventory)
+        if w.witness is not None:
+            check_witness(w, planes)
+        n += 1
+    return n
+
+
+def decode(
+    root: Path, tensors: Iterable[TensorEntry], weights: Iterable[LogicalWeight], name: str
+) -> tuple[LogicalWeight, npt.NDArray[np.float32]]:
+    """The reference decode (float32, logical shape) of weight ``name``.
+
+    ``name`` may also be one of the weight's planes (e.g. a GPTQ ``qweight``).
+    """
+    by_name = {e.name: e for e in tensors}
+    for w in weights:
+        if w.name == name or any(p.tensor == name for p in w.planes):
+            return w, decode_weight(w, PlaneReader(root).planes(w, by_name))
+    raise UsageError(f"no weight or tensor named {name!r} in this checkpoint")
