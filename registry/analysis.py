@@ -28,7 +28,9 @@ from shardport.registry.contracts import (
     make_witness,
     run_gates,
 )
+from shardport.registry.contracts.architecture import check_architecture
 from shardport.registry.contracts.decode import decode_weight
+from shardport.registry.contracts.errors import TiedAliasError
 from shardport.registry.errors import UsageError
 from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
 from shardport.registry.manifest import TensorEntry
@@ -64,6 +66,7 @@ class Analysis:
     kind: str
     tensors: tuple[TensorEntry, ...]
     weights: tuple[LogicalWeight, ...]
+    notes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -106,6 +109,48 @@ def _as_f32(array: npt.NDArray[Any], dtype: str) -> npt.NDArray[np.float32]:
     if dtype == "BF16":
         return (array.astype("<u4") << 16).view("<f4")
     return array.astype(np.float32)
+
+
+def _architecture(root: Path, gguf_meta: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """The architecture and the parameters the inventory rule needs, from config.json or GGUF keys."""
+    config = _json(root / "config.json")
+    if config is not None:
+        archs = config.get("architectures") or [config.get("model_type")]
+        return (str(archs[0]) if archs and archs[0] else None), config
+    arch = gguf_meta.get("general.architecture")
+    if not isinstance(arch, str):
+        return None, {}
+    params: dict[str, Any] = {}
+    if f"{arch}.block_count" in gguf_meta:
+        params["num_hidden_layers"] = gguf_meta[f"{arch}.block_count"]
+    params["num_local_experts"] = gguf_meta.get(f"{arch}.expert_count") or 0
+    return arch, params
+
+
+def _check_tied(
+    weights: Iterable[LogicalWeight],
+    by_name: Mapping[str, TensorEntry],
+    reader: PlaneReader,
+    params: Mapping[str, Any],
+) -> None:
+    """Weights declared tied must hold identical bytes when both are stored."""
+    if not params.get("tie_word_embeddings"):
+        return
+    slots = {w.binding.slot: w for w in weights if w.binding.layer is None}
+    embed, head = slots.get("embed_tokens"), slots.get("lm_head")
+    if embed is None or head is None:
+        return
+    a, b = (by_name.get(w.planes[0].tensor) for w in (embed, head))
+    if a is None or b is None:
+        return
+    if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(reader.raw(a), reader.raw(b)):
+        raise TiedAliasError(
+            head.name,
+            "tied_alias",
+            f"the bytes of {embed.name} (tie_word_embeddings: true)",
+            "different bytes",
+            "untie them in config.json, or store the head once",
+        )
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -152,6 +197,7 @@ def analyze(
     declare: str | Mapping[str, Any] | DeclareSpec | None = None,
     reference: Path | None = None,
     witnesses: bool = True,
+    strict: bool = False,
 ) -> Analysis | None:
     """Gate every container under ``root`` (``paths`` relative), infer contracts, check values.
 
@@ -193,8 +239,10 @@ def analyze(
             declare=declare,
             shape_values=shape_values,
         )
+    gguf_meta: dict[str, Any] = {}
     for rel in gguf_files:
         gheader = parse_gguf(root / rel)
+        gguf_meta.update(gheader.kv)
         g_entries = [
             TensorEntry(
                 name=t.name, file=rel, start=t.start, end=t.end, dtype=t.ggml_type, shape=tuple(t.shape)
@@ -207,6 +255,9 @@ def analyze(
         entries += g_entries
     by_name = {e.name: e for e in entries}
     inventory = {e.name: TensorInfo(e.name, e.dtype, e.shape) for e in entries}
+    architecture, params = _architecture(root, gguf_meta)
+    notes = check_architecture(architecture, params, weights, strict=strict)
+    _check_tied(weights, by_name, reader, params)
     refs = _reference_rows(reference)
     checked: list[LogicalWeight] = []
     for w in weights:
@@ -224,7 +275,9 @@ def analyze(
             w = w.model_copy(update={"witness": witness})
         checked.append(w)
     kind = "gguf" if gguf_files and not st_files else "safetensors"
-    return Analysis(kind=kind, tensors=_entries_with_roles(entries, checked), weights=tuple(checked))
+    return Analysis(
+        kind=kind, tensors=_entries_with_roles(entries, checked), weights=tuple(checked), notes=notes
+    )
 
 
 def check_stored(root: Path, tensors: Iterable[TensorEntry], weights: Iterable[LogicalWeight]) -> int:

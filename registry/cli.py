@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sign", choices=["ed25519", "sigstore"], default="ed25519")
     p.add_argument("--declare", help="contract declarations: a JSON object or a JSON file")
     p.add_argument("--reference", type=Path, help="the unquantized float checkpoint, to measure error")
+    p.add_argument("--strict", action="store_true", help="inventory must match the architecture exactly")
     p = add("pull", "verify and download REF into DEST (atomically)")
     p.add_argument("ref")
     p.add_argument("dest", type=Path)
@@ -90,8 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?")
     p = add("inspect", "show the verified manifest of REF")
     p.add_argument("ref")
-    p = add("verify", "verify REF (signatures, chain, every hash) or a pulled DIR")
+    p = add("verify", "verify REF (signatures, chain, every hash), a pulled DIR or a checkpoint PATH")
     p.add_argument("target")
+    p.add_argument("--strict", action="store_true", help="inventory must match the architecture exactly")
     p = add("decode", "write the reference float32 decode of one weight as safetensors")
     p.add_argument("target", help="REF, a pulled folder, or a local checkpoint folder/file")
     p.add_argument("tensor", help="logical weight name, or one of its planes (e.g. a qweight)")
@@ -131,10 +133,6 @@ def _dispatch(args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
         return commands.keygen(args.name, tuple(args.scope or ["*"])), 0
     session = _session(args)
     if cmd == "push":
-        if args.sign == "sigstore":
-            from shardport.provenance.sigstore_signing import sign_statement_sigstore
-
-            sign_statement_sigstore(b"{}")  # fails fast, before anything is written, when offline
         ref = parse_ref(args.target, require_tag=True)
         assert ref.tag is not None
         with reporter(json_mode) as rep:
@@ -148,6 +146,8 @@ def _dispatch(args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
                 valid_for=timedelta(days=args.expires_days),
                 declare=_declare(args.declare),
                 reference=args.reference,
+                strict=args.strict,
+                sign=args.sign,
             )
         return res.to_json(), 0
     if cmd == "pull":
@@ -182,7 +182,10 @@ def _dispatch(args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     if cmd == "verify":
         local = Path(args.target)
         if local.exists():
-            report = verify_dir(session, local) if local.is_dir() else verify_checkpoint(local)
+            if local.is_dir():
+                report = verify_dir(session, local, strict=args.strict)
+            else:
+                report = verify_checkpoint(local, strict=args.strict)
         else:
             report = verify_ref(session, parse_ref(args.target))
         return report.to_json(), report.exit_code

@@ -26,7 +26,7 @@ from shardport.registry.hashing import digest_file
 from shardport.registry.manifest import FileEntry, Manifest, ProvenanceInfo
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.session import Session
-from shardport.registry.signatures import sign_manifest
+from shardport.registry.signatures import attach_sigstore_bundle, manifest_statement, sign_manifest
 from shardport.registry.store import file_identity
 from shardport.registry.tagging import DEFAULT_VALIDITY, history, move_tag
 from shardport.registry.tags import format_time
@@ -116,6 +116,8 @@ def push(
     valid_for: timedelta = DEFAULT_VALIDITY,
     declare: str | Mapping[str, Any] | None = None,
     reference: Path | None = None,
+    strict: bool = False,
+    sign: str = "ed25519",
 ) -> PushResult:
     """Push folder ``src`` as ``name:tag``.
 
@@ -132,7 +134,7 @@ def push(
     store = session.store
     files = scan(src)
     total = sum(p.stat().st_size for _, p in files)
-    analysis = analyze(src, [rel for rel, _ in files], declare=declare, reference=reference)
+    analysis = analyze(src, [rel for rel, _ in files], declare=declare, reference=reference, strict=strict)
 
     advance = reporter.task("hashing", total)
     identities = [file_identity(p) for _, p in files]
@@ -149,6 +151,11 @@ def push(
     manifest_bytes = manifest.to_bytes()
     manifest_digest = manifest.digest()
 
+    bundle = None
+    if sign == "sigstore":  # keyless signing needs the network: fail before anything is written
+        from shardport.provenance.sigstore_signing import sign_statement_sigstore
+
+        bundle = sign_statement_sigstore(manifest_statement(name, manifest_digest).to_bytes())
     lease_dir = f"uploads/{uuid.uuid4().hex}"
     lease = {
         "expires": format_time(now + LEASE_TIME),
@@ -175,6 +182,8 @@ def push(
         store.put_blob(manifest_bytes)
         _failpoints.hit("manifest-written")
         sign_manifest(session, name, manifest_digest)
+        if bundle is not None:
+            attach_sigstore_bundle(session, name, manifest_digest, bundle)
         _failpoints.hit("signature-written")
         if head is not None:
             tag_entry = history(session, name, tag)[-1]

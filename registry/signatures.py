@@ -12,13 +12,14 @@ from shardport.provenance import dsse
 from shardport.provenance.dsse import Envelope
 from shardport.provenance.errors import EnvelopeFormatError
 from shardport.provenance.statement import PAYLOAD_TYPE, Statement, Subject
-from shardport.registry.errors import SignatureError, UnsignedError, VerificationError
+from shardport.registry.errors import SignatureError, UnsignedError, UntrustedSignerError, VerificationError
 from shardport.registry.hashing import hex_of
 from shardport.registry.session import Session
 from shardport.registry.store import referrer_key
 
 SIGNATURE_PREDICATE = "https://shardport.dev/manifest-signature/v1"
 SIGNATURE_ARTIFACT = "application/vnd.shardport.signature.v1+json"
+SIGSTORE_ARTIFACT = "application/vnd.dev.sigstore.bundle.v0.3+json"
 
 
 def manifest_statement(name: str, manifest_digest: str) -> Statement:
@@ -62,6 +63,49 @@ def sign_manifest(session: Session, name: str, manifest: str) -> str | None:
     return blob
 
 
+def attach_sigstore_bundle(session: Session, name: str, manifest: str, bundle: bytes) -> str:
+    """Store a Sigstore bundle over ``manifest``'s statement and attach it."""
+    blob = session.store.put_blob(bundle)
+    attach(session, name, manifest, blob, SIGSTORE_ARTIFACT)
+    return blob
+
+
+def check_sigstore_bundle(session: Session, raw: bytes, name: str, manifest: str, source: str) -> list[str]:
+    """Verify a Sigstore bundle offline against the policy's keyless identities; return the signers."""
+    from shardport.provenance.errors import ProvenanceError
+    from shardport.provenance.sigstore_signing import verify_bundle_offline
+
+    allowed = [i for i in session.policy.sigstore if i.allows(name)]
+    if not allowed:
+        raise UntrustedSignerError(
+            f"{source}: a Sigstore bundle, but the trust policy lists no Sigstore identity for {name}"
+        )
+    reasons = []
+    for ident in allowed:
+        try:
+            verified = verify_bundle_offline(
+                raw,
+                artifact=None,
+                trusted_root_path=ident.trusted_root,
+                identity=ident.identity,
+                issuer=ident.issuer,
+            )
+        except ProvenanceError as exc:
+            reasons.append(str(exc))
+            continue
+        try:
+            st = Statement.from_bytes(verified.statement or b"")
+        except ValueError as exc:
+            raise SignatureError(f"{source}: {exc}") from exc
+        if st.predicate_type != SIGNATURE_PREDICATE or [s.sha256 for s in st.subjects] != [hex_of(manifest)]:
+            raise SignatureError(
+                f"{source}: a valid Sigstore bundle by {ident.identity}, but it does not sign "
+                f"manifest {manifest}"
+            )
+        return [f"sigstore:{ident.identity}"]
+    raise SignatureError(f"{source}: Sigstore bundle does not verify: {'; '.join(reasons)}")
+
+
 def check_envelope(session: Session, raw: bytes, name: str, manifest: str, source: str) -> list[str]:
     """Verify one signature envelope of ``manifest``; return the trusted key ids that signed it."""
     try:
@@ -83,6 +127,12 @@ def verify_manifest(session: Session, name: str, manifest: str) -> list[str]:
         try:
             raw = session.store.read_blob(blob)
             signers += check_envelope(session, raw, name, manifest, f"signature {blob}")
+        except VerificationError as exc:
+            errors.append(exc)
+    for blob in referrers(session, name, manifest, SIGSTORE_ARTIFACT):
+        try:
+            raw = session.store.read_blob(blob)
+            signers += check_sigstore_bundle(session, raw, name, manifest, f"Sigstore bundle {blob}")
         except VerificationError as exc:
             errors.append(exc)
     if signers or session.allow_unsigned:

@@ -49,10 +49,25 @@ class TrustedKey:
 
 
 @dataclass(frozen=True)
+class SigstoreIdentity:
+    """A keyless (Sigstore) signer the policy trusts: certificate identity, OIDC issuer, trusted root."""
+
+    identity: str
+    issuer: str
+    trusted_root: Path
+    scopes: tuple[str, ...] = ("*",)
+
+    def allows(self, repository: str) -> bool:
+        """Whether this identity may sign manifests of ``repository``."""
+        return any(fnmatch.fnmatchcase(repository, s) for s in self.scopes if ":" not in s)
+
+
+@dataclass(frozen=True)
 class TrustPolicy:
-    """The set of trusted keys."""
+    """The set of trusted keys and keyless identities."""
 
     keys: tuple[TrustedKey, ...] = ()
+    sigstore: tuple[SigstoreIdentity, ...] = ()
 
     @classmethod
     def load(cls, path: Path) -> TrustPolicy:
@@ -76,11 +91,20 @@ class TrustPolicy:
                     name=str(k.get("name", "")),
                     scopes=tuple(str(s) for s in k.get("scopes", ["*"])),
                 )
-                for k in doc["keys"]
+                for k in doc.get("keys", [])
+            )
+            idents = tuple(
+                SigstoreIdentity(
+                    identity=str(i["identity"]),
+                    issuer=str(i["issuer"]),
+                    trusted_root=(path.parent / str(i["trusted_root"])).resolve(),
+                    scopes=tuple(str(s) for s in i.get("scopes", ["*"])),
+                )
+                for i in doc.get("sigstore", [])
             )
         except (ValueError, KeyError, TypeError, AttributeError, KeyFormatError) as exc:
             raise UsageError(f"trust policy {path}: malformed ({exc}); expected {{'keys': [...]}}") from exc
-        return cls(keys=keys)
+        return cls(keys=keys, sigstore=idents)
 
     def save(self, path: Path) -> None:
         """Write the policy atomically."""
@@ -95,6 +119,15 @@ class TrustPolicy:
                 }
                 for k in self.keys
             ],
+            "sigstore": [
+                {
+                    "identity": i.identity,
+                    "issuer": i.issuer,
+                    "trusted_root": str(i.trusted_root),
+                    "scopes": list(i.scopes),
+                }
+                for i in self.sigstore
+            ],
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -104,7 +137,9 @@ class TrustPolicy:
     def with_key(self, key: VerifyingKey, name: str, scopes: tuple[str, ...] = ("*",)) -> TrustPolicy:
         """A copy with ``key`` added (or its entry replaced)."""
         kept = tuple(k for k in self.keys if k.key.keyid != key.keyid)
-        return TrustPolicy(keys=(*kept, TrustedKey(key=key, name=name, scopes=scopes)))
+        return TrustPolicy(
+            keys=(*kept, TrustedKey(key=key, name=name, scopes=scopes)), sigstore=self.sigstore
+        )
 
     def name_of(self, keyid: str) -> str | None:
         """The policy's name for ``keyid``."""

@@ -33,6 +33,7 @@ class Report:
     findings: list[dict[str, str]] = field(default_factory=list)
     weights_checked: int = 0
     parse_error: bool = False
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -53,6 +54,7 @@ class Report:
             "checked_bytes": self.checked_bytes,
             "signers": self.signers,
             "weights_checked": self.weights_checked,
+            "notes": self.notes,
             "findings": self.findings,
         }
 
@@ -114,13 +116,13 @@ def verify_ref(session: Session, ref: Ref) -> Report:
     return report
 
 
-def verify_checkpoint(path: Path) -> Report:
+def verify_checkpoint(path: Path, *, strict: bool = False) -> Report:
     """Run the container gates, contract inference and semantic gates on a plain local checkpoint."""
     report = Report(subject=str(path))
     root, paths = (path.parent, [path.name]) if path.is_file() else (path, [r for r, _ in scan(path)])
     report.checked_files = len(paths)
     try:
-        analysis = analyze(root, paths, witnesses=False)
+        analysis = analyze(root, paths, witnesses=False, strict=strict)
     except ShardportError as exc:
         report.add_error(str(path), exc)
         return report
@@ -128,11 +130,12 @@ def verify_checkpoint(path: Path) -> Report:
         report.add("NoContainer", str(path), "no safetensors or GGUF file to check")
         return report
     report.weights_checked = len(analysis.weights)
+    report.notes = list(analysis.notes)
     report.checked_bytes = sum(t.end - t.start for t in analysis.tensors)
     return report
 
 
-def verify_dir(session: Session, folder: Path) -> Report:
+def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Report:
     """Verify a pulled folder against the manifest and signatures recorded in ``.shardport/``.
 
     A path without ``.shardport/`` (a plain checkpoint folder or file) is checked with
@@ -140,7 +143,7 @@ def verify_dir(session: Session, folder: Path) -> Report:
     """
     meta = folder / METADATA_DIR
     if not (meta / "manifest.json").exists():
-        return verify_checkpoint(folder)
+        return verify_checkpoint(folder, strict=strict)
     report = Report(subject=str(folder))
     try:
         raw = (meta / "manifest.json").read_bytes()

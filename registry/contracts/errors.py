@@ -122,5 +122,13 @@ class ContractAmbiguousError(ContractError):
     """The checkpoint does not say enough to infer a contract; the message says what to declare."""
 
 
+class InventoryMismatchError(ContractError):
+    """The checkpoint's tensors do not match its declared architecture (missing or unexpected slots)."""
+
+
+class TiedAliasError(ContractError):
+    """Weights declared tied (shared) hold different bytes."""
+
+
 class DeclareSpecError(UsageError):  # type: ignore[misc, unused-ignore]
     """A ``--declare`` spec is malformed or produces an invalid contract."""

@@ -185,3 +185,76 @@ def test_gguf_push_and_decode_matches_gguf_package(cli: Cli, tmp_path: Path) -> 
         assert np.array_equal(got.view(np.uint32), expected.astype(np.float32).view(np.uint32))
     cli.ok("pull", "acme/g:v1", tmp_path / "gp")
     assert cli.ok("verify", tmp_path / "gp")["weights_checked"] == 2
+
+
+def llama_checkpoint(folder: Path, *, layers: int = 2, tie: bool = False, extra: bool = False) -> Path:
+    rng = np.random.default_rng(3)
+    h, inter, vocab = 16, 32, 48
+    t: dict[str, np.ndarray] = {
+        "model.embed_tokens.weight": rng.standard_normal((vocab, h)),
+        "model.norm.weight": np.ones(h),
+    }
+    if not tie:
+        t["lm_head.weight"] = rng.standard_normal((vocab, h))
+    else:
+        t["lm_head.weight"] = t["model.embed_tokens.weight"] + 1.0  # claims tied, is not
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for slot, shape in [
+            ("self_attn.q_proj", (h, h)),
+            ("self_attn.k_proj", (h, h)),
+            ("self_attn.v_proj", (h, h)),
+            ("self_attn.o_proj", (h, h)),
+            ("mlp.gate_proj", (inter, h)),
+            ("mlp.up_proj", (inter, h)),
+            ("mlp.down_proj", (h, inter)),
+        ]:
+            t[p + slot + ".weight"] = rng.standard_normal(shape)
+        t[p + "input_layernorm.weight"] = np.ones(h)
+        t[p + "post_attention_layernorm.weight"] = np.ones(h)
+    if extra:
+        t["model.layers.0.mystery.weight"] = np.ones((2, 2))
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: np.ascontiguousarray(v.astype(np.float16)) for k, v in t.items()},
+        str(folder / "model.safetensors"),
+    )
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "num_hidden_layers": layers,
+                "hidden_size": h,
+                "tie_word_embeddings": tie,
+            }
+        )
+    )
+    return folder
+
+
+def test_strict_inventory(cli: Cli, tmp_path: Path) -> None:
+    good = llama_checkpoint(tmp_path / "good")
+    report = cli.ok("verify", good, "--strict")
+    assert report["notes"] == ["LlamaForCausalLM: 21 operator slots present"]
+    cli.ok("push", good, "acme/l:v1", "--strict")
+
+    extra = llama_checkpoint(tmp_path / "extra", extra=True)
+    code, report = cli("verify", extra, "--strict")
+    assert code == 1 and report["findings"][0]["kind"] == "InventoryMismatchError"
+    assert "unexpected" in report["findings"][0]["message"]
+    assert cli.ok("verify", extra)["ok"]  # not strict: noted only
+
+    missing = llama_checkpoint(tmp_path / "missing", layers=2)
+    cfg = json.loads((missing / "config.json").read_text())
+    cfg["num_hidden_layers"] = 3
+    (missing / "config.json").write_text(json.dumps(cfg))
+    code, out = cli("push", missing, "acme/l:v2", "--strict")
+    assert code == 1 and out["error"]["type"] == "InventoryMismatchError"
+    assert "missing" in out["error"]["message"]
+
+
+def test_tied_embeddings_must_be_identical(cli: Cli, tmp_path: Path) -> None:
+    bad = llama_checkpoint(tmp_path / "tied", tie=True)
+    code, out = cli("push", bad, "acme/t:v1")
+    assert code == 1 and out["error"]["type"] == "TiedAliasError", out
+    assert "lm_head.weight" in out["error"]["message"]

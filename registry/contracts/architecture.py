@@ -1,0 +1,96 @@
+"""Does the inventory match the architecture it claims? (llama family, dense and MoE).
+
+Pure: takes the config parameters and the inferred weights' graph bindings. In strict mode a missing
+or an unexpected operator slot is an error; otherwise only missing ones are. Architectures this
+module does not know are not checked (the result says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .errors import InventoryMismatchError
+from .model import LogicalWeight
+
+LLAMA_FAMILY = frozenset(
+    {
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "MixtralForCausalLM",
+        "llama",
+        "mistral",
+        "qwen2",
+    }
+)
+DENSE_LAYER_SLOTS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+    "input_layernorm",
+    "post_attention_layernorm",
+)
+MOE_EXPERT_SLOTS = ("mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj")
+OPTIONAL_SLOTS = frozenset(
+    {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias", "rotary_emb.inv_freq"}
+)
+
+
+def expected_slots(params: Mapping[str, Any]) -> set[tuple[int | None, str, int | None]]:
+    """(layer, slot, expert) triples a llama-family checkpoint with these parameters must hold."""
+    layers = int(params["num_hidden_layers"])
+    experts = int(params.get("num_local_experts") or 0)
+    out: set[tuple[int | None, str, int | None]] = {(None, "embed_tokens", None), (None, "norm", None)}
+    if not params.get("tie_word_embeddings", False):
+        out.add((None, "lm_head", None))
+    for layer in range(layers):
+        for slot in DENSE_LAYER_SLOTS[:4] + DENSE_LAYER_SLOTS[7:]:
+            out.add((layer, slot, None))
+        if experts:
+            out.add((layer, "mlp.gate", None))
+            out |= {(layer, s, e) for s in MOE_EXPERT_SLOTS for e in range(experts)}
+        else:
+            out |= {(layer, s, None) for s in DENSE_LAYER_SLOTS[4:7]}
+    return out
+
+
+def check_architecture(
+    architecture: str | None, params: Mapping[str, Any], weights: Iterable[LogicalWeight], *, strict: bool
+) -> tuple[str, ...]:
+    """Compare the weights' bindings with what the architecture needs; in strict mode raise on a mismatch.
+
+    Returns short notes of what was found (``unchecked: …`` for unknown architectures).
+    """
+    if architecture not in LLAMA_FAMILY or "num_hidden_layers" not in params:
+        return (f"unchecked: architecture {architecture!r} has no inventory rule",)
+    need = expected_slots(params)
+    have = {(w.binding.layer, w.binding.slot, w.binding.expert) for w in weights}
+    missing = sorted(need - have, key=str)
+    extra = sorted((h for h in have - need if h[1] not in OPTIONAL_SLOTS), key=str)
+    if not strict:
+        return (
+            f"{architecture}: {len(need) - len(missing)}/{len(need)} operator slots present, "
+            f"{len(extra)} unexpected (not strict)",
+        )
+    if missing:
+        raise InventoryMismatchError(
+            str(architecture),
+            "inventory",
+            f"{len(need)} operator slots",
+            f"{len(missing)} missing: {missing[:6]}",
+            "the checkpoint lost tensors, or its config (layers, experts, tied embeddings) is wrong",
+        )
+    if extra:
+        raise InventoryMismatchError(
+            str(architecture),
+            "inventory",
+            "only the architecture's operator slots",
+            f"{len(extra)} unexpected: {extra[:6]}",
+            "remove them, or push without --strict",
+        )
+    return (f"{architecture}: {len(need)} operator slots present",)
