@@ -27,6 +27,10 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "
 def test_registry_commands_do_not_import_torch_or_ray() -> None:
     tests = str(Path(__file__).resolve().parents[1])
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(tests=tests)], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-c", SCRIPT.format(tests=tests)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     )
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
