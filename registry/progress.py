@@ -29,6 +29,7 @@ class RichReporter:
     """Reports with rich progress bars (thread-safe advance)."""
 
     def __init__(self) -> None:
+        from rich.console import Console
         from rich.progress import (
             BarColumn,
             DownloadColumn,
@@ -43,6 +44,7 @@ class RichReporter:
             DownloadColumn(),
             TransferSpeedColumn(),
             TimeRemainingColumn(),
+            console=Console(stderr=True),
             transient=True,
         )
         self._lock = threading.Lock()

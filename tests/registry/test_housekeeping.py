@@ -1,0 +1,111 @@
+"""fsck finds corrupt and dangling objects; gc honours leases of pushes in flight."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from support import Cli, make_checkpoint
+
+from shardport.registry.housekeeping import fsck, gc
+from shardport.registry.manifest import Manifest
+from shardport.registry.progress import Quiet, reporter
+from shardport.registry.session import Session
+from shardport.registry.store import blob_key, tag_key
+from shardport.registry.tags import format_time
+
+
+@pytest.fixture
+def pushed(capsys: pytest.CaptureFixture[str], tmp_path: Path, home: Path) -> tuple[Cli, Session, str]:
+    cli = Cli(capsys, str(tmp_path / "store"))
+    cli.ok("keygen")
+    digest = cli.ok("push", make_checkpoint(tmp_path / "c"), "a/m:t")["digest"]
+    return cli, Session.open(cli.store), digest
+
+
+def test_fsck_reports_corrupt_blob(pushed: tuple[Cli, Session, str]) -> None:
+    cli, session, digest = pushed
+    f = Manifest.from_bytes(session.store.read_blob(digest)).files[0]
+    raw = bytearray(session.store.read(blob_key(f.digest)))
+    raw[0] ^= 0xFF
+    session.store.put(blob_key(f.digest), bytes(raw))
+    code, out = cli("fsck")
+    assert code == 1 and len(out["corrupt"]) == 1 and f.digest in out["corrupt"][0]
+
+
+def test_fsck_reports_dangling_and_broken(pushed: tuple[Cli, Session, str]) -> None:
+    cli, session, digest = pushed
+    f = Manifest.from_bytes(session.store.read_blob(digest)).files[-1]
+    session.store.delete(blob_key(f.digest))
+    report = fsck(session)
+    assert not report.ok and any(f.path in d for d in report.dangling)
+    session.store.put(tag_key("a/m", "t", 1), b"not an envelope")
+    report = fsck(session)
+    assert report.broken_tags and "a/m:t" in report.broken_tags[0]
+
+
+def test_gc_keeps_blobs_named_by_a_live_lease(pushed: tuple[Cli, Session, str]) -> None:
+    _, session, _ = pushed
+    in_flight = session.store.put_blob(b"a blob a concurrent push is about to reference")
+    expired = session.store.put_blob(b"a blob of a push that died long ago")
+    now = session.clock()
+    session.store.put(
+        "uploads/live/lease.json",
+        json.dumps({"expires": format_time(now + timedelta(hours=1)), "digests": [in_flight]}).encode(),
+    )
+    session.store.put(
+        "uploads/dead/lease.json",
+        json.dumps({"expires": format_time(now - timedelta(hours=1)), "digests": [expired]}).encode(),
+    )
+    report = gc(session, grace=timedelta(0))
+    assert report.removed_blobs == [expired]
+    assert session.store.has_blob(in_flight) and not session.store.has_blob(expired)
+    assert report.removed_uploads == ["uploads/dead"]
+    assert session.store.exists("uploads/live/lease.json")
+    assert fsck(session).ok
+
+
+def test_progress_is_quiet_off_a_terminal() -> None:
+    with reporter(json_mode=False) as rep:  # pytest's stderr is not a TTY
+        assert isinstance(rep, Quiet)
+    with reporter(json_mode=True) as rep:
+        assert isinstance(rep, Quiet)
+
+
+def test_progress_bars_on_a_terminal(tmp_path: Path, home: Path) -> None:
+    import os
+    import pty
+    import subprocess
+
+    from support import REGISTRY
+
+    ck = make_checkpoint(tmp_path / "c", size=3_000_000)
+    env = {**os.environ, "COLUMNS": "120", "TERM": "xterm"}
+    subprocess.run(
+        [REGISTRY, "--store", str(tmp_path / "s"), "keygen"], check=True, capture_output=True, env=env
+    )
+    for json_flag, expect in ((["--json"], False), ([], True)):
+        master, slave = pty.openpty()
+        proc = subprocess.run(
+            [REGISTRY, "--store", str(tmp_path / "s"), *json_flag, "push", str(ck), f"a/p:{int(expect)}"],
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            env=env,
+            check=True,
+            timeout=120,
+        )
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        os.close(master)
+        assert (b"hashing" in seen or b"uploading" in seen) is expect, seen[:300]
+        assert proc.stdout
