@@ -134,3 +134,18 @@ def test_json_is_one_document(cli: Cli, tmp_path: Path) -> None:
     out = cli.ok("push", make_checkpoint(tmp_path / "c", seed=5), "a/b:c")
     assert set(out) >= {"digest", "uploaded_bytes", "reused_bytes"}
     json.dumps(out)
+
+
+def test_trust_flag_with_a_public_key(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = cli.ok("keygen")
+    cli.ok("push", make_checkpoint(tmp_path / "c", seed=6), "t/m:v")
+    monkeypatch.setenv("SHARDPORT_HOME", str(tmp_path / "fresh-home"))  # trusts nothing
+    code, out = cli("pull", "t/m:v", tmp_path / "d0")
+    assert code == 1 and out["error"]["type"] == "UntrustedSignerError"
+    assert cli.ok("pull", "t/m:v", tmp_path / "d1", "--trust", keys["public_key"])["files"] == 5
+    from shardport.provenance.keys import SigningKey
+
+    other = SigningKey.generate()
+    (tmp_path / "other.pub").write_bytes(other.verifying_key().to_pem())
+    code, out = cli("pull", "t/m:v", tmp_path / "d2", "--trust", tmp_path / "other.pub")
+    assert code == 1 and out["error"]["type"] == "UntrustedSignerError"
