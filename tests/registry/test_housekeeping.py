@@ -36,7 +36,7 @@ def test_fsck_reports_corrupt_blob(pushed: tuple[Cli, Session, str]) -> None:
 
 
 def test_fsck_reports_dangling_and_broken(pushed: tuple[Cli, Session, str]) -> None:
-    cli, session, digest = pushed
+    _, session, digest = pushed
     f = Manifest.from_bytes(session.store.read_blob(digest)).files[-1]
     session.store.delete(blob_key(f.digest))
     report = fsck(session)
