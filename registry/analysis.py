@@ -67,6 +67,8 @@ class Analysis:
     tensors: tuple[TensorEntry, ...]
     weights: tuple[LogicalWeight, ...]
     notes: tuple[str, ...] = ()
+    architecture: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -125,6 +127,21 @@ def _architecture(root: Path, gguf_meta: Mapping[str, Any]) -> tuple[str | None,
         params["num_hidden_layers"] = gguf_meta[f"{arch}.block_count"]
     params["num_local_experts"] = gguf_meta.get(f"{arch}.expert_count") or 0
     return arch, params
+
+
+def _gguf_params(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The architecture's scalar hyper-parameters from GGUF keys (``llama.block_count``…)."""
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        return {}
+    out: dict[str, Any] = {}
+    for key, value in meta.items():
+        if not key.startswith(f"{arch}.") or not isinstance(value, (int, float, str, bool)):
+            continue
+        if isinstance(value, float) and not np.isfinite(value):
+            continue
+        out[key] = value
+    return out
 
 
 def _check_tied(
@@ -276,7 +293,12 @@ def analyze(
         checked.append(w)
     kind = "gguf" if gguf_files and not st_files else "safetensors"
     return Analysis(
-        kind=kind, tensors=_entries_with_roles(entries, checked), weights=tuple(checked), notes=notes
+        kind=kind,
+        tensors=_entries_with_roles(entries, checked),
+        weights=tuple(checked),
+        notes=notes,
+        architecture=architecture,
+        params=_gguf_params(gguf_meta) if gguf_files and not st_files else {},
     )
 
 

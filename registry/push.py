@@ -71,11 +71,16 @@ def build_manifest(
 ) -> Manifest:
     """The manifest of a checkpoint folder whose files were hashed into ``entries``."""
     by_path = {e.path: e for e in entries}
+    model = model_of(src, by_path)
+    if analysis is not None and analysis.params and not model.params:
+        model = model.model_copy(
+            update={"architecture": analysis.architecture, "params": dict(analysis.params)}
+        )
     return Manifest(
         container=container_of([e.path for e in entries]),
         tensors=list(analysis.tensors) if analysis else None,
         weights=list(analysis.weights) if analysis else None,
-        model=model_of(src, by_path),
+        model=model,
         quantization=quantization_of(src),
         files=entries,
         provenance=ProvenanceInfo(
