@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -70,9 +70,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--declare", help="contract declarations: a JSON object or a JSON file")
     p.add_argument("--reference", type=Path, help="the unquantized float checkpoint, to measure error")
     p.add_argument("--strict", action="store_true", help="inventory must match the architecture exactly")
-    p = add("pull", "verify and download REF into DEST (atomically)")
+    p.add_argument("--tile-size", type=int, default=1 << 20, help="target tile size in bytes (tile index)")
+    p.add_argument("--tile-min", type=int, default=64 << 10, help="smallest tile in bytes (tile index)")
+    p = add("pull", "verify and download REF into DEST (atomically); with --tp, only one rank's bytes")
     p.add_argument("ref")
     p.add_argument("dest", type=Path)
+    p.add_argument("--tp", type=int, help="tensor-parallel degree: pull only --rank's slices")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    p.add_argument("--rank", type=int, default=0, help="the rank to pull (0 .. tp*ep*pp-1)")
+    p.add_argument(
+        "--policy",
+        choices=["align", "refuse"],
+        default="align",
+        help="a split that would cut a quantization group: move it (align) or refuse",
+    )
     p = add("tag", "point NAME:TAG at what REF resolves to")
     p.add_argument("ref")
     p.add_argument("target")
@@ -127,7 +139,12 @@ def _session(args: argparse.Namespace) -> Session:
     )
 
 
-def _dispatch(args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
+Extension = Callable[[Session, argparse.Namespace], dict[str, Any]]
+
+
+def _dispatch(
+    args: argparse.Namespace, json_mode: bool, extensions: Mapping[str, Extension] | None = None
+) -> tuple[Any, int]:
     cmd = args.command
     if cmd == "keygen":
         return commands.keygen(args.name, tuple(args.scope or ["*"])), 0
@@ -148,8 +165,15 @@ def _dispatch(args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
                 reference=args.reference,
                 strict=args.strict,
                 sign=args.sign,
+                tile_target=args.tile_size,
+                tile_minimum=args.tile_min,
             )
         return res.to_json(), 0
+    if cmd == "pull" and args.tp is not None:
+        handler = (extensions or {}).get("pull_rank")
+        if handler is None:
+            raise UsageError("a per-rank pull (--tp) needs the loader: run the `registry` console script")
+        return handler(session, args), 0
     if cmd == "pull":
         with reporter(json_mode) as rep:
             return pull(session, parse_ref(args.ref), args.dest, reporter=rep).to_json(), 0
@@ -206,6 +230,13 @@ def _human(cmd: str, result: Any) -> str:
             f"{result['files']} files, uploaded {result['uploaded_bytes']} bytes, "
             f"reused {result['reused_bytes']} bytes"
         )
+    if cmd == "pull" and "rank" in result:
+        return (
+            f"{result['digest']}\npulled rank {result['rank']} of {result['world_size']} "
+            f"into {result['out']}: "
+            f"{result['bytes_assigned']} bytes assigned, {result['bytes_fetched']} fetched "
+            f"(amplification {result['read_amplification']:.3f}, {result['requests']} requests)"
+        )
     if cmd == "pull":
         return (
             f"{result['digest']}\npulled {result['ref']} into {result['dest']}: "
@@ -240,12 +271,16 @@ def _human(cmd: str, result: Any) -> str:
     return json.dumps(result, indent=2, sort_keys=True)
 
 
-def run(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; return the exit code."""
+def run(argv: Sequence[str] | None = None, extensions: Mapping[str, Extension] | None = None) -> int:
+    """Run the CLI; return the exit code.
+
+    ``extensions`` lets higher layers serve commands the registry cannot (it imports neither the
+    loader nor deploy): ``pull_rank`` serves ``pull --tp``.
+    """
     args = build_parser().parse_args(argv)
     json_mode = bool(getattr(args, "json", False))
     try:
-        result, code = _dispatch(args, json_mode)
+        result, code = _dispatch(args, json_mode, extensions)
     except ShardportError as exc:
         if json_mode:
             print(

@@ -84,6 +84,8 @@ def _mark_manifest(session: Session, name: str, digest: str, live: set[str]) -> 
     except (RegistryError, ValueError):  # a missing or corrupt manifest marks nothing more
         return
     live.update(f.digest for f in manifest.files)
+    if manifest.tile_index is not None:
+        live.add(manifest.tile_index.digest)
     folder = f"repos/{name}/referrers/{hex_of(digest)}"
     live.update("sha256:" + child for child in session.store.listdir(folder) if _HEX.match(child))
 
@@ -213,6 +215,8 @@ def fsck(session: Session) -> FsckReport:
                     for f in manifest.files
                     if f.digest not in present
                 )
+                if manifest.tile_index is not None and manifest.tile_index.digest not in present:
+                    report.dangling.append(f"{where}: tile index {manifest.tile_index.digest} is missing")
         for child in store.listdir(f"repos/{name}/referrers"):
             for blob in store.listdir(f"repos/{name}/referrers/{child}"):
                 if "sha256:" + blob not in present:

@@ -145,6 +145,15 @@ class TensorEntry(BaseModel):
     role: str | None = None
 
 
+class TileIndexRef(BaseModel):
+    """The tile index blob of the artifact (per-tile BLAKE3 hashes; :mod:`shardport.registry.tiles`)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    digest: str
+    hash: str = "blake3"
+    version: int = 1
+
+
 class ProvenanceInfo(Section):
     """Where the artifact came from."""
 
@@ -173,6 +182,7 @@ class Manifest(BaseModel):
     files: list[FileEntry]
     tensors: list[TensorEntry] | None = None
     weights: list[LogicalWeight] | None = None
+    tile_index: TileIndexRef | None = None
     provenance: ProvenanceInfo = Field(default_factory=ProvenanceInfo)
 
     @model_validator(mode="after")

@@ -22,14 +22,15 @@ from shardport.registry import _failpoints
 from shardport.registry.analysis import Analysis, analyze
 from shardport.registry.describe import container_of, model_of, quantization_of, scan, source_digest
 from shardport.registry.errors import RegistryError, UnsignedError
-from shardport.registry.hashing import digest_file
-from shardport.registry.manifest import FileEntry, Manifest, ProvenanceInfo
+from shardport.registry.hashing import digest_bytes, digest_file
+from shardport.registry.manifest import FileEntry, Manifest, ProvenanceInfo, TileIndexRef
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.session import Session
 from shardport.registry.signatures import attach_sigstore_bundle, manifest_statement, sign_manifest
 from shardport.registry.store import file_identity
 from shardport.registry.tagging import DEFAULT_VALIDITY, history, move_tag
 from shardport.registry.tags import format_time
+from shardport.registry.tiles import CheckpointReader, build_tile_index
 
 LEASE_TIME = timedelta(hours=6)
 WORKERS = 4
@@ -67,7 +68,11 @@ class PushResult:
 
 
 def build_manifest(
-    src: Path, entries: list[FileEntry], created_at: str, analysis: Analysis | None = None
+    src: Path,
+    entries: list[FileEntry],
+    created_at: str,
+    analysis: Analysis | None = None,
+    tile_index: str | None = None,
 ) -> Manifest:
     """The manifest of a checkpoint folder whose files were hashed into ``entries``."""
     by_path = {e.path: e for e in entries}
@@ -80,6 +85,7 @@ def build_manifest(
         container=container_of([e.path for e in entries]),
         tensors=list(analysis.tensors) if analysis else None,
         weights=list(analysis.weights) if analysis else None,
+        tile_index=TileIndexRef(digest=tile_index) if tile_index else None,
         model=model,
         quantization=quantization_of(src),
         files=entries,
@@ -123,6 +129,8 @@ def push(
     reference: Path | None = None,
     strict: bool = False,
     sign: str = "ed25519",
+    tile_target: int = 1 << 20,
+    tile_minimum: int = 64 << 10,
 ) -> PushResult:
     """Push folder ``src`` as ``name:tag``.
 
@@ -149,7 +157,13 @@ def push(
         FileEntry(path=rel, size=size, digest=d) for (rel, _), (d, size) in zip(files, hashed, strict=True)
     ]
     now = session.clock()
-    manifest = build_manifest(src, entries, format_time(now), analysis)
+    index_bytes = None
+    if analysis is not None and analysis.tensors:
+        with CheckpointReader(src) as read:
+            index = build_tile_index(analysis.tensors, read, target=tile_target, minimum=tile_minimum)
+            index_bytes = index.to_bytes()
+    index_digest = digest_bytes(index_bytes) if index_bytes else None
+    manifest = build_manifest(src, entries, format_time(now), analysis, index_digest)
     head = _unchanged_head(session, name, tag, manifest)
     if head is not None:
         manifest = head
@@ -164,7 +178,9 @@ def push(
     lease_dir = f"uploads/{uuid.uuid4().hex}"
     lease = {
         "expires": format_time(now + LEASE_TIME),
-        "digests": sorted({e.digest for e in entries} | {manifest_digest}),
+        "digests": sorted(
+            {e.digest for e in entries} | {manifest_digest} | ({index_digest} if index_digest else set())
+        ),
     }
     store.put(f"{lease_dir}/lease.json", json.dumps(lease).encode())
     try:
@@ -183,6 +199,8 @@ def push(
                     unique_missing.items(),
                 )
             )
+        if index_bytes is not None:
+            store.put_blob(index_bytes)
         _failpoints.hit("blobs-done")
         store.put_blob(manifest_bytes)
         _failpoints.hit("manifest-written")

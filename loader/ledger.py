@@ -1,0 +1,98 @@
+"""The per-rank read ledger: what a load asked for, what it read, verified and held, and where time went."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class StageSeconds:
+    """Seconds per stage. ``plan`` and ``total`` are wall time; the others are summed over workers."""
+
+    plan: float
+    fetch: float
+    verify: float
+    materialize: float
+    total: float
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedRange:
+    """``count`` runs of ``length`` bytes of ``file`` were read, the first at ``offset``, ``stride`` apart."""
+
+    file: str
+    offset: int
+    length: int
+    stride: int = 0
+    count: int = 1
+
+    def overlaps(self, file: str, offset: int, length: int) -> bool:
+        """Whether any byte of ``[offset, offset + length)`` of ``file`` was read."""
+        if file != self.file or length <= 0:
+            return False
+        if self.count == 1 or self.stride == 0:
+            return self.offset < offset + length and offset < self.offset + self.length
+        first = max(
+            0, -(-(offset - self.length + 1 - self.offset) // self.stride)
+        )  # runs ending after offset
+        last = min(
+            self.count - 1, (offset + length - 1 - self.offset) // self.stride
+        )  # runs starting before end
+        return first <= last
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLedger:
+    """One rank's read account (JSON-able with :meth:`to_json`).
+
+    ``bytes_assigned``: bytes of the requested rectangles; ``bytes_fetched``: bytes read from storage
+    (whole tiles plus bridged gaps); ``read_amplification`` = fetched / assigned (1.0 when nothing was
+    assigned); ``requests``: reads issued; ``peak_staging_bytes``: most staging (and, on S3, response)
+    bytes held at once, never above ``staging_bound_bytes``; ``scratch_bytes``: the fixed per-worker
+    gather buffers (and the local gap sink); ``tiles``: per tensor, the flat
+    indices ``i * grid_cols + j`` of the tiles read and verified; ``fetched``: the ranges read, adjacent
+    ones merged, a band read row by row as one strided record (empty unless recorded).
+    """
+
+    backend: str
+    bytes_assigned: int
+    bytes_fetched: int
+    read_amplification: float
+    requests: int
+    tiles_verified: int
+    bytes_verified: int
+    peak_staging_bytes: int
+    staging_bound_bytes: int
+    scratch_bytes: int
+    seconds: StageSeconds
+    tiles: dict[str, tuple[int, ...]]
+    fetched: tuple[FetchedRange, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (``fetched`` as ``[file, offset, length, stride, count]`` lists)."""
+        out = asdict(self)
+        out["fetched"] = [[r.file, r.offset, r.length, r.stride, r.count] for r in self.fetched]
+        out["tiles"] = {name: list(v) for name, v in sorted(self.tiles.items())}
+        return out
+
+    def touched(self, file: str, offset: int, length: int) -> bool:
+        """Whether any byte of ``[offset, offset + length)`` of ``file`` was read (needs ``fetched``)."""
+        return any(
+            r.file == file and r.offset < offset + length and offset < r.offset + r.length
+            for r in self.fetched
+        )
+
+
+def merge_ranges(ranges: list[FetchedRange]) -> tuple[FetchedRange, ...]:
+    """Sort, and merge touching or overlapping single ranges (strided records are kept as they are)."""
+    out: list[FetchedRange] = []
+    for r in sorted(ranges, key=lambda r: (r.file, r.offset)):
+        last = out[-1] if out else None
+        single = r.count == 1 and last is not None and last.count == 1
+        if single and last is not None and last.file == r.file and r.offset <= last.offset + last.length:
+            end = max(last.offset + last.length, r.offset + r.length)
+            out[-1] = FetchedRange(r.file, last.offset, end - last.offset)
+        else:
+            out.append(r)
+    return tuple(out)

@@ -1,0 +1,96 @@
+"""Fetch plans: how a batch's bands become reads, with small gaps bridged within a budget.
+
+A band whose rows are whole matrix rows (or that is one row) is one contiguous file range. A narrow band
+(a column slice of several rows) is either read row by row, or, when its gap ``row_bytes - width`` is at
+most ``max_gap`` and the budget allows, as one range with the gaps read and dropped. Contiguous ranges
+of different bands are then merged by :func:`shardport.placement.coalesce` (the project's one
+coalescer), bridging the gaps between them smallest first. Everything bridged in a batch stays within
+``gap_budget x`` the batch's band bytes, so bridging alone never raises read amplification by more
+than ``gap_budget``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import groupby, pairwise
+from typing import TYPE_CHECKING
+
+from shardport.placement import Piece, coalesce
+
+if TYPE_CHECKING:
+    from .schedule import Band
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One contiguous read of ``file``; ``members`` are (band index, band's first byte - ``offset``)."""
+
+    file: str
+    offset: int
+    length: int
+    members: tuple[tuple[int, int], ...]
+
+    @property
+    def end(self) -> int:
+        """One past the last byte."""
+        return self.offset + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPlan:
+    """A batch's reads: ``spans``, and the bands read one row per request (``row_bands``)."""
+
+    spans: tuple[Span, ...]
+    row_bands: tuple[int, ...]
+    bytes: int
+    requests: int
+
+
+def gap_threshold(pieces: Sequence[Piece], *, max_gap: int, allowance: float) -> int:
+    """The largest gap to bridge: all gaps ≤ it are bridged, each ≤ ``max_gap``, their sum ≤ ``allowance``."""
+    merged = coalesce(pieces, 0)
+    gaps = sorted(
+        b.offset - a.end
+        for a, b in pairwise(merged.ranges)
+        if a.file == b.file and 0 < b.offset - a.end <= max_gap
+    )
+    bridged = threshold = 0
+    for value, same in groupby(gaps):
+        cost = value * sum(1 for _ in same)
+        if bridged + cost > allowance:
+            break
+        bridged += cost
+        threshold = value
+    return threshold
+
+
+def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> FetchPlan:
+    """Decide spans and row-by-row reads for ``bands`` (see the module docstring)."""
+    allowance = gap_budget * sum(b.nbytes for b in bands)
+    live = [k for k, b in enumerate(bands) if b.nbytes > 0]
+    spannable = [k for k in live if bands[k].rows == 1 or bands[k].width == bands[k].row_bytes]
+    narrow = sorted((bands[k].row_bytes - bands[k].width, k) for k in live if k not in set(spannable))
+    rows_only = []
+    for gap, k in narrow:
+        cost = gap * (bands[k].rows - 1)
+        if gap <= max_gap and cost <= allowance:
+            allowance -= cost
+            spannable.append(k)
+        else:
+            rows_only.append(k)
+    spannable.sort()
+    pieces = [Piece(bands[k].file, bands[k].offset, bands[k].extent) for k in spannable]
+    threshold = gap_threshold(pieces, max_gap=max_gap, allowance=allowance) if pieces and max_gap > 0 else 0
+    merged = coalesce(pieces, threshold)
+    members: list[list[tuple[int, int]]] = [[] for _ in merged.ranges]
+    for k, (r, at) in zip(spannable, merged.placements, strict=True):
+        members[r].append((k, at))
+    spans = tuple(
+        Span(r.file, r.offset, r.length, tuple(sorted(m, key=lambda x: x[1])))
+        for r, m in zip(merged.ranges, members, strict=True)
+    )
+    row_bands = tuple(sorted(rows_only))
+    total = merged.fetched_bytes + sum(bands[k].nbytes for k in row_bands)
+    requests = len(spans) + sum(bands[k].rows for k in row_bands)
+    return FetchPlan(spans, row_bands, total, requests)

@@ -1,0 +1,235 @@
+"""Pull one rank's bytes: plan → covering tiles → verified range reads → rank-local safetensors.
+
+``registry pull REF DEST --tp N [--ep E] [--pp P] --rank R`` lands here. The manifest and its tile
+index are verified (signature, tag chain, digests) by the registry; placement decides which byte
+runs the rank needs; :func:`~shardport.loader.read.read_slices` fetches exactly the tiles covering
+them, verifies each tile's BLAKE3 before use, and the rank's tensors are written from contiguous
+buffers to ``DEST/rank-RRRRR-of-WWWWW.safetensors``, reopened and compared, then renamed into place
+with ``plan.json`` and ``ledger.json`` beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shardport.placement import Plan, Topology, plan
+from shardport.placement.plan import TensorRead
+from shardport.registry.errors import UsageError, VerificationError
+from shardport.registry.manifest import Manifest, TensorEntry
+from shardport.registry.refs import Ref
+from shardport.registry.resolve import resolve
+from shardport.registry.session import Session
+from shardport.registry.tiles import TileIndex, plane_layout
+
+from .read import ReadOptions, read_slices
+from .schedule import PlaneSlice
+
+_SAFETENSORS_DTYPES = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": "<u2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U64": "<u8",
+    "U32": "<u4",
+    "U16": "<u2",
+    "U8": "u1",
+    "BOOL": "u1",
+}
+
+
+@dataclass(frozen=True)
+class RankPullResult:
+    """What one rank pulled, with its ledger."""
+
+    digest: str
+    rank: int
+    world_size: int
+    tensors: int
+    out: Path
+    ledger: dict[str, Any]
+    plan_digest: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` form (ledger figures at the top level)."""
+        return {
+            "digest": self.digest,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "tensors": self.tensors,
+            "out": str(self.out),
+            "plan_digest": self.plan_digest,
+            "bytes_assigned": self.ledger.get("bytes_assigned"),
+            "bytes_fetched": self.ledger.get("bytes_fetched"),
+            "read_amplification": self.ledger.get("read_amplification"),
+            "requests": self.ledger.get("requests"),
+            "ledger": self.ledger,
+        }
+
+
+def slices_of(read: TensorRead, entry: TensorEntry) -> list[PlaneSlice]:
+    """The physical rectangles (rows x byte columns) holding ``read``'s pieces, in piece order."""
+    layout = plane_layout(entry)
+    row_bytes = layout.row_bytes
+    out: list[PlaneSlice] = []
+    for offset, length, stride, count in read.runs:
+        rel = offset - entry.start
+        r0, c0 = divmod(rel, row_bytes) if row_bytes else (0, 0)
+        if count == 1 and c0 == 0 and row_bytes and length % row_bytes == 0:
+            out.append(PlaneSlice(read.tensor, r0, r0 + length // row_bytes, 0, row_bytes))
+        elif stride == row_bytes and c0 + length <= row_bytes:
+            out.append(PlaneSlice(read.tensor, r0, r0 + count, c0, c0 + length))
+        else:  # general case: split every piece at row boundaries
+            for k in range(count):
+                out += _piece_slices(read.tensor, rel + k * stride, length, row_bytes)
+    return out
+
+
+def _piece_slices(tensor: str, rel: int, length: int, row_bytes: int) -> list[PlaneSlice]:
+    out = []
+    end = rel + length
+    while rel < end:
+        row, col = divmod(rel, row_bytes)
+        if col == 0 and end - rel >= row_bytes:
+            rows = (end - rel) // row_bytes
+            out.append(PlaneSlice(tensor, row, row + rows, 0, row_bytes))
+            rel += rows * row_bytes
+        else:
+            stop = min(row_bytes, col + end - rel)
+            out.append(PlaneSlice(tensor, row, row + 1, col, stop))
+            rel += stop - col
+    return out
+
+
+def _as_array(read: TensorRead, entry: TensorEntry, data: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
+    dtype = _SAFETENSORS_DTYPES.get(entry.dtype)
+    if dtype is None:  # a GGUF block type: keep the raw blocks, one row per logical row
+        rows = read.shape[0] if len(read.shape) > 1 else 1
+        return data.reshape(rows, -1)
+    return data.view(dtype).reshape(read.shape)
+
+
+def _write(arrays: dict[str, npt.NDArray[Any]], meta: dict[str, str], out: Path) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    os.close(fd)
+    try:
+        contiguous = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+        save_file(contiguous, tmp, metadata=meta)
+        back = load_file(tmp)
+        for name, array in contiguous.items():
+            if back[name].shape != array.shape or back[name].tobytes() != array.tobytes():
+                raise VerificationError(f"{out}: tensor {name} does not read back as written")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _dedupe(reads: Iterable[TensorRead]) -> list[TensorRead]:
+    seen: set[tuple[str, tuple[tuple[int, int], ...]]] = set()
+    out = []
+    for r in reads:
+        key = (r.tensor, tuple(r.index))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def load_tile_index(session: Session, manifest: Manifest) -> TileIndex:
+    """The manifest's tile index, its digest checked (the manifest is already verified)."""
+    if manifest.tile_index is None:
+        raise UsageError("this artifact has no tile index (re-push it with this shardport to get one)")
+    raw = session.store.read_blob(manifest.tile_index.digest)
+    return TileIndex.from_bytes(raw, source=f"tile index {manifest.tile_index.digest}")
+
+
+def pull_rank(
+    session: Session,
+    ref: Ref,
+    dest: Path,
+    topology: Topology,
+    rank: int,
+    *,
+    policy: str = "align",
+    options: ReadOptions | None = None,
+) -> RankPullResult:
+    """Pull rank ``rank``'s bytes of ``ref`` under ``topology`` into ``dest``."""
+    if not 0 <= rank < topology.world_size:
+        raise UsageError(f"--rank {rank}: expected 0..{topology.world_size - 1} for {topology}")
+    t0 = time.perf_counter()
+    resolved = resolve(session, ref)
+    manifest = resolved.manifest
+    if not manifest.tensors or not manifest.weights:
+        raise UsageError(f"{ref}: no tensor inventory in the manifest; a per-rank pull needs one")
+    index = load_tile_index(session, manifest)
+    the_plan: Plan = plan(manifest, topology, policy=policy)  # type: ignore[arg-type]
+    mine = the_plan.rank(rank)
+    planned = time.perf_counter()
+    entries = {e.name: e for e in manifest.tensors}
+    reads = _dedupe(mine.reads)
+    per_read = [slices_of(r, entries[r.tensor]) for r in reads]
+    flat = [s for group in per_read for s in group]
+    got = read_slices(
+        flat,
+        tensors=manifest.tensors,
+        files=manifest.files,
+        index=index,
+        store=session.store,
+        options=options,
+    )
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    meta: dict[str, str] = {
+        "shardport.manifest": resolved.digest,
+        "shardport.rank": str(rank),
+        "shardport.topology": json.dumps(dataclasses.asdict(topology), sort_keys=True),
+    }
+    at = 0
+    for read, group in zip(reads, per_read, strict=True):
+        parts = [got.arrays[at + i].reshape(-1) for i in range(len(group))]
+        at += len(group)
+        data = np.concatenate(parts) if len(parts) != 1 else parts[0]
+        name = read.tensor if read.tensor not in arrays else f"{read.tensor}@{read.index}"
+        arrays[name] = _as_array(read, entries[read.tensor], data)
+        meta[f"shardport.slice.{name}"] = json.dumps(
+            {
+                "index": read.index,
+                "dtype": entries[read.tensor].dtype,
+                "shape": read.shape,
+                "weight": read.weight,
+                "role": read.role,
+            }
+        )
+    out = dest / f"rank-{rank:05d}-of-{topology.world_size:05d}.safetensors"
+    _write(arrays, meta, out)
+    ledger = got.ledger.to_json()
+    ledger["seconds_plan"] = planned - t0
+    ledger["seconds_total"] = time.perf_counter() - t0
+    (dest / f"rank-{rank:05d}.plan.json").write_text(json.dumps(mine.model_dump(mode="json"), sort_keys=True))
+    (dest / f"rank-{rank:05d}.ledger.json").write_text(json.dumps(ledger, sort_keys=True, indent=1))
+    return RankPullResult(
+        digest=resolved.digest,
+        rank=rank,
+        world_size=topology.world_size,
+        tensors=len(arrays),
+        out=out,
+        ledger=ledger,
+        plan_digest=the_plan.digest(),
+    )

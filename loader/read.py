@@ -1,0 +1,260 @@
+"""Verified range reads: a rank's slices, read tile by tile, each tile checked before any byte is returned.
+
+Pipeline per call of :func:`read_slices`:
+
+1. *plan* (pure, :mod:`.schedule`): slices → covering tiles → bands → batches with fetch plans; the tile
+   index is first checked against the manifest's tensors and files;
+2. *fetch* (:mod:`.sources`): up to ``depth`` batches in flight, one per worker. A *direct* band (all
+   its tiles inside one slice) is read straight into that slice's preallocated result array, with no
+   second copy; a *staged* band goes to the worker's reused, page-aligned staging slot (``mmap``);
+3. *verify*: as soon as a batch's bytes are in, every tile is hashed (BLAKE3; a tile whose rows are not
+   contiguous in its destination is first gathered into the worker's small scratch buffer) and compared
+   with the tile index; a mismatch raises
+   :class:`~shardport.registry.tiles.TileDigestMismatchError` (file, tensor, tile, byte range), the
+   other workers stop, and no array is returned — a result array is handed on only after every tile
+   of every slice verified;
+4. *materialize*: staged bands are copied into the result arrays once verified.
+
+Memory bound: the result arrays (exactly the assigned bytes) plus, per worker (``depth``), a staging slot
+(at most ``batch_bytes``, or the largest single tile if larger, rounded to pages) and a scratch buffer
+of the largest tile; plus a 64 KiB sink for bridged gaps locally. On S3 each batch in flight also holds
+its responses (at most ``batch_bytes x (1 + gap_budget)``). The ledger states the bound and the peak
+held.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from shardport.registry.manifest import FileEntry, TensorEntry
+from shardport.registry.store import Store
+from shardport.registry.tiles import TileIndex, verify_tile
+
+from .ledger import FetchedRange, ReadLedger, StageSeconds, merge_ranges
+from .schedule import Band, Batch, PlaneSlice, ReadSchedule, schedule_reads
+from .sources import SINK_BYTES, BlobSource, Dest, open_source
+
+U8Array = npt.NDArray[np.uint8]
+LOCAL_MAX_GAP = 4096
+"""Default gap bridged locally: within a page the device reads the bytes anyway."""
+S3_MAX_GAP = 1 << 20
+"""Default gap bridged on S3, where a request costs about as much as a megabyte of transfer."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """Knobs of a load.
+
+    ``depth`` (batches in flight, one worker each) None picks the CPU count (2..8) locally and 4 on S3;
+    ``max_gap`` None picks :data:`LOCAL_MAX_GAP` or :data:`S3_MAX_GAP`; ``concurrency`` is the S3
+    requests in flight over all workers; ``record_ranges`` keeps the ranges read in the ledger.
+    """
+
+    batch_bytes: int = 16 << 20
+    depth: int | None = None
+    max_gap: int | None = None
+    gap_budget: float = 0.02
+    concurrency: int = 16
+    record_ranges: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRead:
+    """Result of :func:`read_slices`: one verified array per requested slice, and the ledger."""
+
+    arrays: tuple[U8Array, ...]
+    ledger: ReadLedger
+
+
+class _Worker:
+    """Per-worker buffers: a staging slot and a scratch buffer for gathering strided tiles."""
+
+    def __init__(self, slot_bytes: int, scratch_bytes: int) -> None:
+        self.staging = memoryview(mmap.mmap(-1, max(slot_bytes, mmap.PAGESIZE)))
+        self.scratch = np.frombuffer(mmap.mmap(-1, max(scratch_bytes, mmap.PAGESIZE)), dtype=np.uint8)
+
+
+class _Runner:
+    """Executes a schedule with a bounded number of batches (and buffers) in flight."""
+
+    def __init__(
+        self,
+        schedule: ReadSchedule,
+        index: TileIndex,
+        outputs: list[U8Array],
+        source: BlobSource,
+        depth: int,
+    ) -> None:
+        self.schedule, self.index, self.outputs, self.source = schedule, index, outputs, source
+        self.flat = [out.reshape(-1).data for out in outputs]
+        self.depth = depth
+        self.workers: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        for _ in range(min(depth, len(schedule.batches))):
+            self.workers.put(_Worker(schedule.slot_bytes, schedule.largest_tile))
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.seconds = {"fetch": 0.0, "verify": 0.0, "materialize": 0.0}
+        self.held = self.peak = 0
+
+    def _account(self, delta: int, **seconds: float) -> None:
+        with self.lock:
+            self.held += delta
+            self.peak = max(self.peak, self.held)
+            for stage, value in seconds.items():
+                self.seconds[stage] += value
+
+    def _dest(self, band: Band, slot: int, worker: _Worker) -> Dest:
+        if band.direct < 0:
+            return Dest(worker.staging, slot, band.width, band.rows, band.width)
+        width = self.schedule.slices[band.direct].shape[1]
+        at = band.out_row * width + band.out_col
+        return Dest(self.flat[band.direct], at, width, band.rows, band.width)
+
+    def _verify(self, band: Band, dest: Dest, worker: _Worker) -> None:
+        tiles = self.index.tensors[band.tensor]
+        rows = dest.array()
+        for j in range(band.j0, band.j1):
+            c0 = j * tiles.col_block - band.col0
+            c1 = min((j + 1) * tiles.col_block, tiles.row_bytes) - band.col0
+            tile = rows[:, c0:c1]
+            if not tile.flags.c_contiguous:
+                gathered = worker.scratch[: tile.size]
+                gathered.reshape(tile.shape)[...] = tile  # item assignment releases the GIL (copyto did not)
+                tile = gathered
+            verify_tile(tiles, band.i, j, tile.data.cast("B"), tensor=band.tensor)
+
+    def _batch(self, batch: Batch) -> None:
+        if self.stop.is_set():
+            return
+        worker = self.workers.get()
+        held = batch.staging_bytes + (batch.fetch.bytes if self.source.holds_responses else 0)
+        self._account(held)
+        try:
+            t0 = time.perf_counter()
+            dests = [self._dest(b, s, worker) for b, s in zip(batch.bands, batch.slots, strict=True)]
+            self.source.fetch(batch.fetch, batch.bands, dests)
+            t1 = time.perf_counter()
+            for band, dest in zip(batch.bands, dests, strict=True):
+                if self.stop.is_set():
+                    return
+                self._verify(band, dest, worker)
+            t2 = time.perf_counter()
+            for band, dest in zip(batch.bands, dests, strict=True):
+                if band.parts and not self.stop.is_set():
+                    rows = dest.array()
+                    for p in band.parts:
+                        out = self.outputs[p.request]
+                        out[
+                            p.out_row : p.out_row + p.row1 - p.row0, p.out_col : p.out_col + p.col1 - p.col0
+                        ] = rows[p.row0 : p.row1, p.col0 : p.col1]
+            t3 = time.perf_counter()
+            self._account(0, fetch=t1 - t0, verify=t2 - t1, materialize=t3 - t2)
+        finally:
+            self._account(-held)
+            self.workers.put(worker)
+
+    def run(self) -> None:
+        """Run every batch; on the first failure stop the others and raise it."""
+        if not self.schedule.batches:
+            return
+        with ThreadPoolExecutor(max_workers=self.depth, thread_name_prefix="shardport-read") as pool:
+            futures = [pool.submit(self._batch, b) for b in self.schedule.batches]
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            failed = [f for f in futures if f in done and f.exception() is not None]
+            if failed:
+                self.stop.set()
+                for f in futures:
+                    f.cancel()
+                error = failed[0].exception()
+                assert error is not None
+                raise error
+
+
+def read_slices(
+    slices: Sequence[PlaneSlice],
+    *,
+    tensors: Iterable[TensorEntry],
+    files: Iterable[FileEntry],
+    index: TileIndex,
+    store: Store,
+    options: ReadOptions | None = None,
+) -> SliceRead:
+    """Read and verify ``slices`` from ``store`` (see the module docstring); raise on any mismatch."""
+    opts = options or ReadOptions()
+    start = time.perf_counter()
+    max_gap = opts.max_gap if opts.max_gap is not None else (LOCAL_MAX_GAP if store.is_local else S3_MAX_GAP)
+    schedule = schedule_reads(
+        slices,
+        tensors,
+        files,
+        index,
+        batch_bytes=opts.batch_bytes,
+        max_gap=max_gap,
+        gap_budget=opts.gap_budget,
+    )
+    planned = time.perf_counter()
+    outputs = [np.empty(s.shape, dtype=np.uint8) for s in schedule.slices]
+    depth = max(1, opts.depth or (min(8, max(2, os.cpu_count() or 1)) if store.is_local else 4))
+    source = open_source(store, schedule.blobs, concurrency=max(1, opts.concurrency // depth))
+    runner = _Runner(schedule, index, outputs, source, depth)
+    try:
+        runner.run()
+    finally:
+        source.close()
+    return SliceRead(tuple(outputs), _ledger(schedule, runner, source, opts, start, planned))
+
+
+def _ledger(
+    schedule: ReadSchedule,
+    runner: _Runner,
+    source: BlobSource,
+    opts: ReadOptions,
+    start: float,
+    planned: float,
+) -> ReadLedger:
+    tiles: dict[str, list[int]] = {}
+    ranges: list[FetchedRange] = []
+    for batch in schedule.batches:
+        for band in batch.bands:
+            cols = runner.index.tensors[band.tensor].grid_cols
+            tiles.setdefault(band.tensor, []).extend(band.i * cols + j for j in range(band.j0, band.j1))
+        ranges += [FetchedRange(s.file, s.offset, s.length) for s in batch.fetch.spans]
+        for k in batch.fetch.row_bands:
+            b = batch.bands[k]
+            ranges.append(FetchedRange(b.file, b.offset, b.width, b.row_bytes, b.rows))
+    per_batch = max((b.fetch.bytes for b in schedule.batches), default=0) if source.holds_responses else 0
+    workers = min(runner.depth, len(schedule.batches))
+    bound = workers * (max(schedule.slot_bytes, mmap.PAGESIZE) + per_batch)
+    assigned, fetched = schedule.bytes_assigned, schedule.bytes_fetched
+    return ReadLedger(
+        backend=source.kind,
+        bytes_assigned=assigned,
+        bytes_fetched=fetched,
+        read_amplification=fetched / assigned if assigned else 1.0,
+        requests=schedule.requests,
+        tiles_verified=schedule.tiles,
+        bytes_verified=sum(b.nbytes for batch in schedule.batches for b in batch.bands),
+        peak_staging_bytes=runner.peak,
+        staging_bound_bytes=bound,
+        scratch_bytes=workers * max(schedule.largest_tile, mmap.PAGESIZE)
+        + (SINK_BYTES if source.kind == "local" else 0),
+        seconds=StageSeconds(
+            plan=planned - start,
+            fetch=runner.seconds["fetch"],
+            verify=runner.seconds["verify"],
+            materialize=runner.seconds["materialize"],
+            total=time.perf_counter() - start,
+        ),
+        tiles={name: tuple(sorted(v)) for name, v in tiles.items()},
+        fetched=merge_ranges(ranges) if opts.record_ranges else (),
+    )

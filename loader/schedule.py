@@ -1,0 +1,315 @@
+"""Read schedule (pure): requested slices → covering tiles → bands → batches with their fetch plans.
+
+A :class:`PlaneSlice` asks for rows ``[row0, row1)`` x byte columns ``[col0, col1)`` of a tensor's
+physical byte matrix (the tile index's ``rows`` x ``row_bytes``). Every tile it touches is read whole,
+so that it can be verified; a tile several slices touch is read once.
+
+A :class:`Band` is a run of adjacent tiles ``(i, j0..j1-1)`` of one tile row, read and verified together.
+A band whose tiles all lie inside one slice is *direct*: its bytes are read straight into that slice's
+result array (no staging, no second copy). Any other band (a tile cut by a slice edge, or shared) is
+*staged*: read into a page-aligned slot of a staging buffer and copied out after it verified. Bands
+never exceed ``batch_bytes`` unless a single tile does; they are ordered by file offset and packed into
+:class:`Batch` es of at most ``batch_bytes`` band bytes, each with its :class:`~.ranges.FetchPlan`.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from shardport.registry.manifest import FileEntry, TensorEntry
+from shardport.registry.tiles import TensorTiles, TileGridError, TileIndex, plane_layout, tiles_for
+
+from .errors import IndexMismatchError, SliceRequestError
+from .ranges import FetchPlan, plan_fetch
+
+PAGE = mmap.PAGESIZE
+
+
+@dataclass(frozen=True, slots=True)
+class PlaneSlice:
+    """Rows ``[row0, row1)`` x byte columns ``[col0, col1)`` of tensor ``tensor`` (physical bytes)."""
+
+    tensor: str
+    row0: int
+    row1: int
+    col0: int
+    col1: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(rows, byte columns)`` of the result."""
+        return self.row1 - self.row0, self.col1 - self.col0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes requested."""
+        return (self.row1 - self.row0) * (self.col1 - self.col0)
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """What slice ``request`` takes from a staged band: band rows/cols → its array at (out_row, out_col)."""
+
+    request: int
+    row0: int
+    row1: int
+    col0: int
+    col1: int
+    out_row: int
+    out_col: int
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """Tiles ``(i, j0..j1-1)`` of ``tensor``: matrix rows ``[row0, row1)`` x bytes ``[col0, col1)``.
+
+    ``direct`` is the slice whose array receives the band in place at ``(out_row, out_col)``, or -1 for
+    a staged band (then ``parts`` say who takes what after verification).
+    """
+
+    tensor: str
+    file: str
+    start: int
+    row_bytes: int
+    i: int
+    j0: int
+    j1: int
+    row0: int
+    row1: int
+    col0: int
+    col1: int
+    direct: int
+    out_row: int
+    out_col: int
+    parts: tuple[Part, ...]
+
+    @property
+    def rows(self) -> int:
+        """Rows of the band."""
+        return self.row1 - self.row0
+
+    @property
+    def width(self) -> int:
+        """Bytes per band row."""
+        return self.col1 - self.col0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the band (of its tiles)."""
+        return self.rows * self.width
+
+    @property
+    def offset(self) -> int:
+        """File offset of the band's first byte."""
+        return self.start + self.row0 * self.row_bytes + self.col0
+
+    @property
+    def extent(self) -> int:
+        """Bytes from the first to one past the last byte of the band in its file."""
+        return (self.rows - 1) * self.row_bytes + self.width if self.rows else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Bands fetched, verified and materialized together; ``slots[k]`` is band k's staging offset."""
+
+    bands: tuple[Band, ...]
+    slots: tuple[int, ...]
+    staging_bytes: int
+    fetch: FetchPlan
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSchedule:
+    """Everything a load reads, in order; ``slot_bytes`` is the staging one batch needs at most."""
+
+    slices: tuple[PlaneSlice, ...]
+    batches: tuple[Batch, ...]
+    blobs: dict[str, str]
+    slot_bytes: int
+    largest_tile: int
+
+    @property
+    def bytes_assigned(self) -> int:
+        """Bytes of the requested rectangles."""
+        return sum(s.nbytes for s in self.slices)
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes read from storage (tile bytes plus bridged gaps)."""
+        return sum(b.fetch.bytes for b in self.batches)
+
+    @property
+    def requests(self) -> int:
+        """Reads issued (S3 requests; local ``preadv`` calls before splitting at ``IOV_MAX``)."""
+        return sum(b.fetch.requests for b in self.batches)
+
+    @property
+    def tiles(self) -> int:
+        """Tiles read and verified."""
+        return sum(band.j1 - band.j0 for b in self.batches for band in b.bands)
+
+
+def _round_page(n: int) -> int:
+    return -(-n // PAGE) * PAGE
+
+
+def check_tensor(entry: TensorEntry, tiles: TensorTiles, files: dict[str, FileEntry]) -> None:
+    """Raise :class:`IndexMismatchError` unless ``tiles`` describes ``entry``'s bytes exactly."""
+    where = f"tensor {entry.name!r}"
+    try:
+        layout = plane_layout(entry)
+    except TileGridError as exc:
+        raise IndexMismatchError(f"{where}: the manifest entry cannot be tiled: {exc}") from exc
+    found = (tiles.file, tiles.start, tiles.end, tiles.rows, tiles.row_bytes)
+    wanted = (entry.file, entry.start, entry.end, layout.rows, layout.row_bytes)
+    if found != wanted:
+        raise IndexMismatchError(
+            f"{where}: tile index has (file, start, end, rows, row_bytes) = {found}, the manifest {wanted}; "
+            "the tile index belongs to another artifact — re-resolve the manifest"
+        )
+    file = files.get(entry.file)
+    if file is None or entry.end > file.size:
+        size = "missing" if file is None else f"{file.size} bytes"
+        raise IndexMismatchError(f"{where}: lies in {entry.file} ({size} in the manifest's files)")
+
+
+def _wanted(
+    slices: Sequence[PlaneSlice],
+    tensors: dict[str, TensorEntry],
+    files: dict[str, FileEntry],
+    index: TileIndex,
+) -> dict[tuple[str, int], dict[int, list[int]]]:
+    """(tensor, tile row) → tile column → the slices touching that tile."""
+    wanted: dict[tuple[str, int], dict[int, list[int]]] = {}
+    checked: set[str] = set()
+    for k, s in enumerate(slices):
+        entry, tiles = tensors.get(s.tensor), index.tensors.get(s.tensor)
+        if entry is None or tiles is None:
+            lacks = "the manifest" if entry is None else "the tile index"
+            raise SliceRequestError(f"slice {k}: tensor {s.tensor!r} is not in {lacks}")
+        if s.tensor not in checked:
+            check_tensor(entry, tiles, files)
+            checked.add(s.tensor)
+        try:
+            covering = tiles_for(tiles, s.row0, s.row1, s.col0, s.col1)
+        except TileGridError as exc:
+            raise SliceRequestError(f"slice {k} of tensor {s.tensor!r}: {exc}") from exc
+        for i, j in covering:
+            wanted.setdefault((s.tensor, i), {}).setdefault(j, []).append(k)
+    return wanted
+
+
+def _band(
+    name: str,
+    tiles: TensorTiles,
+    i: int,
+    j0: int,
+    j1: int,
+    direct: int,
+    slices: Sequence[PlaneSlice],
+    users: set[int],
+) -> Band:
+    row0, row1 = i * tiles.row_block, min((i + 1) * tiles.row_block, tiles.rows)
+    col0, col1 = j0 * tiles.col_block, min(j1 * tiles.col_block, tiles.row_bytes)
+    parts: list[Part] = []
+    out_row = out_col = 0
+    if direct >= 0:
+        out_row, out_col = row0 - slices[direct].row0, col0 - slices[direct].col0
+    else:
+        for k in sorted(users):
+            s = slices[k]
+            a, b, c, d = max(row0, s.row0), min(row1, s.row1), max(col0, s.col0), min(col1, s.col1)
+            if a < b and c < d:
+                parts.append(Part(k, a - row0, b - row0, c - col0, d - col0, a - s.row0, c - s.col0))
+    return Band(
+        tensor=name,
+        file=tiles.file,
+        start=tiles.start,
+        row_bytes=tiles.row_bytes,
+        i=i,
+        j0=j0,
+        j1=j1,
+        row0=row0,
+        row1=row1,
+        col0=col0,
+        col1=col1,
+        direct=direct,
+        out_row=out_row,
+        out_col=out_col,
+        parts=tuple(parts),
+    )
+
+
+def _bands(
+    wanted: dict[tuple[str, int], dict[int, list[int]]],
+    index: TileIndex,
+    slices: Sequence[PlaneSlice],
+    limit: int,
+) -> list[Band]:
+    """Runs of adjacent tiles of one tile row with the same destination, at most ``limit`` bytes each."""
+    out: list[Band] = []
+    for (name, i), columns in wanted.items():
+        tiles = index.tensors[name]
+        cb, row_bytes = tiles.col_block, tiles.row_bytes
+        r0, r1, _, _ = tiles.tile_rect(i, 0)
+        run: list[int] = []
+        mode, users = -2, set[int]()
+        for j in sorted(columns):
+            c0, c1 = j * cb, min((j + 1) * cb, row_bytes)
+            ks = columns[j]
+            s = slices[ks[0]]
+            inside = len(ks) == 1 and s.row0 <= r0 and r1 <= s.row1 and s.col0 <= c0 and c1 <= s.col1
+            this = ks[0] if inside else -1
+            too_big = bool(run) and (r1 - r0) * (c1 - run[0] * cb) > limit
+            if run and (this != mode or j != run[-1] + 1 or too_big):
+                out.append(_band(name, tiles, i, run[0], run[-1] + 1, mode, slices, users))
+                run, users = [], set()
+            run.append(j)
+            users.update(ks)
+            mode = this
+        if run:
+            out.append(_band(name, tiles, i, run[0], run[-1] + 1, mode, slices, users))
+    return sorted(out, key=lambda b: (b.file, b.offset))
+
+
+def schedule_reads(
+    slices: Sequence[PlaneSlice],
+    tensors: Iterable[TensorEntry],
+    files: Iterable[FileEntry],
+    index: TileIndex,
+    *,
+    batch_bytes: int = 16 << 20,
+    max_gap: int = 0,
+    gap_budget: float = 0.0,
+) -> ReadSchedule:
+    """Plan the reads for ``slices`` (see the module docstring). Raises the loader's named errors."""
+    by_path = {f.path: f for f in files}
+    wanted = _wanted(slices, {t.name: t for t in tensors}, by_path, index)
+    batches: list[Batch] = []
+    group: list[Band] = []
+    size = largest = 0
+    for band in _bands(wanted, index, slices, batch_bytes):
+        t = index.tensors[band.tensor]
+        largest = max(largest, band.rows * min(t.col_block, t.row_bytes))
+        if group and size + band.nbytes > batch_bytes:
+            batches.append(_batch(group, max_gap, gap_budget))
+            group, size = [], 0
+        group.append(band)
+        size += band.nbytes
+    if group:
+        batches.append(_batch(group, max_gap, gap_budget))
+    blobs = {band.file: by_path[band.file].digest for b in batches for band in b.bands}
+    slot = max((b.staging_bytes for b in batches), default=0)
+    return ReadSchedule(tuple(slices), tuple(batches), blobs, slot, largest)
+
+
+def _batch(bands: list[Band], max_gap: int, gap_budget: float) -> Batch:
+    slots, at = [], 0
+    for band in bands:
+        slots.append(at if band.direct < 0 else -1)
+        at += _round_page(band.nbytes) if band.direct < 0 else 0
+    fetch = plan_fetch(bands, max_gap=max_gap, gap_budget=gap_budget)
+    return Batch(tuple(bands), tuple(slots), at, fetch)

@@ -1,0 +1,202 @@
+"""Tile grid choice: how a tensor's bytes are cut into tiles (pure; see :mod:`.tiles` for the spec).
+
+A tensor is a physical byte matrix of ``rows`` x ``row_bytes``; the column *quantum* ``q`` is the
+smallest byte unit that is never split (the element size, rounded up to whole bytes for sub-byte
+dtypes: 1 for F4, 3 for F6; bytes per block for GGUF block types). :func:`plan_grid` returns
+``(row_block, col_block)`` (rows, bytes).
+
+Choice, per axis of length ``n`` (rows, or quanta per row): the alignment ``L`` is the largest of
+:data:`LADDER` dividing ``n``; a block must divide ``n / L`` so that every split into tp ∈ {2, 3, 4,
+6, 8, 12, 24} equal parts with ``tp | n`` lands on tile boundaries (the block count is a multiple of
+``L``); with ``L = 1`` the axis is free (any block, the last one ragged). Among the aligned
+``(row_block, col_block)`` pairs the largest tile ≤ ``target`` that is ≥ ``minimum`` wins, ties going to
+the wider tile (fewer pieces per tile); when none is ≤ ``target``, the smallest one ≥ ``minimum``.
+When even the largest aligned tile is below ``minimum`` the alignment is relaxed one step at a time
+(first dropping the factor 3, then halving: 24 → 8 → 4 → 2 → 1), fewest steps first, keeping the
+larger product of alignments, then the row alignment. A tensor of at most ``minimum`` bytes is one tile.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from shardport.registry.formats.gguf_gate import GGML_TYPES
+from shardport.registry.formats.safetensors_gate import DTYPE_BITS
+from shardport.registry.manifest import TensorEntry
+
+from .tiles_errors import TileGridError
+
+LADDER = (24, 12, 8, 6, 4, 3, 2, 1)
+"""Alignment ladder: an axis is cut into a multiple of the first of these that divides its length."""
+
+DEFAULT_TARGET = 1 << 20
+DEFAULT_MINIMUM = 64 << 10
+_BLOCK_TYPES = {name: (block, size) for name, block, size in GGML_TYPES.values()}
+_FREE_CANDIDATES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class PlaneLayout:
+    """A tensor seen as a byte matrix: ``rows`` x ``row_bytes``, columns cut only at ``quantum``."""
+
+    rows: int
+    row_bytes: int
+    quantum: int
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes."""
+        return self.rows * self.row_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GridChoice:
+    """A chosen grid and the alignment it keeps (``row_align`` / ``col_align`` from :data:`LADDER`)."""
+
+    row_block: int
+    col_block: int
+    row_align: int
+    col_align: int
+
+
+def plane_layout(entry: TensorEntry) -> PlaneLayout:
+    """Rows, row bytes and quantum of ``entry``; :class:`TileGridError` if its byte count is inconsistent."""
+    nbytes = entry.end - entry.start
+    elements = math.prod(entry.shape)
+    if entry.dtype in DTYPE_BITS:
+        bits = DTYPE_BITS[entry.dtype]
+        quantum = math.lcm(bits, 8) // 8
+        expected = elements * bits / 8
+    elif entry.dtype in _BLOCK_TYPES:
+        block, quantum = _BLOCK_TYPES[entry.dtype]
+        if entry.shape and entry.shape[-1] % block:
+            raise TileGridError(
+                f"{entry.file}: tensor {entry.name!r}: {entry.dtype} rows hold {entry.shape[-1]} elements, "
+                f"not a multiple of the block size {block}"
+            )
+        expected = elements / block * quantum
+    else:
+        raise TileGridError(
+            f"{entry.file}: tensor {entry.name!r}: dtype {entry.dtype!r} has no known element or block size; "
+            "expected a safetensors dtype or a ggml type name"
+        )
+    if expected != nbytes:
+        raise TileGridError(
+            f"{entry.file}: tensor {entry.name!r}: shape {list(entry.shape)} of {entry.dtype} is "
+            f"{expected:g} bytes, but its range [{entry.start}, {entry.end}) holds {nbytes}"
+        )
+    rows = entry.shape[0] if len(entry.shape) >= 2 else 1
+    row_bytes = nbytes // rows if rows else 0
+    if rows and (row_bytes * rows != nbytes or row_bytes % quantum):
+        raise TileGridError(
+            f"{entry.file}: tensor {entry.name!r}: a row of {nbytes}/{rows} bytes is not a whole number of "
+            f"{quantum}-byte quanta; such a tensor cannot be tiled"
+        )
+    return PlaneLayout(rows=rows, row_bytes=row_bytes, quantum=quantum)
+
+
+def alignment(n: int) -> int:
+    """The largest :data:`LADDER` value dividing ``n`` (1 for ``n <= 0``)."""
+    return next(v for v in LADDER if n > 0 and n % v == 0) if n > 0 else 1
+
+
+def relaxations(align: int) -> list[int]:
+    """``align`` and its relaxations: the factor 3 dropped first, then halved down to 1."""
+    out = [align]
+    if align % 3 == 0:
+        out.append(align // 3)
+    while out[-1] > 1:
+        out.append(out[-1] // 2)
+    return list(dict.fromkeys(out))
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+class _Axis:
+    """Block sizes allowed on one axis of ``length`` units at alignment ``align``."""
+
+    def __init__(self, length: int, align: int) -> None:
+        self.length = length
+        self.free = align == 1
+        self.values = [] if self.free else _divisors(length // align)
+        self.largest = length if self.free else self.values[-1]
+
+    def at_most(self, limit: int) -> int | None:
+        """The largest allowed block ≤ ``limit``."""
+        if self.free:
+            return min(limit, self.length) if limit >= 1 else None
+        k = bisect.bisect_right(self.values, limit)
+        return self.values[k - 1] if k else None
+
+    def at_least(self, limit: int) -> int | None:
+        """The smallest allowed block ≥ ``limit``."""
+        if self.free:
+            return max(limit, 1) if limit <= self.length else None
+        k = bisect.bisect_left(self.values, limit)
+        return self.values[k] if k < len(self.values) else None
+
+    def candidates(self) -> Iterator[int]:
+        """Blocks to try (for a free axis: one per tile count up to a cap, and the powers of two)."""
+        if not self.free:
+            yield from self.values
+            return
+        n = self.length
+        counts = range(1, min(n, _FREE_CANDIDATES) + 1)
+        yield from sorted({-(-n // k) for k in counts} | {1 << p for p in range(n.bit_length())})
+
+
+def _best(rows: _Axis, cols: _Axis, quantum: int, target: int, minimum: int) -> tuple[int, int] | None:
+    """The pair per the module rule, or None when no aligned tile reaches ``minimum``."""
+    below: tuple[int, int, int, int] | None = None  # (bytes, width, rb, cb)
+    above: tuple[int, int, int, int] | None = None  # (bytes, -width, rb, cb)
+    for units in cols.candidates():
+        width = units * quantum
+        rb = rows.at_most(target // width)
+        if rb is not None and rb * width >= minimum:
+            key = (rb * width, width, rb, width)
+            below = key if below is None or key > below else below
+        rb = rows.at_least(-(-minimum // width))
+        if rb is not None:
+            key = (rb * width, -width, rb, width)
+            above = key if above is None or key < above else above
+    pick = below or above
+    return (pick[2], pick[3]) if pick else None
+
+
+def choose_grid(
+    layout: PlaneLayout, *, target: int = DEFAULT_TARGET, minimum: int = DEFAULT_MINIMUM
+) -> GridChoice:
+    """Grid and kept alignment for ``layout`` (see the module docstring for the rule)."""
+    if target < 1 or minimum < 1:
+        raise TileGridError(f"tile target {target} and minimum {minimum} must be positive")
+    rows, row_bytes, q = layout.rows, layout.row_bytes, layout.quantum
+    if layout.nbytes <= minimum:
+        return GridChoice(max(rows, 1), max(row_bytes, 1), 1, 1)
+    quanta = row_bytes // q
+    pairs = [
+        (kr + kc, -(ar * ac), -ar, ar, ac)
+        for kr, ar in enumerate(relaxations(alignment(rows)))
+        for kc, ac in enumerate(relaxations(alignment(quanta)))
+    ]
+    for *_, ar, ac in sorted(pairs):
+        row_axis, col_axis = _Axis(rows, ar), _Axis(quanta, ac)
+        if row_axis.largest * col_axis.largest * q < minimum:
+            continue
+        best = _best(row_axis, col_axis, q, target, minimum)
+        if best is not None:
+            return GridChoice(best[0], best[1], ar, ac)
+    return GridChoice(rows, row_bytes, 1, 1)  # unreachable: the free/free pair always fits
+
+
+def plan_grid(
+    entry: TensorEntry, *, target: int = DEFAULT_TARGET, minimum: int = DEFAULT_MINIMUM
+) -> tuple[int, int]:
+    """``(row_block, col_block)`` for ``entry``: rows per tile and bytes per tile row."""
+    choice = choose_grid(plane_layout(entry), target=target, minimum=minimum)
+    return choice.row_block, choice.col_block

@@ -1,0 +1,224 @@
+"""Tile index data model, tile geometry and tile verification (pure; the spec is in :mod:`.tiles`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Annotated, Literal, TypeAlias
+
+import rfc8785
+from blake3 import blake3
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from shardport.registry.errors import SchemaVersionError
+from shardport.registry.hashing import digest_bytes
+
+from .tiles_errors import TileDigestMismatchError, TileGridError, TileIndexError
+
+BytesLike: TypeAlias = bytes | bytearray | memoryview
+"""What tile hashing accepts: any contiguous byte buffer."""
+
+HASH_NAME = "blake3"
+INDEX_VERSION = 1
+MEDIA_TYPE = "application/vnd.shardport.tile-index.v1+json"
+MAX_INT = 2**53 - 1
+"""Every integer in the document stays within RFC 8785's exact range."""
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+Count = Annotated[int, Field(ge=0, le=MAX_INT, strict=True)]
+Positive = Annotated[int, Field(ge=1, le=MAX_INT, strict=True)]
+
+
+def tile_hash(data: BytesLike | Sequence[BytesLike]) -> str:
+    """BLAKE3 hex digest of ``data`` (a buffer, or buffers hashed as their concatenation)."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        return blake3(data).hexdigest()
+    h = blake3()
+    for part in data:
+        h.update(part)
+    return h.hexdigest()
+
+
+class TensorTiles(BaseModel):
+    """One tensor's tiles: the byte matrix, the grid, and a hash per tile in row-major tile order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    file: str = Field(min_length=1)
+    start: Count
+    rows: Count
+    row_bytes: Count
+    row_block: Positive
+    col_block: Positive
+    hashes: tuple[str, ...]
+
+    @field_validator("hashes")
+    @classmethod
+    def _hex(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for k, h in enumerate(value):
+            if not _HEX64.fullmatch(h):
+                raise ValueError(f"hash {k} is not 64 lowercase hex digits: {h[:80]!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _grid(self) -> TensorTiles:
+        if self.start + self.rows * self.row_bytes > MAX_INT:
+            raise ValueError(f"start {self.start} + {self.rows} rows x {self.row_bytes} bytes overflows")
+        if self.row_block > max(self.rows, 1) or self.col_block > max(self.row_bytes, 1):
+            raise ValueError(
+                f"blocks {self.row_block} x {self.col_block} exceed the matrix {self.rows} x {self.row_bytes}"
+            )
+        if len(self.hashes) != self.grid_rows * self.grid_cols:
+            raise ValueError(
+                f"{len(self.hashes)} hashes for a grid of {self.grid_rows} x {self.grid_cols} tiles"
+            )
+        return self
+
+    @property
+    def grid_rows(self) -> int:
+        """Tiles along the row axis."""
+        return max(1, -(-self.rows // self.row_block))
+
+    @property
+    def grid_cols(self) -> int:
+        """Tiles along the column axis."""
+        return max(1, -(-self.row_bytes // self.col_block))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor."""
+        return self.rows * self.row_bytes
+
+    @property
+    def end(self) -> int:
+        """One past the tensor's last byte in its file."""
+        return self.start + self.nbytes
+
+    def tile_rect(self, i: int, j: int) -> tuple[int, int, int, int]:
+        """``(row0, row1, col0, col1)`` of tile ``(i, j)`` (byte columns); raises for a tile off the grid."""
+        if not (0 <= i < self.grid_rows and 0 <= j < self.grid_cols):
+            raise TileGridError(
+                f"{self.file}: tile ({i}, {j}) is off the grid of {self.grid_rows} x {self.grid_cols} tiles"
+            )
+        r0, c0 = i * self.row_block, j * self.col_block
+        return r0, min(r0 + self.row_block, self.rows), c0, min(c0 + self.col_block, self.row_bytes)
+
+    def hash_of(self, i: int, j: int) -> str:
+        """The recorded hash of tile ``(i, j)``."""
+        self.tile_rect(i, j)
+        return self.hashes[i * self.grid_cols + j]
+
+
+class TileIndex(BaseModel):
+    """Tile hashes for every tensor of an artifact (a blob referenced from the manifest)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    version: Literal[1] = 1
+    hash: Literal["blake3"] = "blake3"
+    tile_target: Positive = 1 << 20
+    tile_minimum: Positive = 64 << 10
+    tensors: dict[str, TensorTiles]
+
+    def to_bytes(self) -> bytes:
+        """Canonical JSON (RFC 8785)."""
+        return rfc8785.dumps(self.model_dump(mode="json"))
+
+    def digest(self) -> str:
+        """``sha256:<hex>`` of :meth:`to_bytes` (the blob name)."""
+        return digest_bytes(self.to_bytes())
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, source: str = "tile index") -> TileIndex:
+        """Parse and validate untrusted bytes; errors name ``source`` and the failing field."""
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise TileIndexError(f"{source}: not valid JSON ({exc})") from exc
+        if not isinstance(doc, dict):
+            raise TileIndexError(f"{source}: expected a JSON object, found {type(doc).__name__}")
+        if doc.get("version") != INDEX_VERSION:
+            raise SchemaVersionError(
+                f"{source}: tile index version {doc.get('version')!r} is not supported (this shardport "
+                f"understands {INDEX_VERSION}); upgrade shardport"
+            )
+        if doc.get("hash") != HASH_NAME:
+            raise TileIndexError(f"{source}: tile hash {doc.get('hash')!r}: expected {HASH_NAME!r}")
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise TileIndexError(f"{source}: field {where!r}: {first['msg']}") from exc
+
+
+def _check_rect(tiles: TensorTiles, row0: int, row1: int, col0: int, col1: int) -> None:
+    if not (0 <= row0 <= row1 <= tiles.rows and 0 <= col0 <= col1 <= tiles.row_bytes):
+        raise TileGridError(
+            f"{tiles.file}: rectangle rows [{row0}, {row1}) x byte columns [{col0}, {col1}) is outside the "
+            f"tensor's {tiles.rows} rows x {tiles.row_bytes} bytes"
+        )
+
+
+def tiles_for(tiles: TensorTiles, row0: int, row1: int, col0: int, col1: int) -> list[tuple[int, int]]:
+    """Tiles ``(i, j)`` that intersect rows ``[row0, row1)`` x byte columns ``[col0, col1)``, row-major."""
+    _check_rect(tiles, row0, row1, col0, col1)
+    if row0 == row1 or col0 == col1:
+        return []
+    rb, cb = tiles.row_block, tiles.col_block
+    return [
+        (i, j)
+        for i in range(row0 // rb, (row1 - 1) // rb + 1)
+        for j in range(col0 // cb, (col1 - 1) // cb + 1)
+    ]
+
+
+def tile_pieces(tiles: TensorTiles, i: int, j: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` file pieces of tile ``(i, j)`` in hash order; one run for full-width tiles."""
+    r0, r1, c0, c1 = tiles.tile_rect(i, j)
+    width, stride = c1 - c0, tiles.row_bytes
+    if r1 == r0 or width == 0:
+        return []
+    if width == stride:
+        return [(tiles.start + r0 * stride, (r1 - r0) * stride)]
+    return [(tiles.start + r * stride + c0, width) for r in range(r0, r1)]
+
+
+def tile_nbytes(tiles: TensorTiles, i: int, j: int) -> int:
+    """Bytes in tile ``(i, j)``."""
+    r0, r1, c0, c1 = tiles.tile_rect(i, j)
+    return (r1 - r0) * (c1 - c0)
+
+
+def verify_tile(
+    tiles: TensorTiles,
+    i: int,
+    j: int,
+    data: BytesLike | Sequence[BytesLike],
+    *,
+    tensor: str = "<tensor>",
+) -> None:
+    """Check ``data`` (the tile's bytes, row by row, as one buffer or a sequence of buffers).
+
+    Raises :class:`TileDigestMismatchError` naming file, ``tensor``, tile and byte range.
+    """
+    r0, r1, c0, c1 = tiles.tile_rect(i, j)
+    size = (
+        memoryview(data).nbytes
+        if isinstance(data, bytes | bytearray | memoryview)
+        else sum(memoryview(p).nbytes for p in data)
+    )
+    found = tile_hash(data) if size == (r1 - r0) * (c1 - c0) else f"(a buffer of {size} bytes)"
+    expected = tiles.hashes[i * tiles.grid_cols + j]
+    if found != expected:
+        first = tiles.start + r0 * tiles.row_bytes + c0
+        last = tiles.start + max(r1 - 1, r0) * tiles.row_bytes + c1
+        raise TileDigestMismatchError(
+            file=tiles.file,
+            tensor=tensor,
+            tile=(i, j),
+            byte_range=(first, last),
+            rows=(r0, r1),
+            cols=(c0, c1),
+            expected=expected,
+            found=found,
+        )

@@ -1,0 +1,8 @@
+"""Make the artifact builders (``loader_artifacts``) importable by the loader tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

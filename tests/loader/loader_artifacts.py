@@ -1,0 +1,149 @@
+"""Real checkpoints (safetensors, GGUF Q4_1) put into a store with a tile index, for the loader tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import quantize
+from safetensors.numpy import save_file
+
+from shardport.loader import PlaneSlice
+from shardport.registry.formats import parse_gguf, parse_safetensors
+from shardport.registry.hashing import digest_file
+from shardport.registry.manifest import FileEntry, TensorEntry
+from shardport.registry.store import Store, blob_key
+from shardport.registry.tiles import CheckpointReader, TileIndex, build_tile_index
+
+
+@dataclass
+class Artifact:
+    """One checkpoint file in a store, its manifest entries and its tile index."""
+
+    path: Path
+    entries: list[TensorEntry]
+    files: list[FileEntry]
+    index: TileIndex
+    store: Store
+    raw: bytes
+
+    @property
+    def file(self) -> str:
+        return self.files[0].path
+
+    @property
+    def blob(self) -> str:
+        return blob_key(self.files[0].digest)
+
+    def entry(self, name: str) -> TensorEntry:
+        return next(e for e in self.entries if e.name == name)
+
+    def matrix(self, name: str) -> np.ndarray:
+        """The tensor's bytes as the tile index's rows x row_bytes matrix."""
+        t = self.index.tensors[name]
+        return np.frombuffer(self.raw, np.uint8, t.nbytes, t.start).reshape(t.rows, t.row_bytes)
+
+    def expected(self, s: PlaneSlice) -> np.ndarray:
+        return self.matrix(s.tensor)[s.row0 : s.row1, s.col0 : s.col1]
+
+    def flip(self, offset: int) -> None:
+        """Flip one byte of the stored blob (not of the source file)."""
+        path = self.store.path(self.blob)
+        data = bytearray(self.store.fs.cat_file(path))
+        data[offset] ^= 0xFF
+        if self.store.is_local:
+            Path(path).write_bytes(bytes(data))
+        else:
+            self.store.fs.pipe_file(path, bytes(data))
+
+
+def safetensors_entries(path: Path) -> list[TensorEntry]:
+    header = parse_safetensors(path)
+    return [
+        TensorEntry(
+            name=r.name, file=path.name, start=r.start, end=r.end, dtype=r.dtype, shape=tuple(r.shape)
+        )
+        for r in header.tensors
+    ]
+
+
+def gguf_entries(path: Path) -> list[TensorEntry]:
+    header = parse_gguf(path)
+    return [
+        TensorEntry(
+            name=t.name, file=path.name, start=t.start, end=t.end, dtype=t.ggml_type, shape=tuple(t.shape)
+        )
+        for t in header.tensors
+    ]
+
+
+def llama_arrays(
+    hidden: int = 512, kv: int = 128, inter: int = 1024, vocab: int = 1000, seed: int = 0
+) -> dict:
+    rng = np.random.default_rng(seed)
+
+    def f16(*shape: int) -> np.ndarray:
+        return np.ascontiguousarray(rng.standard_normal(shape).astype(np.float16))
+
+    return {
+        "model.embed_tokens.weight": f16(vocab, hidden),
+        "model.layers.0.self_attn.q_proj.weight": f16(hidden, hidden),
+        "model.layers.0.self_attn.k_proj.weight": f16(kv, hidden),
+        "model.layers.0.self_attn.o_proj.weight": f16(hidden, hidden),
+        "model.layers.0.mlp.down_proj.weight": f16(hidden, inter),
+        "model.layers.0.mlp.up_proj.weight": f16(inter, hidden),
+        "model.layers.0.input_layernorm.weight": np.ones(hidden, dtype=np.float32),
+        "model.layers.0.mlp.gate_proj.g_idx": np.arange(hidden, dtype=np.int32),
+    }
+
+
+def write_safetensors(root: Path, **shape: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "model.safetensors"
+    arrays = llama_arrays(**shape)
+    save_file(arrays, str(path))
+    return path
+
+
+def write_gguf(root: Path, hidden: int = 1024, inter: int = 2048, seed: int = 1) -> Path:
+    """A llama-shaped GGUF with Q4_1 weights (ggml rows of ``hidden`` elements) and an F32 norm."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "model.gguf"
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(path, "llama")
+    for name, (rows, cols) in {
+        "blk.0.attn_q.weight": (hidden, hidden),
+        "blk.0.attn_k.weight": (hidden // 4, hidden),
+        "blk.0.ffn_down.weight": (hidden, inter),
+        "blk.0.ffn_up.weight": (inter, hidden),
+    }.items():
+        data = quantize(rng.standard_normal((rows, cols)).astype(np.float32), GGMLQuantizationType.Q4_1)
+        writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=GGMLQuantizationType.Q4_1)
+    writer.add_tensor("blk.0.attn_norm.weight", rng.standard_normal(hidden).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def publish(path: Path, store_url: str, *, target: int = 32 << 10, minimum: int = 4 << 10) -> Artifact:
+    """Put ``path`` into the store as a blob and build its tile index."""
+    entries = gguf_entries(path) if path.suffix == ".gguf" else safetensors_entries(path)
+    digest, size = digest_file(path)
+    store = Store(store_url)
+    store.upload_blob(path, digest)
+    with CheckpointReader(path.parent) as read:
+        index = build_tile_index(entries, read, target=target, minimum=minimum)
+    files = [FileEntry(path=path.name, size=size, digest=digest)]
+    return Artifact(path, entries, files, index, store, path.read_bytes())
+
+
+def splits(n: int, tp: int, unit: int = 1) -> list[tuple[int, int]]:
+    """``tp`` equal parts of ``n`` (a multiple of ``tp * unit``)."""
+    step = n // tp
+    assert step * tp == n and step % unit == 0, (n, tp, unit)
+    return [(k * step, (k + 1) * step) for k in range(tp)]

@@ -1,0 +1,97 @@
+"""Fetch plans: bands become spans and row reads that preserve the union, within the gap budget."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shardport.loader.ranges import gap_threshold, plan_fetch
+from shardport.loader.schedule import Band
+from shardport.loader.sources import Dest, LocalBlobSource
+from shardport.placement import Piece
+from shardport.registry.store import Store, blob_key
+
+FILES = {name: random.Random(name).randbytes(40_000) for name in ("a", "b")}
+DIGESTS = {name: f"sha256:{k:064x}" for k, name in enumerate(FILES, start=1)}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """A local store holding the two files as blobs (named by made-up digests)."""
+    out = Store(str(tmp_path_factory.mktemp("ranges") / "store"))
+    for name, data in FILES.items():
+        out.put(blob_key(DIGESTS[name]), data)
+    return out
+
+
+@st.composite
+def bands(draw: st.DrawFn) -> list[Band]:
+    """Disjoint bands of a few row-major tensors, like the schedule makes them."""
+    out: list[Band] = []
+    for file in ("a", "b"):
+        at = draw(st.integers(0, 50))
+        for _ in range(draw(st.integers(0, 3))):
+            rows, row_bytes = draw(st.integers(1, 12)), draw(st.integers(1, 90))
+            rb, cb = draw(st.integers(1, rows)), draw(st.integers(1, row_bytes))
+            for i in range(-(-rows // rb)):
+                picked = [j for j in range(-(-row_bytes // cb)) if draw(st.booleans())]
+                for _, run in itertools.groupby(enumerate(picked), key=lambda x: x[1] - x[0]):
+                    js = [j for _, j in run]
+                    r0, r1 = i * rb, min((i + 1) * rb, rows)
+                    c0, c1 = js[0] * cb, min((js[-1] + 1) * cb, row_bytes)
+                    out.append(
+                        Band("t", file, at, row_bytes, i, js[0], js[-1] + 1, r0, r1, c0, c1, -1, 0, 0, ())
+                    )
+            at += rows * row_bytes + draw(st.integers(0, 40))
+    return sorted(out, key=lambda b: (b.file, b.offset))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bs=bands(), max_gap=st.integers(0, 200), budget=st.sampled_from([0.0, 0.02, 0.3, 10.0]))
+def test_fetch_plan_reads_every_band_once_and_bridges_within_budget(
+    store: Store, bs: list[Band], max_gap: int, budget: float
+) -> None:
+    plan = plan_fetch(bs, max_gap=max_gap, gap_budget=budget)
+    seen = [k for s in plan.spans for k, _ in s.members] + list(plan.row_bands)
+    assert sorted(seen) == [k for k, b in enumerate(bs) if b.nbytes]  # each band exactly once
+    for s in plan.spans:
+        first = min(bs[k].offset for k, _ in s.members)
+        last = max(bs[k].offset + bs[k].extent for k, _ in s.members)
+        assert (s.offset, s.end) == (first, last)  # spans start and end on requested bytes
+        for k, at in s.members:
+            assert bs[k].file == s.file and s.offset + at == bs[k].offset
+    ordered = sorted(plan.spans, key=lambda s: (s.file, s.offset))
+    for x, y in itertools.pairwise(ordered):
+        assert x.file != y.file or x.end < y.offset
+    requested = sum(b.nbytes for b in bs)
+    assert plan.bytes == sum(s.length for s in plan.spans) + sum(bs[k].nbytes for k in plan.row_bands)
+    assert plan.bytes - requested <= budget * requested + 1e-9
+    assert plan.requests == len(plan.spans) + sum(bs[k].rows for k in plan.row_bands)
+    # the real local source fills every band's destination with exactly its bytes
+    buf = memoryview(bytearray(sum(b.nbytes for b in bs) + 1))
+    dests, at = [], 0
+    for b in bs:
+        dests.append(Dest(buf, at, b.width, b.rows, b.width))
+        at += b.nbytes
+    source = LocalBlobSource(store, DIGESTS)
+    try:
+        source.fetch(plan, bs, dests)
+    finally:
+        source.close()
+    for b, d in zip(bs, dests, strict=True):
+        matrix = np.frombuffer(FILES[b.file], np.uint8, b.rows * b.row_bytes, b.start + b.row0 * b.row_bytes)
+        expected = matrix.reshape(b.rows, b.row_bytes)[:, b.col0 : b.col1]
+        assert np.array_equal(d.array(), expected)
+
+
+def test_gap_threshold_bridges_smallest_gaps_first() -> None:
+    pieces = [Piece("f", o, 100) for o in (0, 110, 300, 1000)]  # gaps 10, 90, 600
+    assert gap_threshold(pieces, max_gap=10_000, allowance=0) == 0
+    assert gap_threshold(pieces, max_gap=10_000, allowance=10) == 10
+    assert gap_threshold(pieces, max_gap=10_000, allowance=100) == 90
+    assert gap_threshold(pieces, max_gap=50, allowance=10_000) == 10
