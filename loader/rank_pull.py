@@ -34,6 +34,7 @@ from shardport.registry.tiles import TileIndex, plane_layout
 
 from .read import ReadOptions, read_slices
 from .schedule import PlaneSlice
+from .witness_check import check_rank_witnesses
 
 _SAFETENSORS_DTYPES = {
     "F64": "<f8",
@@ -202,10 +203,12 @@ def pull_rank(
         "shardport.topology": json.dumps(dataclasses.asdict(topology), sort_keys=True),
     }
     at = 0
+    loaded = []
     for read, group in zip(reads, per_read, strict=True):
         parts = [got.arrays[at + i].reshape(-1) for i in range(len(group))]
         at += len(group)
         data = np.concatenate(parts) if len(parts) != 1 else parts[0]
+        loaded.append((read, data))
         name = read.tensor if read.tensor not in arrays else f"{read.tensor}@{read.index}"
         arrays[name] = _as_array(read, entries[read.tensor], data)
         meta[f"shardport.slice.{name}"] = json.dumps(
@@ -217,9 +220,11 @@ def pull_rank(
                 "role": read.role,
             }
         )
+    witness_rows = check_rank_witnesses(manifest.weights, entries, loaded)  # semantic gate at load
     out = dest / f"rank-{rank:05d}-of-{topology.world_size:05d}.safetensors"
     _write(arrays, meta, out)
     ledger = got.ledger.to_json()
+    ledger["witness_rows_checked"] = witness_rows
     ledger["seconds_plan"] = planned - t0
     ledger["seconds_total"] = time.perf_counter() - t0
     (dest / f"rank-{rank:05d}.plan.json").write_text(json.dumps(mine.model_dump(mode="json"), sort_keys=True))

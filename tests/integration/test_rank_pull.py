@@ -173,7 +173,7 @@ def test_rank_pulls_local(kind: str, tmp_path: Path, home: Path) -> None:
     digest = ok(store, "push", src, "acme/llama:q4", "--tile-min", "256", "--tile-size", "16384")["digest"]
     manifest = Manifest.from_bytes(Session.open(store).store.read_blob(digest))
     for tp in (2, 4, 8, 3):
-        outs = []
+        outs, checked = [], 0
         for rank in range(tp):
             res = ok(
                 store, "pull", "acme/llama:q4", tmp_path / f"tp{tp}", "--tp", str(tp), "--rank", str(rank)
@@ -182,8 +182,13 @@ def test_rank_pulls_local(kind: str, tmp_path: Path, home: Path) -> None:
             if tp != 3:
                 assert res["read_amplification"] <= 1.05, (tp, rank, res["read_amplification"])
             assert res["ledger"]["peak_staging_bytes"] <= res["ledger"]["staging_bound_bytes"]
+            checked += res["ledger"]["witness_rows_checked"]
             outs.append(Path(res["out"]))
         reassemble(manifest, src, outs)
+        witness_rows = sum(
+            len(w.witness.rows) for w in manifest.weights or [] if w.witness and len(w.shape.extents) == 2
+        )
+        assert checked >= witness_rows > 0  # every witness row re-decoded by at least one rank
     # the reassembled bytes are the source bytes, so every weight's reference decode is exact
     weights = manifest.weights or []
     assert any(w.contract.family in ("affine_int", "gguf_block") for w in weights)
@@ -254,3 +259,33 @@ def test_rank_pulls_seaweedfs(seaweed_store_url: str, tmp_path: Path, home: Path
             assert res["requests"] > 0
             outs.append(Path(res["out"]))
         reassemble(manifest, src, outs)
+
+
+def test_rank_load_refuses_bytes_contradicting_the_witness(tmp_path: Path, home: Path) -> None:
+    from shardport.provenance import dsse
+    from shardport.provenance.statement import PAYLOAD_TYPE
+    from shardport.registry.signatures import SIGNATURE_ARTIFACT, attach, manifest_statement
+    from shardport.registry.tagging import move_tag
+
+    store = str(tmp_path / "store")
+    src = gptq_llama(tmp_path / "ck")
+    ok(store, "keygen")
+    digest = ok(store, "push", src, "acme/llama:q4", "--tile-min", "256", "--tile-size", "16384")["digest"]
+    session = Session.open(store)
+    doc = json.loads(session.store.read_blob(digest))
+    w = next(w for w in doc["weights"] if w["name"] == "model.layers.0.self_attn.q_proj.weight")
+    w["witness"]["rows"] = [r + 1 for r in w["witness"]["rows"]]  # the witness of other rows
+    forged = Manifest.model_validate(doc)
+    new = session.store.put_blob(forged.to_bytes())
+    assert session.key is not None
+    env = dsse.sign(PAYLOAD_TYPE, manifest_statement("acme/llama", new).to_bytes(), [session.key])
+    attach(session, "acme/llama", new, session.store.put_blob(env.to_bytes()), SIGNATURE_ARTIFACT)
+    move_tag(session, "acme/llama", "q4", new)
+    failures = []
+    for rank in range(2):
+        code, out = cli(store, "pull", "acme/llama:q4", tmp_path / "r", "--tp", "2", "--rank", str(rank))
+        if code != 0:
+            assert out["error"]["type"] == "WitnessMismatchError", out
+            assert not (tmp_path / "r" / f"rank-{rank:05d}-of-00002.safetensors").exists()
+            failures.append(rank)
+    assert failures
