@@ -2,7 +2,8 @@
 
 It generates a small llama-shaped safetensors checkpoint, then runs the registry's main job against
 a local store: keygen, push v1, push v2 (only the changed shard moves), pull, verify, an intentional
-rollback, the signed history, and a tamper attempt that is refused. Later issues extend it with
+rollback, the signed history, per-rank pulls at tp=2 (each rank reads and verifies only its tiles),
+and a tamper attempt that is refused. Later issues extend it with
 bring-up on several Ray ranks and its evidence.
 """
 
@@ -17,12 +18,12 @@ import numpy as np
 from rich.console import Console
 from safetensors.numpy import save_file
 
-from shardport.registry.cli import run
+from shardport.cli import main as run
 
 console = Console()
 
 
-def make_checkpoint(folder: Path, *, seed: int, layers: int = 2, hidden: int = 256) -> None:
+def make_checkpoint(folder: Path, *, seed: int, layers: int = 2, hidden: int = 1024) -> None:
     """A tiny llama-shaped float16 checkpoint: one shard per layer plus embeddings and config."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
@@ -92,6 +93,20 @@ def main(argv: list[str] | None = None) -> int:
         failures += step("pull again: v1's bytes", "pull", ref, str(work / "pulled")) != 0
         failures += step("verify everything in the store", "verify", ref) != 0
         failures += step("fsck", "fsck") != 0
+        for rank in range(2):
+            failures += (
+                step(
+                    f"tp=2 rank {rank}: pull only this rank's verified tiles",
+                    "pull",
+                    ref,
+                    str(work / "ranks"),
+                    "--tp",
+                    "2",
+                    "--rank",
+                    str(rank),
+                )
+                != 0
+            )
         # A tampered blob is refused, and the previous pull stays as it was.
         from shardport.registry.session import Session
         from shardport.registry.store import blob_key
@@ -111,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         if failures:
             console.print(f"[bold red]demo: {failures} step(s) did not behave as expected")
             return 1
-        console.print("[bold green]demo complete: push, dedup, pull, verify, rollback, tamper refusal")
+        console.print(
+            "[bold green]demo complete: push, dedup, pull, verify, rollback, per-rank pulls, tamper refusal"
+        )
         return 0
 
 
