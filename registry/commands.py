@@ -12,6 +12,7 @@ from shardport.registry.housekeeping import repositories
 from shardport.registry.refs import Ref
 from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
+from shardport.registry.signatures import SIGNATURE_ARTIFACT, attach, referrers, sign_manifest
 from shardport.registry.tagging import DEFAULT_VALIDITY, history, list_tags, move_tag
 from shardport.registry.tags import RollbackOf, TagEntry
 from shardport.registry.trust import TrustPolicy
@@ -67,13 +68,9 @@ def tag(
 ) -> dict[str, Any]:
     """Point ``name:tag_name`` at what ``ref`` resolves to (verified)."""
     resolved = resolve(session, ref)
-    if name != ref.name:
-        from shardport.registry.signatures import SIGNATURE_ARTIFACT, attach, referrers
-
+    if name != ref.name:  # the manifest's signatures follow it into the other repository
         for blob in referrers(session, ref.name, resolved.digest, SIGNATURE_ARTIFACT):
             attach(session, name, resolved.digest, blob, SIGNATURE_ARTIFACT)
-        from shardport.registry.signatures import sign_manifest
-
         sign_manifest(session, name, resolved.digest)
     entry = move_tag(session, name, tag_name, resolved.digest, retries=retries, valid_for=valid_for)
     return {"ref": f"{name}:{tag_name}", "digest": resolved.digest, "version": entry.doc.version}

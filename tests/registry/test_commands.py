@@ -149,3 +149,11 @@ def test_trust_flag_with_a_public_key(cli: Cli, tmp_path: Path, monkeypatch: pyt
     (tmp_path / "other.pub").write_bytes(other.verifying_key().to_pem())
     code, out = cli("pull", "t/m:v", tmp_path / "d2", "--trust", tmp_path / "other.pub")
     assert code == 1 and out["error"]["type"] == "UntrustedSignerError"
+
+
+def test_tag_into_another_repository(cli: Cli, tmp_path: Path) -> None:
+    cli.ok("keygen")
+    digest = cli.ok("push", make_checkpoint(tmp_path / "c", seed=8), "team/dev:v1")["digest"]
+    assert cli.ok("tag", f"team/dev@{digest}", "team/release:stable")["digest"] == digest
+    assert cli.ok("pull", "team/release:stable", tmp_path / "r")["digest"] == digest
+    assert cli.ok("verify", "team/release:stable")["ok"]
