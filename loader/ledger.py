@@ -78,10 +78,7 @@ class ReadLedger:
 
     def touched(self, file: str, offset: int, length: int) -> bool:
         """Whether any byte of ``[offset, offset + length)`` of ``file`` was read (needs ``fetched``)."""
-        return any(
-            r.file == file and r.offset < offset + length and offset < r.offset + r.length
-            for r in self.fetched
-        )
+        return any(r.overlaps(file, offset, length) for r in self.fetched)
 
 
 def merge_ranges(ranges: list[FetchedRange]) -> tuple[FetchedRange, ...]:

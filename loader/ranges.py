@@ -1,12 +1,15 @@
 """Fetch plans: how a batch's bands become reads, with small gaps bridged within a budget.
 
-A band whose rows are whole matrix rows (or that is one row) is one contiguous file range. A narrow band
-(a column slice of several rows) is either read row by row, or, when its gap ``row_bytes - width`` is at
-most ``max_gap`` and the budget allows, as one range with the gaps read and dropped. Contiguous ranges
-of different bands are then merged by :func:`shardport.placement.coalesce` (the project's one
-coalescer), bridging the gaps between them smallest first. Everything bridged in a batch stays within
-``gap_budget x`` the batch's band bytes, so bridging alone never raises read amplification by more
-than ``gap_budget``.
+A band is ``rows`` runs of ``width`` bytes in its file, ``stride`` apart from ``origin``
+(:class:`~.schedule.Band`). A *contiguous* band (``stride == width``: whole matrix rows of a row-major
+tensor, a single row, or any single tile of a tiled tensor) is one file range. A narrow band (a column
+slice of several rows of a row-major tensor) is either read row by row, or, when its gap
+``stride - width`` is at most ``max_gap`` and the budget allows, as one range with the gaps read and
+dropped. Contiguous ranges of different bands are then merged by :func:`shardport.placement.coalesce`
+(the project's one coalescer), bridging the gaps between them smallest first; touching ranges always
+merge, so the adjacent tiles of a tiled tensor that one batch reads become one request. Everything
+bridged in a batch stays within ``gap_budget x`` the batch's band bytes, so bridging alone never raises
+read amplification by more than ``gap_budget``.
 """
 
 from __future__ import annotations
@@ -69,8 +72,8 @@ def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> Fet
     """Decide spans and row-by-row reads for ``bands`` (see the module docstring)."""
     allowance = gap_budget * sum(b.nbytes for b in bands)
     live = [k for k, b in enumerate(bands) if b.nbytes > 0]
-    spannable = [k for k in live if bands[k].rows == 1 or bands[k].width == bands[k].row_bytes]
-    narrow = sorted((bands[k].row_bytes - bands[k].width, k) for k in live if k not in set(spannable))
+    spannable = [k for k in live if bands[k].contiguous]
+    narrow = sorted((bands[k].stride - bands[k].width, k) for k in live if not bands[k].contiguous)
     rows_only = []
     for gap, k in narrow:
         cost = gap * (bands[k].rows - 1)

@@ -6,7 +6,9 @@ Pipeline per call of :func:`read_slices`:
    index is first checked against the manifest's tensors and files;
 2. *fetch* (:mod:`.sources`): up to ``depth`` batches in flight, one per worker. A *direct* band (all
    its tiles inside one slice) is read straight into that slice's preallocated result array, with no
-   second copy; a *staged* band goes to the worker's reused, page-aligned staging slot (``mmap``);
+   second copy; a *staged* band goes to the worker's reused, page-aligned staging slot (``mmap``).
+   Row-major tensors are read as rectangles of their byte matrix; tensors in the ``shardport-tiled``
+   layout tile by tile, each tile one contiguous run, adjacent tiles merged into one read;
 3. *verify*: as soon as a batch's bytes are in, every tile is hashed (BLAKE3; a tile whose rows are not
    contiguous in its destination is first gathered into the worker's small scratch buffer) and compared
    with the tile index; a mismatch raises
@@ -231,7 +233,7 @@ def _ledger(
         ranges += [FetchedRange(s.file, s.offset, s.length) for s in batch.fetch.spans]
         for k in batch.fetch.row_bands:
             b = batch.bands[k]
-            ranges.append(FetchedRange(b.file, b.offset, b.width, b.row_bytes, b.rows))
+            ranges.append(FetchedRange(b.file, b.offset, b.width, b.stride, b.rows))
     per_batch = max((b.fetch.bytes for b in schedule.batches), default=0) if source.holds_responses else 0
     workers = min(runner.depth, len(schedule.batches))
     bound = workers * (max(schedule.slot_bytes, mmap.PAGESIZE) + per_batch)

@@ -5,6 +5,14 @@ physical byte matrix (the tile index's ``rows`` x ``row_bytes``). Every tile it 
 so that it can be verified; a tile several slices touch is read once.
 
 A :class:`Band` is a run of adjacent tiles ``(i, j0..j1-1)`` of one tile row, read and verified together.
+In its file a band is ``rows`` runs of ``width`` bytes, the first at ``origin``, ``stride`` bytes apart.
+For a row-major tensor (``layout="row_major"``) that is the band's rectangle of the byte matrix
+(``origin = start + row0·row_bytes + col0``, ``stride = row_bytes``). For a tensor in the
+``shardport-tiled`` layout (:mod:`shardport.registry.tiled_layout`) every band is a single tile: one
+contiguous run (``origin`` = the tile's offset, ``stride = width``) that holds exactly the tile's rows.
+Adjacent tiles of a tile row are adjacent in the file (whole tile rows too), so the fetch planner merges
+a rank's tiles of one tile row into one read.
+
 A band whose tiles all lie inside one slice is *direct*: its bytes are read straight into that slice's
 result array (no staging, no second copy). Any other band (a tile cut by a slice edge, or shared) is
 *staged*: read into a page-aligned slot of a staging buffer and copied out after it verified. Bands
@@ -67,6 +75,11 @@ class Band:
 
     ``direct`` is the slice whose array receives the band in place at ``(out_row, out_col)``, or -1 for
     a staged band (then ``parts`` say who takes what after verification).
+
+    File geometry: the band's rows are ``width`` bytes each, the first at file offset ``origin`` and
+    ``stride`` bytes apart. Left at -1 they default to the row-major rectangle
+    (``start + row0 * row_bytes + col0`` and ``row_bytes``); a tiled tensor's single-tile band sets
+    them to the tile's offset and its width. ``start`` and ``row_bytes`` are the tensor's matrix.
     """
 
     tensor: str
@@ -84,6 +97,14 @@ class Band:
     out_row: int
     out_col: int
     parts: tuple[Part, ...]
+    origin: int = -1
+    stride: int = -1
+
+    def __post_init__(self) -> None:
+        if self.origin < 0:
+            object.__setattr__(self, "origin", self.start + self.row0 * self.row_bytes + self.col0)
+        if self.stride < 0:
+            object.__setattr__(self, "stride", self.row_bytes)
 
     @property
     def rows(self) -> int:
@@ -102,13 +123,18 @@ class Band:
 
     @property
     def offset(self) -> int:
-        """File offset of the band's first byte."""
-        return self.start + self.row0 * self.row_bytes + self.col0
+        """File offset of the band's first byte (``origin``)."""
+        return self.origin
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether the band's rows follow each other in the file (one run of ``nbytes`` bytes)."""
+        return self.rows <= 1 or self.stride == self.width
 
     @property
     def extent(self) -> int:
         """Bytes from the first to one past the last byte of the band in its file."""
-        return (self.rows - 1) * self.row_bytes + self.width if self.rows else 0
+        return (self.rows - 1) * self.stride + self.width if self.rows else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +240,10 @@ def _band(
 ) -> Band:
     row0, row1 = i * tiles.row_block, min((i + 1) * tiles.row_block, tiles.rows)
     col0, col1 = j0 * tiles.col_block, min(j1 * tiles.col_block, tiles.row_bytes)
+    if tiles.layout == "tiled":  # _bands makes single-tile bands: one contiguous run of the tile's rows
+        origin, stride = tiles.tile_start(i, j0), col1 - col0
+    else:
+        origin, stride = tiles.start + row0 * tiles.row_bytes + col0, tiles.row_bytes
     parts: list[Part] = []
     out_row = out_col = 0
     if direct >= 0:
@@ -240,6 +270,8 @@ def _band(
         out_row=out_row,
         out_col=out_col,
         parts=tuple(parts),
+        origin=origin,
+        stride=stride,
     )
 
 
@@ -249,10 +281,14 @@ def _bands(
     slices: Sequence[PlaneSlice],
     limit: int,
 ) -> list[Band]:
-    """Runs of adjacent tiles of one tile row with the same destination, at most ``limit`` bytes each."""
+    """Runs of adjacent tiles of one tile row with the same destination, at most ``limit`` bytes each.
+
+    A tiled tensor's bands are single tiles (its tiles are contiguous runs, not rectangles of rows).
+    """
     out: list[Band] = []
     for (name, i), columns in wanted.items():
         tiles = index.tensors[name]
+        single = tiles.layout == "tiled"
         cb, row_bytes = tiles.col_block, tiles.row_bytes
         r0, r1, _, _ = tiles.tile_rect(i, 0)
         run: list[int] = []
@@ -264,7 +300,7 @@ def _bands(
             inside = len(ks) == 1 and s.row0 <= r0 and r1 <= s.row1 and s.col0 <= c0 and c1 <= s.col1
             this = ks[0] if inside else -1
             too_big = bool(run) and (r1 - r0) * (c1 - run[0] * cb) > limit
-            if run and (this != mode or j != run[-1] + 1 or too_big):
+            if run and (single or this != mode or j != run[-1] + 1 or too_big):
                 out.append(_band(name, tiles, i, run[0], run[-1] + 1, mode, slices, users))
                 run, users = [], set()
             run.append(j)

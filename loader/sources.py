@@ -1,7 +1,9 @@
 """Blob sources: execute a batch's fetch plan into its bands' destinations, locally or over S3.
 
 A :class:`Dest` is where a band's bytes go: ``rows`` rows of ``width`` bytes, ``stride`` apart, in a
-writable buffer (a slice's result array for a direct band, a page-aligned staging slot otherwise).
+writable buffer (a slice's result array for a direct band, a page-aligned staging slot otherwise). The
+band's bytes come from its file geometry (``origin``, file ``stride``; :class:`~.schedule.Band`): a
+row-major rectangle, or a tiled tensor's tile read as one contiguous run and scattered row by row.
 
 Local (:class:`LocalBlobSource`): one ``os.preadv`` per span scatters the file bytes straight into the
 destinations (bridged gap bytes land in a scratch page), at most ``IOV_MAX`` buffers per call; a band
@@ -148,10 +150,10 @@ class LocalBlobSource:
             pieces: list[tuple[int, memoryview]] = []  # (offset in span, destination); bands may interleave
             for k, at in span.members:
                 band, dest = bands[k], dests[k]
-                if dest.contiguous and (band.rows == 1 or band.width == band.row_bytes):
+                if dest.contiguous and band.contiguous:
                     pieces.append((at, dest.whole()))
-                else:  # a bridged narrow band: its rows, with the gaps between them dropped
-                    pieces += [(at + r * band.row_bytes, dest.row(r)) for r in range(band.rows)]
+                else:  # rows scattered into a strided destination, or a bridged narrow band's rows
+                    pieces += [(at + r * band.stride, dest.row(r)) for r in range(band.rows)]
             pieces.sort(key=lambda p: p[0])
             views: list[memoryview] = []
             pos = 0
@@ -181,7 +183,7 @@ class LocalBlobSource:
                     n = os.preadv(fd, [view], src, flags)
                 except BlockingIOError:
                     for k in range(r, band.rows):
-                        os.posix_fadvise(fd, src + (k - r) * band.row_bytes, width, os.POSIX_FADV_WILLNEED)
+                        os.posix_fadvise(fd, src + (k - r) * band.stride, width, os.POSIX_FADV_WILLNEED)
                     flags = 0
                     n = os.preadv(fd, [view], src)
             except OSError as exc:
@@ -189,7 +191,7 @@ class LocalBlobSource:
                 raise RangeReadError(f"{where}: read failed: {exc}") from exc
             if n != width:
                 self._read(fd, [view[n:]], src + n, band.file, width - n)
-            src += band.row_bytes
+            src += band.stride
             dst += dest.stride
 
     def close(self) -> None:
@@ -216,7 +218,7 @@ class S3BlobSource:
         ranges = [(s.file, s.offset, s.length) for s in plan.spans]
         for k in plan.row_bands:
             b = bands[k]
-            ranges += [(b.file, b.offset + r * b.row_bytes, b.width) for r in range(b.rows)]
+            ranges += [(b.file, b.offset + r * b.stride, b.width) for r in range(b.rows)]
         if not ranges:
             return
         try:
@@ -240,9 +242,7 @@ class S3BlobSource:
         for span, data in zip(plan.spans, results, strict=False):
             for k, at in span.members:
                 b = bands[k]
-                src = np.ndarray(
-                    (b.rows, b.width), np.uint8, buffer=data, offset=at, strides=(b.row_bytes, 1)
-                )
+                src = np.ndarray((b.rows, b.width), np.uint8, buffer=data, offset=at, strides=(b.stride, 1))
                 dests[k].array()[...] = src
         rows = iter(results[len(plan.spans) :])
         for k in plan.row_bands:

@@ -34,6 +34,8 @@ from shardport.registry.contracts.errors import TiedAliasError
 from shardport.registry.errors import UsageError
 from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
 from shardport.registry.manifest import TensorEntry
+from shardport.registry.tiled_layout import LAYOUT, from_tiled
+from shardport.registry.tiles import plane_layout
 
 INDEX_FILE = "model.safetensors.index.json"
 WITNESS_ROWS = 2
@@ -79,12 +81,18 @@ class PlaneReader:
     _maps: dict[str, np.memmap[Any, np.dtype[np.uint8]]] = field(default_factory=dict)
 
     def raw(self, entry: TensorEntry) -> npt.NDArray[np.uint8]:
-        """The tensor's bytes (a view into the file)."""
+        """The tensor's row-major bytes (a view into the file; a de-tiled copy for tiled layouts)."""
         mm = self._maps.get(entry.file)
         if mm is None:
             mm = np.memmap(self.root / entry.file, dtype=np.uint8, mode="r")
             self._maps[entry.file] = mm
-        return np.asarray(mm[entry.start : entry.end])
+        region = np.asarray(mm[entry.start : entry.end])
+        if entry.layout == "row_major":
+            return region
+        if entry.layout != LAYOUT or not entry.tile_rows or not entry.tile_cols:
+            raise UsageError(f"tensor {entry.name} in {entry.file}: unknown layout {entry.layout!r}")
+        shape = plane_layout(entry)
+        return from_tiled(region, shape.rows, shape.row_bytes, entry.tile_rows, entry.tile_cols)
 
     def typed(self, entry: TensorEntry) -> npt.NDArray[Any]:
         """The tensor as a typed array (safetensors dtypes; BF16 as uint16)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from shardport import ShardportError
 from shardport.registry import commands
+from shardport.registry.convert import convert
 from shardport.registry.decoding import run_decode
 from shardport.registry.errors import UsageError
 from shardport.registry.housekeeping import fsck, gc
@@ -106,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("verify", "verify REF (signatures, chain, every hash), a pulled DIR or a checkpoint PATH")
     p.add_argument("target")
     p.add_argument("--strict", action="store_true", help="inventory must match the architecture exactly")
+    p = add("convert", "write REF as a new artifact NAME:TAG in another layout (tiled: contiguous tiles)")
+    p.add_argument("ref")
+    p.add_argument("target")
+    p.add_argument("--layout", choices=["tiled"], default="tiled")
+    p.add_argument("--retry", type=int, default=0)
     p = add("decode", "write the reference float32 decode of one weight as safetensors")
     p.add_argument("target", help="REF, a pulled folder, or a local checkpoint folder/file")
     p.add_argument("tensor", help="logical weight name, or one of its planes (e.g. a qweight)")
@@ -213,6 +219,20 @@ def _dispatch(
         else:
             report = verify_ref(session, parse_ref(args.target))
         return report.to_json(), report.exit_code
+    if cmd == "convert":
+        target = parse_ref(args.target, require_tag=True)
+        assert target.tag is not None
+        with reporter(json_mode) as rep:
+            res = convert(
+                session,
+                parse_ref(args.ref),
+                target.name,
+                target.tag,
+                layout=args.layout,
+                reporter=rep,
+                retries=args.retry,
+            )
+        return res.to_json(), 0
     if cmd == "decode":
         return run_decode(session, args.target, args.tensor, args.out).to_json(), 0
     if cmd == "gc":
@@ -224,7 +244,7 @@ def _dispatch(
 
 
 def _human(cmd: str, result: Any) -> str:
-    if cmd == "push":
+    if cmd in ("push", "convert"):
         return (
             f"{result['digest']}\npushed {result['name']}:{result['tag']} version {result['version']}: "
             f"{result['files']} files, uploaded {result['uploaded_bytes']} bytes, "

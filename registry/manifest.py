@@ -132,6 +132,8 @@ class TensorEntry(BaseModel):
     ``dtype`` is the container's spelling (safetensors ``F16``/``I32``…, or the ggml type name for
     GGUF); ``shape`` is row-major (for GGUF, ggml ``ne`` reversed). ``weight`` names the logical weight
     this tensor is a plane of, and ``role`` its role there (codes, scale, zero, g_idx, perm, float).
+    ``layout`` is ``row_major`` (as the source container stores it) or ``shardport-tiled`` (tiles of
+    ``tile_rows`` rows x ``tile_cols`` bytes stored contiguously: :mod:`shardport.registry.tiled_layout`).
     """
 
     model_config = ConfigDict(frozen=True, extra="allow")
@@ -143,6 +145,9 @@ class TensorEntry(BaseModel):
     shape: tuple[int, ...]
     weight: str | None = None
     role: str | None = None
+    layout: str = "row_major"
+    tile_rows: int | None = None
+    tile_cols: int | None = None
 
 
 class TileIndexRef(BaseModel):

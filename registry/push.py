@@ -144,7 +144,6 @@ def push(
             f"push {name}:{tag}: no signing key; run `registry keygen`, pass --key FILE, or --allow-unsigned"
         )
     reporter = reporter or Quiet()
-    store = session.store
     files = scan(src)
     total = sum(p.stat().st_size for _, p in files)
     analysis = analyze(src, [rel for rel, _ in files], declare=declare, reference=reference, strict=strict)
@@ -167,7 +166,6 @@ def push(
     head = _unchanged_head(session, name, tag, manifest)
     if head is not None:
         manifest = head
-    manifest_bytes = manifest.to_bytes()
     manifest_digest = manifest.digest()
 
     bundle = None
@@ -175,19 +173,57 @@ def push(
         from shardport.provenance.sigstore_signing import sign_statement_sigstore
 
         bundle = sign_statement_sigstore(manifest_statement(name, manifest_digest).to_bytes())
+    return publish(
+        session,
+        name,
+        tag,
+        [(path, entry, ident) for (_, path), entry, ident in zip(files, entries, identities, strict=True)],
+        manifest,
+        extra_blobs=[index_bytes] if index_bytes is not None else [],
+        reporter=reporter,
+        retries=retries,
+        valid_for=valid_for,
+        bundle=bundle,
+        unchanged=head is not None,
+    )
+
+
+def publish(
+    session: Session,
+    name: str,
+    tag: str,
+    files: list[tuple[Path, FileEntry, tuple[int, int, int, int] | None]],
+    manifest: Manifest,
+    *,
+    extra_blobs: list[bytes],
+    reporter: Reporter,
+    retries: int = 0,
+    valid_for: timedelta = DEFAULT_VALIDITY,
+    bundle: bytes | None = None,
+    unchanged: bool = False,
+) -> PushResult:
+    """Store an artifact whose files are hashed and whose manifest is built, then tag it.
+
+    Order: lease, missing file blobs (verified), ``extra_blobs`` (e.g. the tile index), manifest,
+    signature(s), tag document. ``unchanged``: the tag already points at ``manifest`` (no new version).
+    """
+    store = session.store
+    now = session.clock()
+    manifest_bytes = manifest.to_bytes()
+    manifest_digest = manifest.digest()
+    entries = [e for _, e, _ in files]
     lease_dir = f"uploads/{uuid.uuid4().hex}"
+    extra = {digest_bytes(b) for b in extra_blobs}
     lease = {
         "expires": format_time(now + LEASE_TIME),
-        "digests": sorted(
-            {e.digest for e in entries} | {manifest_digest} | ({index_digest} if index_digest else set())
-        ),
+        "digests": sorted({e.digest for e in entries} | {manifest_digest} | extra),
     }
     store.put(f"{lease_dir}/lease.json", json.dumps(lease).encode())
     try:
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             present = list(pool.map(lambda e: store.has_blob(e.digest), entries))
-        unique_missing: dict[str, tuple[Path, int, tuple[int, int, int, int]]] = {}
-        for (_, path), entry, have, ident in zip(files, entries, present, identities, strict=True):
+        unique_missing: dict[str, tuple[Path, int, tuple[int, int, int, int] | None]] = {}
+        for (path, entry, ident), have in zip(files, present, strict=True):
             if not have:
                 unique_missing.setdefault(entry.digest, (path, entry.size, ident))
         up_total = sum(v[1] for v in unique_missing.values())
@@ -199,8 +235,8 @@ def push(
                     unique_missing.items(),
                 )
             )
-        if index_bytes is not None:
-            store.put_blob(index_bytes)
+        for blob in extra_blobs:
+            store.put_blob(blob)
         _failpoints.hit("blobs-done")
         store.put_blob(manifest_bytes)
         _failpoints.hit("manifest-written")
@@ -208,22 +244,21 @@ def push(
         if bundle is not None:
             attach_sigstore_bundle(session, name, manifest_digest, bundle)
         _failpoints.hit("signature-written")
-        if head is not None:
+        if unchanged:
             tag_entry = history(session, name, tag)[-1]
         else:
             tag_entry = move_tag(session, name, tag, manifest_digest, retries=retries, valid_for=valid_for)
     finally:
         store.delete_tree(lease_dir)
-    uploaded = sum(moved)
     return PushResult(
         name=name,
         tag=tag,
         digest=manifest_digest,
         version=tag_entry.doc.version,
         files=len(entries),
-        uploaded_bytes=uploaded,
-        reused_bytes=sum(e.size for e in entries) - sum(unique_missing[d][1] for d in unique_missing),
+        uploaded_bytes=sum(moved),
+        reused_bytes=sum(e.size for e in entries) - sum(v[1] for v in unique_missing.values()),
         uploaded_files=len(unique_missing),
         signed_by=session.key.keyid if session.key else None,
-        unchanged=head is not None,
+        unchanged=unchanged,
     )

@@ -23,10 +23,20 @@ relaxed (factor 3 first, then halving), so small quantized matrices may lose tp-
 concatenation, row by row, of its runs: file bytes ``[start + r·row_bytes + j·cb, … + width)``.
 ``hashes`` lists tiles row-major (``i · grid_cols + j``). A zero-byte tensor has one empty tile.
 
+*Layout.* ``layout`` says where a tile's bytes lie in the file. ``"row_major"`` (the default, and every
+index written before the field existed): the tensor is its row-major byte matrix, so tile ``(i, j)`` is
+``rows_i`` runs of ``width`` bytes, ``row_bytes`` apart, from ``start + i·rb·row_bytes + j·cb``.
+``"tiled"`` (the ``shardport-tiled`` layout of converted artifacts, :mod:`.tiled_layout`): the tensor's
+region ``[start, start + rows·row_bytes)`` holds its tiles one after another in row-major tile order,
+each row-major inside itself, so tile ``(i, j)`` is one contiguous run of ``rows_i · width`` bytes at
+``start + i·rb·row_bytes + rows_i·j·cb`` (``rows_i = min(rb, rows - i·rb)``). The hashed byte string
+(the tile's rows, in order) is the same in both layouts, so a conversion keeps every hash.
+
 *Document.* :class:`TileIndex` ``{version: 1, hash: "blake3", tile_target, tile_minimum, tensors: {name:
-TensorTiles{file, start, rows, row_bytes, row_block, col_block, hashes}}}`` serialized as canonical JSON
-(RFC 8785); its blob digest is the sha256 of those bytes. Parsing is bounded: integers in
-``[0, 2**53)``, no offset overflow, blocks within the matrix, hash count = grid size, 64-hex hashes.
+TensorTiles{file, start, rows, row_bytes, row_block, col_block, hashes, layout}}}`` serialized as
+canonical JSON (RFC 8785); its blob digest is the sha256 of those bytes. Parsing is bounded: integers in
+``[0, 2**53)``, no offset overflow, blocks within the matrix, hash count = grid size, 64-hex hashes,
+``layout`` one of ``"row_major"``, ``"tiled"`` (absent: ``"row_major"``).
 
 Public API: :func:`plan_grid`, :func:`build_tile_index` (+ :class:`CheckpointReader`),
 :func:`tiles_for`, :func:`tile_pieces`, :func:`verify_tile`, :func:`tile_hash`; errors
@@ -50,6 +60,7 @@ from .tiles_model import (
     HASH_NAME,
     MEDIA_TYPE,
     BytesLike,
+    Layout,
     TensorTiles,
     TileIndex,
     tile_hash,
@@ -68,6 +79,7 @@ __all__ = [
     "BytesLike",
     "CheckpointReader",
     "GridChoice",
+    "Layout",
     "PlaneLayout",
     "Reader",
     "TensorTiles",

@@ -1,4 +1,11 @@
-"""Tile index data model, tile geometry and tile verification (pure; the spec is in :mod:`.tiles`)."""
+"""Tile index data model, tile geometry and tile verification (pure; the spec is in :mod:`.tiles`).
+
+A tensor's bytes are stored either row-major (``layout="row_major"``: tile ``(i, j)`` is a run of
+``width`` bytes per row, ``row_bytes`` apart) or in the ``shardport-tiled`` layout (``layout="tiled"``,
+:mod:`.tiled_layout`: each tile one contiguous run at ``start + tile_offset(...)``). Tile hashes, and so
+:func:`verify_tile`'s check, are the same in both; :func:`tile_pieces` and the byte ranges named by
+:class:`TileDigestMismatchError` follow the layout.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from shardport.registry.errors import SchemaVersionError
 from shardport.registry.hashing import digest_bytes
 
+from .tiled_layout import tile_offset
 from .tiles_errors import TileDigestMismatchError, TileGridError, TileIndexError
 
 BytesLike: TypeAlias = bytes | bytearray | memoryview
@@ -28,6 +36,8 @@ MAX_INT = 2**53 - 1
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 Count = Annotated[int, Field(ge=0, le=MAX_INT, strict=True)]
 Positive = Annotated[int, Field(ge=1, le=MAX_INT, strict=True)]
+Layout: TypeAlias = Literal["row_major", "tiled"]
+"""How a tensor's bytes lie in its file: its row-major byte matrix, or its tiles one after another."""
 
 
 def tile_hash(data: BytesLike | Sequence[BytesLike]) -> str:
@@ -41,7 +51,11 @@ def tile_hash(data: BytesLike | Sequence[BytesLike]) -> str:
 
 
 class TensorTiles(BaseModel):
-    """One tensor's tiles: the byte matrix, the grid, and a hash per tile in row-major tile order."""
+    """One tensor's tiles: the byte matrix, the grid, and a hash per tile in row-major tile order.
+
+    ``layout`` says how the tensor's ``rows * row_bytes`` bytes from ``start`` are stored: ``row_major``
+    (the default, the byte matrix itself) or ``tiled`` (tile after tile, see :mod:`.tiled_layout`).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     file: str = Field(min_length=1)
@@ -51,6 +65,7 @@ class TensorTiles(BaseModel):
     row_block: Positive
     col_block: Positive
     hashes: tuple[str, ...]
+    layout: Layout = "row_major"
 
     @field_validator("hashes")
     @classmethod
@@ -102,6 +117,25 @@ class TensorTiles(BaseModel):
             )
         r0, c0 = i * self.row_block, j * self.col_block
         return r0, min(r0 + self.row_block, self.rows), c0, min(c0 + self.col_block, self.row_bytes)
+
+    def tile_start(self, i: int, j: int) -> int:
+        """File offset of tile ``(i, j)``'s first byte (its first row's first byte when row-major)."""
+        r0, _, c0, _ = self.tile_rect(i, j)
+        if self.layout == "tiled":
+            return self.start + tile_offset(self.rows, self.row_bytes, self.row_block, self.col_block, i, j)
+        return self.start + r0 * self.row_bytes + c0
+
+    def tile_range(self, i: int, j: int) -> tuple[int, int]:
+        """``(first, last)``: the file bytes ``[first, last)`` spanned by tile ``(i, j)``.
+
+        Exactly the tile's bytes when tiled (or full-width); for a narrower row-major tile the range also
+        spans the other tiles' bytes between its rows.
+        """
+        r0, r1, c0, c1 = self.tile_rect(i, j)
+        first = self.tile_start(i, j)
+        if self.layout == "tiled":
+            return first, first + (r1 - r0) * (c1 - c0)
+        return first, self.start + max(r1 - 1, r0) * self.row_bytes + c1
 
     def hash_of(self, i: int, j: int) -> str:
         """The recorded hash of tile ``(i, j)``."""
@@ -173,11 +207,16 @@ def tiles_for(tiles: TensorTiles, row0: int, row1: int, col0: int, col1: int) ->
 
 
 def tile_pieces(tiles: TensorTiles, i: int, j: int) -> list[tuple[int, int]]:
-    """``(offset, length)`` file pieces of tile ``(i, j)`` in hash order; one run for full-width tiles."""
+    """``(offset, length)`` file pieces of tile ``(i, j)`` in hash order.
+
+    One run for a tiled tensor's tile and for a full-width row-major tile; else one run per tile row.
+    """
     r0, r1, c0, c1 = tiles.tile_rect(i, j)
     width, stride = c1 - c0, tiles.row_bytes
     if r1 == r0 or width == 0:
         return []
+    if tiles.layout == "tiled":
+        return [(tiles.tile_start(i, j), (r1 - r0) * width)]
     if width == stride:
         return [(tiles.start + r0 * stride, (r1 - r0) * stride)]
     return [(tiles.start + r * stride + c0, width) for r in range(r0, r1)]
@@ -199,7 +238,8 @@ def verify_tile(
 ) -> None:
     """Check ``data`` (the tile's bytes, row by row, as one buffer or a sequence of buffers).
 
-    Raises :class:`TileDigestMismatchError` naming file, ``tensor``, tile and byte range.
+    Raises :class:`TileDigestMismatchError` naming file, ``tensor``, tile and the tile's file byte range
+    (:meth:`TensorTiles.tile_range`: for a tiled tensor exactly the tile's contiguous bytes).
     """
     r0, r1, c0, c1 = tiles.tile_rect(i, j)
     size = (
@@ -210,8 +250,7 @@ def verify_tile(
     found = tile_hash(data) if size == (r1 - r0) * (c1 - c0) else f"(a buffer of {size} bytes)"
     expected = tiles.hashes[i * tiles.grid_cols + j]
     if found != expected:
-        first = tiles.start + r0 * tiles.row_bytes + c0
-        last = tiles.start + max(r1 - 1, r0) * tiles.row_bytes + c1
+        first, last = tiles.tile_range(i, j)
         raise TileDigestMismatchError(
             file=tiles.file,
             tensor=tensor,

@@ -22,8 +22,11 @@ def write_safetensors(path: Path) -> Path:
         "model.layers.0.idx": np.arange(3, dtype=np.int32),
         "model.empty": np.zeros((0, 3), dtype=np.float64),
     }
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path),
-              metadata={"format": "np", "producer": "shardport-tests"})
+    save_file(
+        {k: np.ascontiguousarray(v) for k, v in tensors.items()},
+        str(path),
+        metadata={"format": "np", "producer": "shardport-tests"},
+    )
     return path
 
 
@@ -43,8 +46,10 @@ def write_gguf(
     w.add_array("tokenizer.ggml.scores", [float(i) for i in range(100)])
     w.add_string("general.namf", "dup-candidate")
     f32 = rng.standard_normal((4, 64)).astype(np.float32)
-    for qtype, name in ((gguf.GGMLQuantizationType.Q8_0, "token_embd.weight"),
-                        (gguf.GGMLQuantizationType.Q4_0, "blk.0.attn_q.weight")):
+    for qtype, name in (
+        (gguf.GGMLQuantizationType.Q8_0, "token_embd.weight"),
+        (gguf.GGMLQuantizationType.Q4_0, "blk.0.attn_q.weight"),
+    ):
         q = quantize(f32, qtype)
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
     w.add_tensor("blk.0.attn_k.weight", rng.standard_normal((2, 32)).astype(np.float16))

@@ -72,14 +72,19 @@ def mutate(raw: bytes, flips: list[tuple[int, int]], end: int | None = None) -> 
 # --- safetensors ------------------------------------------------------------------------------------
 
 _json_leaf = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
-    st.sampled_from([*DTYPE_BITS, "F128", ""]), st.text(max_size=4),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False),
+    st.sampled_from([*DTYPE_BITS, "F128", ""]),
+    st.text(max_size=4),
 )
 _json = st.recursive(
     _json_leaf,
-    lambda inner: st.one_of(st.lists(inner, max_size=4),
-                            st.dictionaries(st.sampled_from(["dtype", "shape", "data_offsets", "x"]), inner,
-                                            max_size=4)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.sampled_from(["dtype", "shape", "data_offsets", "x"]), inner, max_size=4),
+    ),
     max_leaves=12,
 )
 _entries = st.dictionaries(st.sampled_from(["a", "b", "__metadata__", "c"]), _json, max_size=3)
@@ -121,8 +126,10 @@ def test_st_reads_are_bounded_by_the_cap(st_bytes: bytes, flips: list[tuple[int,
 
 _arrays = st.dictionaries(
     st.text(st.characters(codec="utf-8"), min_size=1, max_size=8).filter(lambda s: s != "__metadata__"),
-    st.tuples(st.sampled_from(["float16", "float32", "int8", "uint16", "int64", "bool"]),
-              st.lists(st.integers(0, 3), max_size=3)),
+    st.tuples(
+        st.sampled_from(["float16", "float32", "int8", "uint16", "int64", "bool"]),
+        st.lists(st.integers(0, 3), max_size=3),
+    ),
     max_size=5,
 )
 
@@ -130,8 +137,9 @@ _arrays = st.dictionaries(
 @FAST
 @given(_arrays)
 def test_st_roundtrip_agrees_with_writer(spec: dict[str, tuple[str, list[int]]]) -> None:
-    arrays = {k: np.arange(int(np.prod(s)), dtype=np.int64).astype(dt).reshape(s)
-              for k, (dt, s) in spec.items()}
+    arrays = {
+        k: np.arange(int(np.prod(s)), dtype=np.int64).astype(dt).reshape(s) for k, (dt, s) in spec.items()
+    }
     raw = save(arrays)
     header = parse_safetensors_source(BytesSource(raw, "rt.safetensors"))
     assert {t.name for t in header.tensors} == set(arrays)
@@ -187,8 +195,11 @@ def _tensor_entries(draw: st.DrawFn) -> dict[str, object]:
         shape = [*shape, 8]
         count *= 8
     begin = draw(st.sampled_from([0, 7]))
-    entry: dict[str, object] = {"dtype": dtype, "shape": shape,
-                                "data_offsets": [begin, begin + count * DTYPE_BITS[dtype] // 8]}
+    entry: dict[str, object] = {
+        "dtype": dtype,
+        "shape": shape,
+        "data_offsets": [begin, begin + count * DTYPE_BITS[dtype] // 8],
+    }
     field = draw(st.sampled_from(["none", "dtype", "shape", "dim", "offsets", "begin", "extra"]))
     bad = draw(st.sampled_from([-1, 1, 2**62, 2**63, True, 1.0, "F128", None, [1], 3]))
     if field == "extra":

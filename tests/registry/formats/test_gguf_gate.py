@@ -66,60 +66,180 @@ HOSTILE: list[Case] = [
     ("kv-count-cap", lambda r, lay: r, E.CountLimitError, None, GGUFLimits(max_kv_count=3)),
     ("header-cap", lambda r, lay: r, E.HeaderTooLargeError, None, GGUFLimits(max_header_bytes=1024)),
     ("truncated-header", lambda r, lay: r[: lay.tensor(Q4, 3) + 4], E.TruncatedFileError, None, None),
-    ("string-beyond-file", lambda r, lay: patch(r, lay.kv("general.name", 3), "Q", 2**40),
-     E.StringLengthError, None, None),
+    (
+        "string-beyond-file",
+        lambda r, lay: patch(r, lay.kv("general.name", 3), "Q", 2**40),
+        E.StringLengthError,
+        None,
+        None,
+    ),
     ("string-beyond-cap", lambda r, lay: r, E.StringLengthError, None, GGUFLimits(max_string_bytes=3)),
-    ("key-beyond-file", lambda r, lay: patch(r, lay.kv("general.name", 0), "Q", 2**63),
-     E.StringLengthError, None, None),
-    ("key-not-utf8", lambda r, lay: patch(r, lay.kv("general.name", 1), "B", 0xFF),
-     E.HeaderEncodingError, None, None),
-    ("duplicate-key", lambda r, lay: patch(r, lay.kv("general.namf", 1) + 11, "B", ord("e")),
-     E.DuplicateKeyError, None, None),
-    ("unknown-value-type", lambda r, lay: patch(r, lay.kv("llama.block_count", 2), "I", 13),
-     E.ValueTypeError, None, None),
-    ("unknown-array-item-type", lambda r, lay: patch(r, lay.kv("llama.small_ints", 3), "I", 99),
-     E.ValueTypeError, None, None),
-    ("array-nested-too-deep", lambda r, lay: patch(r, lay.kv("llama.small_ints", 3), "I", 9),
-     E.ValueTypeError, None, GGUFLimits(max_array_depth=1)),
-    ("array-beyond-file", lambda r, lay: patch(r, lay.kv("tokenizer.ggml.tokens", 4), "Q", 2**61),
-     E.ArrayLengthError, None, None),
-    ("numeric-array-beyond-file", lambda r, lay: patch(r, lay.kv("tokenizer.ggml.scores", 4), "Q", 2**40),
-     E.ArrayLengthError, None, None),
-    ("token-string-beyond-file", lambda r, lay: patch(r, lay.kv("tokenizer.ggml.tokens", 5), "Q", 2**40),
-     E.StringLengthError, None, None),
-    ("bool-not-0-or-1", lambda r, lay: patch(r, lay.kv("tokenizer.ggml.add_bos_token", 3), "B", 2),
-     E.ValueTypeError, None, None),
-    ("alignment-not-power-of-two", lambda r, lay: patch(r, lay.kv("general.alignment", 3), "I", 48),
-     E.AlignmentError, None, None),
-    ("alignment-zero", lambda r, lay: patch(r, lay.kv("general.alignment", 3), "I", 0),
-     E.AlignmentError, None, None),
-    ("alignment-wrong-type", lambda r, lay: patch(r, lay.kv("general.alignment", 2), "I", 5),
-     E.AlignmentError, None, None),
+    (
+        "key-beyond-file",
+        lambda r, lay: patch(r, lay.kv("general.name", 0), "Q", 2**63),
+        E.StringLengthError,
+        None,
+        None,
+    ),
+    (
+        "key-not-utf8",
+        lambda r, lay: patch(r, lay.kv("general.name", 1), "B", 0xFF),
+        E.HeaderEncodingError,
+        None,
+        None,
+    ),
+    (
+        "duplicate-key",
+        lambda r, lay: patch(r, lay.kv("general.namf", 1) + 11, "B", ord("e")),
+        E.DuplicateKeyError,
+        None,
+        None,
+    ),
+    (
+        "unknown-value-type",
+        lambda r, lay: patch(r, lay.kv("llama.block_count", 2), "I", 13),
+        E.ValueTypeError,
+        None,
+        None,
+    ),
+    (
+        "unknown-array-item-type",
+        lambda r, lay: patch(r, lay.kv("llama.small_ints", 3), "I", 99),
+        E.ValueTypeError,
+        None,
+        None,
+    ),
+    (
+        "array-nested-too-deep",
+        lambda r, lay: patch(r, lay.kv("llama.small_ints", 3), "I", 9),
+        E.ValueTypeError,
+        None,
+        GGUFLimits(max_array_depth=1),
+    ),
+    (
+        "array-beyond-file",
+        lambda r, lay: patch(r, lay.kv("tokenizer.ggml.tokens", 4), "Q", 2**61),
+        E.ArrayLengthError,
+        None,
+        None,
+    ),
+    (
+        "numeric-array-beyond-file",
+        lambda r, lay: patch(r, lay.kv("tokenizer.ggml.scores", 4), "Q", 2**40),
+        E.ArrayLengthError,
+        None,
+        None,
+    ),
+    (
+        "token-string-beyond-file",
+        lambda r, lay: patch(r, lay.kv("tokenizer.ggml.tokens", 5), "Q", 2**40),
+        E.StringLengthError,
+        None,
+        None,
+    ),
+    (
+        "bool-not-0-or-1",
+        lambda r, lay: patch(r, lay.kv("tokenizer.ggml.add_bos_token", 3), "B", 2),
+        E.ValueTypeError,
+        None,
+        None,
+    ),
+    (
+        "alignment-not-power-of-two",
+        lambda r, lay: patch(r, lay.kv("general.alignment", 3), "I", 48),
+        E.AlignmentError,
+        None,
+        None,
+    ),
+    (
+        "alignment-zero",
+        lambda r, lay: patch(r, lay.kv("general.alignment", 3), "I", 0),
+        E.AlignmentError,
+        None,
+        None,
+    ),
+    (
+        "alignment-wrong-type",
+        lambda r, lay: patch(r, lay.kv("general.alignment", 2), "I", 5),
+        E.AlignmentError,
+        None,
+        None,
+    ),
     ("tensor-name-cap", lambda r, lay: r, E.StringLengthError, None, GGUFLimits(max_tensor_name_bytes=8)),
     ("n-dims-5", lambda r, lay: patch(r, lay.tensor(Q4, 2), "I", 5), E.DimensionError, Q4, None),
-    ("dims-overflow", lambda r, lay: patch(r, lay.tensor(NORM, 3), "Q", 2**63),
-     E.ShapeOverflowError, NORM, None),
-    ("dims-product-overflow", lambda r, lay: patch(patch(r, lay.tensor(Q4, 3), "Q", 2**40),
-                                                   lay.tensor(Q4, 3) + 8, "Q", 2**40),
-     E.ShapeOverflowError, Q4, None),
-    ("unknown-ggml-type-removed", lambda r, lay: patch(r, lay.tensor(Q4, 4), "I", 4),
-     E.UnknownGGMLTypeError, Q4, None),
-    ("unknown-ggml-type-large", lambda r, lay: patch(r, lay.tensor(Q4, 4), "I", 2**31),
-     E.UnknownGGMLTypeError, Q4, None),
-    ("ne0-not-block-multiple", lambda r, lay: patch(r, lay.tensor(Q4, 3), "Q", 48),
-     E.BlockSizeError, Q4, None),
-    ("misaligned-offset", lambda r, lay: patch(r, lay.tensor(K, 5), "Q", lay.rel_offset(K) + 1),
-     E.MisalignedTensorError, K, None),
-    ("overlap", lambda r, lay: patch(r, lay.tensor(K, 5), "Q", lay.rel_offset(Q4)),
-     E.TensorOverlapError, None, None),
-    ("extent-beyond-file", lambda r, lay: patch(r, lay.tensor(NORM, 5), "Q", lay.rel_offset(NORM) + 1024),
-     E.TensorOutOfBoundsError, NORM, None),
+    (
+        "dims-overflow",
+        lambda r, lay: patch(r, lay.tensor(NORM, 3), "Q", 2**63),
+        E.ShapeOverflowError,
+        NORM,
+        None,
+    ),
+    (
+        "dims-product-overflow",
+        lambda r, lay: patch(patch(r, lay.tensor(Q4, 3), "Q", 2**40), lay.tensor(Q4, 3) + 8, "Q", 2**40),
+        E.ShapeOverflowError,
+        Q4,
+        None,
+    ),
+    (
+        "unknown-ggml-type-removed",
+        lambda r, lay: patch(r, lay.tensor(Q4, 4), "I", 4),
+        E.UnknownGGMLTypeError,
+        Q4,
+        None,
+    ),
+    (
+        "unknown-ggml-type-large",
+        lambda r, lay: patch(r, lay.tensor(Q4, 4), "I", 2**31),
+        E.UnknownGGMLTypeError,
+        Q4,
+        None,
+    ),
+    (
+        "ne0-not-block-multiple",
+        lambda r, lay: patch(r, lay.tensor(Q4, 3), "Q", 48),
+        E.BlockSizeError,
+        Q4,
+        None,
+    ),
+    (
+        "misaligned-offset",
+        lambda r, lay: patch(r, lay.tensor(K, 5), "Q", lay.rel_offset(K) + 1),
+        E.MisalignedTensorError,
+        K,
+        None,
+    ),
+    (
+        "overlap",
+        lambda r, lay: patch(r, lay.tensor(K, 5), "Q", lay.rel_offset(Q4)),
+        E.TensorOverlapError,
+        None,
+        None,
+    ),
+    (
+        "extent-beyond-file",
+        lambda r, lay: patch(r, lay.tensor(NORM, 5), "Q", lay.rel_offset(NORM) + 1024),
+        E.TensorOutOfBoundsError,
+        NORM,
+        None,
+    ),
     ("truncated-data", lambda r, lay: r[:-200], E.TensorOutOfBoundsError, NORM, None),
-    ("offsets-out-of-order", lambda r, lay: patch(patch(r, lay.tensor(K, 5), "Q", lay.rel_offset(L)),
-                                                  lay.tensor(L, 5), "Q", lay.rel_offset(K)),
-     E.TensorLayoutError, K, None),
-    ("duplicate-tensor-name", lambda r, lay: patch(r, lay.tensor(L, 1) + len("blk.0.attn_"), "B", ord("k")),
-     E.DuplicateKeyError, K, None),
+    (
+        "offsets-out-of-order",
+        lambda r, lay: patch(
+            patch(r, lay.tensor(K, 5), "Q", lay.rel_offset(L)), lay.tensor(L, 5), "Q", lay.rel_offset(K)
+        ),
+        E.TensorLayoutError,
+        K,
+        None,
+    ),
+    (
+        "duplicate-tensor-name",
+        lambda r, lay: patch(r, lay.tensor(L, 1) + len("blk.0.attn_"), "B", ord("k")),
+        E.DuplicateKeyError,
+        K,
+        None,
+    ),
 ]
 
 
@@ -128,10 +248,17 @@ def layout(gguf_path: Path) -> Layout:
     return Layout(gguf_path)
 
 
-@pytest.mark.parametrize(("mutate", "err", "tensor", "limits"), [c[1:] for c in HOSTILE],
-                         ids=[c[0] for c in HOSTILE])
-def test_hostile_gguf(gguf_bytes: bytes, layout: Layout, mutate: Callable[[bytes, Layout], bytes],
-                      err: type[ContainerError], tensor: str | None, limits: GGUFLimits | None) -> None:
+@pytest.mark.parametrize(
+    ("mutate", "err", "tensor", "limits"), [c[1:] for c in HOSTILE], ids=[c[0] for c in HOSTILE]
+)
+def test_hostile_gguf(
+    gguf_bytes: bytes,
+    layout: Layout,
+    mutate: Callable[[bytes, Layout], bytes],
+    err: type[ContainerError],
+    tensor: str | None,
+    limits: GGUFLimits | None,
+) -> None:
     with pytest.raises(err) as info:
         parse(mutate(gguf_bytes, layout), limits)
     exc = info.value
@@ -208,8 +335,12 @@ def test_long_arrays_keep_only_length(gguf_path: Path) -> None:
 
 
 def test_lenient_layout_accepts_reordered_offsets(gguf_bytes: bytes, layout: Layout) -> None:
-    raw = patch(patch(gguf_bytes, layout.tensor(K, 5), "Q", layout.rel_offset(L)),
-                layout.tensor(L, 5), "Q", layout.rel_offset(K))
+    raw = patch(
+        patch(gguf_bytes, layout.tensor(K, 5), "Q", layout.rel_offset(L)),
+        layout.tensor(L, 5),
+        "Q",
+        layout.rel_offset(K),
+    )
     header = parse_gguf_source(BytesSource(raw, NAME), GGUFLimits(strict_layout=False))
     by_name = header.tensor_map()
     assert by_name[K].start > by_name[L].start

@@ -41,8 +41,9 @@ def parse(raw: bytes, limits: SafetensorsLimits | None = None) -> object:
     return parse_safetensors_source(BytesSource(raw, NAME), limits)
 
 
-def expect(raw: bytes, err: type[ContainerError], tensor: str | None = None,
-           limits: SafetensorsLimits | None = None) -> ContainerError:
+def expect(
+    raw: bytes, err: type[ContainerError], tensor: str | None = None, limits: SafetensorsLimits | None = None
+) -> ContainerError:
     with pytest.raises(err) as info:
         parse(raw, limits)
     exc = info.value
@@ -86,10 +87,12 @@ def test_header_is_frozen(st_path: Path) -> None:
 
 
 def test_subbyte_and_fp8_dtypes_accepted() -> None:
-    header = {"a": {"dtype": "F4", "shape": [2, 4], "data_offsets": [0, 4]},
-              "b": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [4, 7]},
-              "c": {"dtype": "F8_E8M0", "shape": [3], "data_offsets": [7, 10]},
-              "d": {"dtype": "BF16", "shape": [1], "data_offsets": [10, 12]}}
+    header = {
+        "a": {"dtype": "F4", "shape": [2, 4], "data_offsets": [0, 4]},
+        "b": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [4, 7]},
+        "c": {"dtype": "F8_E8M0", "shape": [3], "data_offsets": [7, 10]},
+        "d": {"dtype": "BF16", "shape": [1], "data_offsets": [10, 12]},
+    }
     result = parse(join(header, bytes(12)))
     assert [t.dtype for t in result.tensors] == ["F4", "F6_E2M3", "F8_E8M0", "BF16"]  # type: ignore[attr-defined]
 
@@ -97,8 +100,10 @@ def test_subbyte_and_fp8_dtypes_accepted() -> None:
 def test_dtype_table_matches_safetensors(tmp_path: Path) -> None:
     for dtype, bits in DTYPE_BITS.items():
         count = 8  # 8 elements is a whole number of bytes for every dtype
-        raw = join({"t": {"dtype": dtype, "shape": [count], "data_offsets": [0, count * bits // 8]}},
-                   bytes(count * bits // 8))
+        raw = join(
+            {"t": {"dtype": dtype, "shape": [count], "data_offsets": [0, count * bits // 8]}},
+            bytes(count * bits // 8),
+        )
         path = tmp_path / f"{dtype}.safetensors"
         path.write_bytes(raw)
         with safe_open(str(path), "np") as f:  # safetensors accepts it with the same size
@@ -133,6 +138,7 @@ def _set(name: str, field: str, value: object) -> Mutation:
     def mutate(h: dict[str, object], data: bytes) -> bytes:
         _entry(h, name)[field] = value
         return join(h, data)
+
     return mutate
 
 
@@ -144,19 +150,25 @@ def _by_offset(h: dict[str, object]) -> list[str]:
 
 def _shift_last(delta: int) -> Mutation:
     """Move the last tensor's interval by ``delta``; insert (or keep) bytes so only the layout breaks."""
+
     def mutate(h: dict[str, object], data: bytes) -> bytes:
         last = _entry(h, _by_offset(h)[-1])
         lo, hi = last["data_offsets"]
         last["data_offsets"] = [lo + delta, hi + delta]
         return join(h, data[:lo] + bytes(max(delta, 0)) + data[lo:])
+
     return mutate
 
 
 HOSTILE: list[tuple[str, Mutation, type[ContainerError], str | None]] = [
     ("shorter-than-prefix", lambda h, d: b"\x10\x00\x00", E.TruncatedFileError, None),
     ("length-zero", lambda h, d: struct.pack("<Q", 0) + d, E.HeaderLengthError, None),
-    ("length-beyond-file", lambda h, d: struct.pack("<Q", 10**6) + json.dumps(h).encode() + d,
-     E.HeaderLengthError, None),
+    (
+        "length-beyond-file",
+        lambda h, d: struct.pack("<Q", 10**6) + json.dumps(h).encode() + d,
+        E.HeaderLengthError,
+        None,
+    ),
     ("length-beyond-cap", lambda h, d: struct.pack("<Q", 2**63) + d, E.HeaderTooLargeError, None),
     ("bad-utf8", lambda h, d: join(b'{"\xff\xfe": 1}', d), E.HeaderEncodingError, None),
     ("lone-surrogate-name", lambda h, d: join('{"\\ud800": {}}', d), E.HeaderEncodingError, "\ud800"),
@@ -165,12 +177,20 @@ HOSTILE: list[tuple[str, Mutation, type[ContainerError], str | None]] = [
     ("deep-nesting", lambda h, d: join(b"[" * 100_000 + b"]" * 100_000, d), E.HeaderJSONError, None),
     ("huge-int", lambda h, d: join(b'{"t": {"shape": [' + b"9" * 5000 + b"]}}", d), E.HeaderJSONError, None),
     ("non-object", lambda h, d: join(b"[1, 2, 3]", d), E.HeaderNotObjectError, None),
-    ("duplicate-key", lambda h, d: join(json.dumps(h)[:-1] + ', "' + Q + '": ' + json.dumps(h[Q]) + "}", d),
-     E.DuplicateKeyError, None),
+    (
+        "duplicate-key",
+        lambda h, d: join(json.dumps(h)[:-1] + ', "' + Q + '": ' + json.dumps(h[Q]) + "}", d),
+        E.DuplicateKeyError,
+        None,
+    ),
     ("entry-not-object", lambda h, d: join({**h, Q: [1]}, d), E.TensorEntryError, Q),
     ("unknown-field", _set(Q, "extra", 1), E.TensorEntryError, Q),
-    ("missing-field", lambda h, d: join({**h, Q: {"dtype": "F32", "shape": [3, 5]}}, d),
-     E.TensorEntryError, Q),
+    (
+        "missing-field",
+        lambda h, d: join({**h, Q: {"dtype": "F32", "shape": [3, 5]}}, d),
+        E.TensorEntryError,
+        Q,
+    ),
     ("unknown-dtype", _set(Q, "dtype", "F128"), E.UnknownDtypeError, Q),
     ("dtype-not-string", _set(Q, "dtype", 7), E.UnknownDtypeError, Q),
     ("shape-float", _set(Q, "shape", [3.0, 5]), E.TensorEntryError, Q),
@@ -180,8 +200,12 @@ HOSTILE: list[tuple[str, Mutation, type[ContainerError], str | None]] = [
     ("shape-overflow", _set(Q, "shape", [2**40, 2**40]), E.ShapeOverflowError, Q),
     ("shape-bits-overflow", _set(Q, "shape", [2**31, 2**31]), E.ShapeOverflowError, Q),
     ("size-mismatch", _set(Q, "shape", [3, 4]), E.TensorSizeMismatchError, Q),
-    ("f4-odd-count", lambda h, d: join({"t": {"dtype": "F4", "shape": [3], "data_offsets": [0, 1]}}, b"\0"),
-     E.TensorSizeMismatchError, "t"),
+    (
+        "f4-odd-count",
+        lambda h, d: join({"t": {"dtype": "F4", "shape": [3], "data_offsets": [0, 1]}}, b"\0"),
+        E.TensorSizeMismatchError,
+        "t",
+    ),
     ("offsets-reversed", _set(Q, "data_offsets", [60, 0]), E.TensorEntryError, Q),
     ("offsets-three", _set(Q, "data_offsets", [0, 30, 60]), E.TensorEntryError, Q),
     ("offsets-beyond-data", _set(Q, "data_offsets", [10**6, 10**6 + 60]), E.TensorOutOfBoundsError, Q),
@@ -191,14 +215,19 @@ HOSTILE: list[tuple[str, Mutation, type[ContainerError], str | None]] = [
     ("truncated-data", lambda h, d: join(h, d[:-1]), E.TensorOutOfBoundsError, None),
     ("metadata-int-value", lambda h, d: join({**h, "__metadata__": {"a": 1}}, d), E.MetadataTypeError, None),
     ("metadata-list", lambda h, d: join({**h, "__metadata__": ["a"]}, d), E.MetadataTypeError, None),
-    ("metadata-nested", lambda h, d: join({**h, "__metadata__": {"a": {"b": "c"}}}, d),
-     E.MetadataTypeError, None),
+    (
+        "metadata-nested",
+        lambda h, d: join({**h, "__metadata__": {"a": {"b": "c"}}}, d),
+        E.MetadataTypeError,
+        None,
+    ),
 ]
 
 
 @pytest.mark.parametrize(("mutate", "err", "tensor"), [c[1:] for c in HOSTILE], ids=[c[0] for c in HOSTILE])
-def test_hostile_safetensors(st_bytes: bytes, mutate: Mutation, err: type[ContainerError],
-                             tensor: str | None) -> None:
+def test_hostile_safetensors(
+    st_bytes: bytes, mutate: Mutation, err: type[ContainerError], tensor: str | None
+) -> None:
     header, data = split(st_bytes)
     expect(mutate(header, data), err, tensor)
 

@@ -22,8 +22,12 @@ TENSORS = {
 TOTAL = sum(a.nbytes for shard in TENSORS.values() for a in shard.values())
 
 
-def build(root: Path, *, index: dict[str, object] | None = None, extra: dict[str, dict[str, np.ndarray]]
-          | None = None) -> Path:
+def build(
+    root: Path,
+    *,
+    index: dict[str, object] | None = None,
+    extra: dict[str, dict[str, np.ndarray]] | None = None,
+) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     shards = {k: dict(v) for k, v in TENSORS.items()}
     for file, more in (extra or {}).items():
@@ -31,8 +35,10 @@ def build(root: Path, *, index: dict[str, object] | None = None, extra: dict[str
     for file, tensors in shards.items():
         save_file(tensors, str(root / file))
     if index is None:
-        index = {"metadata": {"total_size": TOTAL, "total_parameters": TOTAL // 3},
-                 "weight_map": {t: f for f, ts in TENSORS.items() for t in ts}}
+        index = {
+            "metadata": {"total_size": TOTAL, "total_parameters": TOTAL // 3},
+            "weight_map": {t: f for f, ts in TENSORS.items() for t in ts},
+        }
     path = root / "model.safetensors.index.json"
     path.write_text(json.dumps(index))
     return path
@@ -63,40 +69,96 @@ def _wm(index: dict[str, object]) -> dict[str, str]:
     return wm
 
 
-IndexCase = tuple[str, dict[str, object], dict[str, dict[str, np.ndarray]] | None, type[ContainerError],
-                  str | None]
+IndexCase = tuple[
+    str, dict[str, object], dict[str, dict[str, np.ndarray]] | None, type[ContainerError], str | None
+]
 CASES: list[IndexCase] = [
-    ("total-size-is-file-sizes", _with(lambda i: i.update(metadata={"total_size": TOTAL + 2 * 8 + 300})),
-     None, E.TotalSizeMismatchError, None),
-    ("total-size-not-int", _with(lambda i: i.update(metadata={"total_size": "big"})), None, E.ShardIndexError,
-     None),
-    ("missing-shard", _with(lambda i: _wm(i).update({"extra.weight": "model-00003-of-00003.safetensors"})),
-     None, E.ShardMissingError, None),
-    ("tensor-not-in-its-shard", _with(lambda i: _wm(i).update({"ghost.weight": SHARD1})), None,
-     E.ShardMembershipError, "ghost.weight"),
-    ("tensor-not-in-index", _with(lambda i: _wm(i).pop("lm_head.weight")), None, E.ShardMembershipError,
-     "lm_head.weight"),
-    ("tensor-in-two-shards", default_index(), {SHARD2: {"embed.weight": np.ones((4, 8), np.float16)}},
-     E.ShardMembershipError, "embed.weight"),
-    ("wrong-shard", _with(lambda i: _wm(i).update({"embed.weight": SHARD2})), None, E.ShardMembershipError,
-     "embed.weight"),
-    ("path-traversal", _with(lambda i: _wm(i).update({"embed.weight": "../" + SHARD1})), None,
-     E.ShardIndexError, "embed.weight"),
-    ("absolute-path", _with(lambda i: _wm(i).update({"embed.weight": "/etc/passwd"})), None,
-     E.ShardIndexError, "embed.weight"),
-    ("shard-name-not-string", _with(lambda i: _wm(i).update({"embed.weight": 3})), None, E.ShardIndexError,
-     "embed.weight"),
+    (
+        "total-size-is-file-sizes",
+        _with(lambda i: i.update(metadata={"total_size": TOTAL + 2 * 8 + 300})),
+        None,
+        E.TotalSizeMismatchError,
+        None,
+    ),
+    (
+        "total-size-not-int",
+        _with(lambda i: i.update(metadata={"total_size": "big"})),
+        None,
+        E.ShardIndexError,
+        None,
+    ),
+    (
+        "missing-shard",
+        _with(lambda i: _wm(i).update({"extra.weight": "model-00003-of-00003.safetensors"})),
+        None,
+        E.ShardMissingError,
+        None,
+    ),
+    (
+        "tensor-not-in-its-shard",
+        _with(lambda i: _wm(i).update({"ghost.weight": SHARD1})),
+        None,
+        E.ShardMembershipError,
+        "ghost.weight",
+    ),
+    (
+        "tensor-not-in-index",
+        _with(lambda i: _wm(i).pop("lm_head.weight")),
+        None,
+        E.ShardMembershipError,
+        "lm_head.weight",
+    ),
+    (
+        "tensor-in-two-shards",
+        default_index(),
+        {SHARD2: {"embed.weight": np.ones((4, 8), np.float16)}},
+        E.ShardMembershipError,
+        "embed.weight",
+    ),
+    (
+        "wrong-shard",
+        _with(lambda i: _wm(i).update({"embed.weight": SHARD2})),
+        None,
+        E.ShardMembershipError,
+        "embed.weight",
+    ),
+    (
+        "path-traversal",
+        _with(lambda i: _wm(i).update({"embed.weight": "../" + SHARD1})),
+        None,
+        E.ShardIndexError,
+        "embed.weight",
+    ),
+    (
+        "absolute-path",
+        _with(lambda i: _wm(i).update({"embed.weight": "/etc/passwd"})),
+        None,
+        E.ShardIndexError,
+        "embed.weight",
+    ),
+    (
+        "shard-name-not-string",
+        _with(lambda i: _wm(i).update({"embed.weight": 3})),
+        None,
+        E.ShardIndexError,
+        "embed.weight",
+    ),
     ("no-weight-map", {"metadata": {}}, None, E.ShardIndexError, None),
     ("empty-weight-map", {"weight_map": {}}, None, E.ShardIndexError, None),
     ("metadata-not-object", _with(lambda i: i.update(metadata=[1])), None, E.ShardIndexError, None),
 ]
 
 
-@pytest.mark.parametrize(("index", "extra", "err", "tensor"), [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])
-def test_hostile_index(tmp_path: Path, index: dict[str, object],
-                       extra: dict[str, dict[str, np.ndarray]] | None, err: type[ContainerError],
-                       tensor: str | None) -> None:
+@pytest.mark.parametrize(
+    ("index", "extra", "err", "tensor"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_hostile_index(
+    tmp_path: Path,
+    index: dict[str, object],
+    extra: dict[str, dict[str, np.ndarray]] | None,
+    err: type[ContainerError],
+    tensor: str | None,
+) -> None:
     path = build(tmp_path, index=index, extra=extra)
     with pytest.raises(err) as info:
         validate_sharded_checkpoint(path)

@@ -1,0 +1,154 @@
+"""Llama-shaped quantized checkpoints (GPTQ safetensors, GGUF Q4_1) and rank-pull helpers for tests."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from quantized import gptq_planes, quantize_minmax
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from shardport.cli import main
+from shardport.registry.manifest import Manifest
+
+HIDDEN, INTER, LAYERS, HEADS = 1024, 2048, 2, 8
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "checkpoint_format": "gptq"}
+
+
+def cli(store: str, *args: str | Path) -> tuple[int, dict[str, Any]]:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["--store", store, "--json", *map(str, args)])
+    return code, json.loads(buf.getvalue())
+
+
+def ok(store: str, *args: str | Path) -> dict[str, Any]:
+    code, out = cli(store, *args)
+    assert code == 0, out
+    return out
+
+
+def gptq_llama(folder: Path) -> Path:
+    rng = np.random.default_rng(0)
+    tensors: dict[str, np.ndarray] = {
+        "model.embed_tokens.weight": rng.standard_normal((256, HIDDEN)).astype(np.float16),
+        "lm_head.weight": rng.standard_normal((256, HIDDEN)).astype(np.float16),
+        "model.norm.weight": np.ones(HIDDEN, dtype=np.float16),
+    }
+    shapes = {
+        "self_attn.q_proj": (HIDDEN, HIDDEN),
+        "self_attn.k_proj": (HIDDEN, HIDDEN),
+        "self_attn.v_proj": (HIDDEN, HIDDEN),
+        "self_attn.o_proj": (HIDDEN, HIDDEN),
+        "mlp.gate_proj": (INTER, HIDDEN),
+        "mlp.up_proj": (INTER, HIDDEN),
+        "mlp.down_proj": (HIDDEN, INTER),
+    }
+    for layer in range(LAYERS):
+        for slot, (n, k) in shapes.items():
+            case = quantize_minmax(rng.standard_normal((n, k)).astype(np.float32), 128)
+            tensors.update(gptq_planes(case, f"model.layers.{layer}.{slot}"))
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            tensors[f"model.layers.{layer}.{norm}.weight"] = np.ones(HIDDEN, dtype=np.float16)
+    folder.mkdir(parents=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "num_hidden_layers": LAYERS,
+                "hidden_size": HIDDEN,
+                "intermediate_size": INTER,
+                "num_attention_heads": HEADS,
+                "num_key_value_heads": HEADS,
+                "vocab_size": 256,
+                "quantization_config": GPTQ,
+            }
+        )
+    )
+    return folder
+
+
+def gguf_llama(folder: Path) -> Path:
+    import gguf
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(1)
+    folder.mkdir(parents=True)
+    w = gguf.GGUFWriter(str(folder / "model.gguf"), "llama")
+    w.add_block_count(LAYERS)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(INTER)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(HEADS)
+    q41 = gguf.GGMLQuantizationType.Q4_1
+    shapes = {
+        "attn_q": (HIDDEN, HIDDEN),
+        "attn_k": (HIDDEN, HIDDEN),
+        "attn_v": (HIDDEN, HIDDEN),
+        "attn_output": (HIDDEN, HIDDEN),
+        "ffn_gate": (INTER, HIDDEN),
+        "ffn_up": (INTER, HIDDEN),
+        "ffn_down": (HIDDEN, INTER),
+    }
+    w.add_tensor(
+        "token_embd.weight",
+        quantize(rng.standard_normal((256, HIDDEN)).astype(np.float32), q41),
+        raw_dtype=q41,
+    )
+    for layer in range(LAYERS):
+        for stem, shape in shapes.items():
+            data = quantize(rng.standard_normal(shape).astype(np.float32), q41)
+            w.add_tensor(f"blk.{layer}.{stem}.weight", data, raw_dtype=q41)
+        for norm in ("attn_norm", "ffn_norm"):
+            w.add_tensor(f"blk.{layer}.{norm}.weight", np.ones(HIDDEN, dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+    w.add_tensor(
+        "output.weight", quantize(rng.standard_normal((256, HIDDEN)).astype(np.float32), q41), raw_dtype=q41
+    )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return folder
+
+
+def reassemble(manifest: Manifest, src: Path, outs: list[Path]) -> None:
+    """Put every rank's slices back; each tensor must come out byte-identical to the source."""
+    entries = {e.name: e for e in manifest.tensors or []}
+    images = {n: np.zeros(e.end - e.start, dtype=np.uint8) for n, e in entries.items()}
+    covered = {n: np.zeros(e.end - e.start, dtype=bool) for n, e in entries.items()}
+    for out in outs:
+        with safe_open(str(out), "numpy") as f:
+            meta = f.metadata()
+            for name in f.keys():
+                info = json.loads(meta[f"shardport.slice.{name}"])
+                tensor = name.split("@")[0]
+                e = entries[tensor]
+                data = f.get_tensor(name).view(np.uint8).reshape(-1)
+                rows = e.shape[0] if len(e.shape) > 1 else 1
+                row_bytes = (e.end - e.start) // rows
+                index = info["index"]
+                if len(e.shape) > 1:
+                    (r0, r1), (c0, c1) = index[0], index[1]
+                    block = data.reshape(r1 - r0, -1)
+                    view = images[tensor].reshape(rows, row_bytes)
+                    cov = covered[tensor].reshape(rows, row_bytes)
+                    first = c0 * row_bytes // e.shape[1]  # GGUF: elements -> whole blocks of bytes
+                    cols = slice(first, first + block.shape[1])
+                    view[r0:r1, cols] = block
+                    cov[r0:r1, cols] = True
+                else:
+                    (c0, c1) = index[0]
+                    per = (e.end - e.start) // e.shape[0]
+                    images[tensor][c0 * per : c1 * per] = data
+                    covered[tensor][c0 * per : c1 * per] = True
+    for name, e in entries.items():
+        source = np.fromfile(src / e.file, dtype=np.uint8, count=e.end - e.start, offset=e.start)
+        assert covered[name].all(), name
+        assert np.array_equal(images[name], source), name

@@ -1,0 +1,283 @@
+"""Verified range reads of artifacts in the ``shardport-tiled`` layout, against their row-major twins.
+
+A real safetensors file is published row-major; a tiled copy of it (every tensor rewritten with
+:func:`~shardport.registry.tiled_layout.to_tiled`, at new offsets, in another order) is published next
+to it with a tile index holding the same hashes and ``layout="tiled"``. Both must read back the same
+slices; the tiled one reads a column slice with a request per tile row instead of one per matrix row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from loader_artifacts import Artifact, publish, splits, write_safetensors
+
+from shardport.loader import PlaneSlice, ReadOptions, SliceRead, read_slices, schedule_reads
+from shardport.registry.hashing import digest_file
+from shardport.registry.manifest import FileEntry, TensorEntry
+from shardport.registry.store import Store
+from shardport.registry.tiled_layout import LAYOUT, from_tiled, to_tiled
+from shardport.registry.tiles import (
+    TensorTiles,
+    TileDigestMismatchError,
+    TileIndex,
+    plane_layout,
+    tile_nbytes,
+    tile_pieces,
+    verify_tile,
+)
+
+TILED_FILE = "model.tiled.bin"
+HEADER = 1000 + 7
+"""Bytes before the first tensor of the tiled copy (so every tensor moves, to unaligned offsets)."""
+
+
+def tiled_copy(art: Artifact, root: Path, store_url: str) -> Artifact:
+    """``art``'s tensors in the tiled layout, in reverse order, in a new file put into ``store_url``."""
+    root.mkdir(parents=True, exist_ok=True)
+    out = bytearray(b"\x5a" * HEADER)
+    entries: list[TensorEntry] = []
+    tensors: dict[str, TensorTiles] = {}
+    for e in sorted(art.entries, key=lambda e: e.start, reverse=True):
+        t = art.index.tensors[e.name]
+        region = to_tiled(art.matrix(e.name).reshape(-1), t.rows, t.row_bytes, t.row_block, t.col_block)
+        start = len(out)
+        out += region.tobytes() + b"\xa5" * 9
+        update = {"file": TILED_FILE, "start": start, "end": start + t.nbytes}
+        entries.append(
+            TensorEntry.model_validate(
+                {
+                    **e.model_dump(),
+                    **update,
+                    "layout": LAYOUT,
+                    "tile_rows": t.row_block,
+                    "tile_cols": t.col_block,
+                }
+            )
+        )
+        tensors[e.name] = TensorTiles.model_validate(
+            {**t.model_dump(), "file": TILED_FILE, "start": start, "layout": "tiled"}
+        )
+    path = root / TILED_FILE
+    path.write_bytes(bytes(out))
+    digest, size = digest_file(path)
+    store = Store(store_url)
+    store.upload_blob(path, digest)
+    index = TileIndex(tile_target=art.index.tile_target, tile_minimum=art.index.tile_minimum, tensors=tensors)
+    index = TileIndex.from_bytes(index.to_bytes())  # what a reader gets from the blob
+    files = [FileEntry(path=TILED_FILE, size=size, digest=digest)]
+    return Artifact(path, entries, files, index, store, bytes(out))
+
+
+def twins(root: Path, store_url: str, **shape: int) -> tuple[Artifact, Artifact]:
+    """A row-major artifact and its tiled copy, in one store."""
+    small = {"target": 8 << 10, "minimum": 512} if shape else {"minimum": 2 << 10}
+    art = publish(write_safetensors(root / "ckpt", **shape), store_url, **small)
+    return art, tiled_copy(art, root / "tiled", store_url)
+
+
+@pytest.fixture(scope="module")
+def local_twins(tmp_path_factory: pytest.TempPathFactory) -> tuple[Artifact, Artifact]:
+    root = tmp_path_factory.mktemp("tiled")
+    return twins(root, str(root / "store"))
+
+
+def rank_slices(art: Artifact, tp: int, rank: int, axis: str) -> list[PlaneSlice]:
+    """Every tensor split ``tp`` ways along ``axis`` (whole quanta); 0-/1-D tensors replicated whole."""
+    out = []
+    for e in sorted(art.entries, key=lambda e: e.name):
+        t = art.index.tensors[e.name]
+        if len(e.shape) < 2:
+            out.append(PlaneSlice(e.name, 0, t.rows, 0, t.row_bytes))
+        elif axis == "row":
+            a, b = splits(t.rows, tp)[rank]
+            out.append(PlaneSlice(e.name, a, b, 0, t.row_bytes))
+        else:
+            q = plane_layout(e).quantum
+            a, b = splits(t.row_bytes // q, tp)[rank]
+            out.append(PlaneSlice(e.name, 0, t.rows, a * q, b * q))
+    return out
+
+
+def aligned(art: Artifact, slices: list[PlaneSlice]) -> bool:
+    """Whether every slice edge lies on its tensor's tile grid (or the matrix edge)."""
+
+    def on(x: int, block: int, end: int) -> bool:
+        return x % block == 0 or x == end
+
+    return all(
+        on(s.row0, t.row_block, t.rows)
+        and on(s.row1, t.row_block, t.rows)
+        and on(s.col0, t.col_block, t.row_bytes)
+        and on(s.col1, t.col_block, t.row_bytes)
+        for s in slices
+        for t in [art.index.tensors[s.tensor]]
+    )
+
+
+def load(art: Artifact, slices: list[PlaneSlice], **options: int | float) -> SliceRead:
+    return read_slices(
+        slices,
+        tensors=art.entries,
+        files=art.files,
+        index=art.index,
+        store=art.store,
+        options=ReadOptions(**options),  # type: ignore[arg-type]
+    )
+
+
+def requests_for(art: Artifact, s: PlaneSlice) -> int:
+    """Requests the loader's plan issues for ``s`` alone (the default local options)."""
+    plan = schedule_reads([s], art.entries, art.files, art.index, max_gap=4096, gap_budget=0.02)
+    return plan.requests
+
+
+def test_tiled_copy_keeps_every_hash_and_tile_pieces_follow_the_layout(
+    local_twins: tuple[Artifact, Artifact],
+) -> None:
+    art, tiled = local_twins
+    data = tiled.raw
+    for e in tiled.entries:
+        t = tiled.index.tensors[e.name]
+        assert t.layout == "tiled" and t.hashes == art.index.tensors[e.name].hashes
+        covered = t.start
+        for i in range(t.grid_rows):
+            for j in range(t.grid_cols):
+                pieces = tile_pieces(t, i, j)
+                assert len(pieces) == 1 and pieces[0] == (covered, tile_nbytes(t, i, j))
+                assert t.tile_range(i, j) == (covered, covered + tile_nbytes(t, i, j))
+                covered += pieces[0][1]
+                offset, length = pieces[0]
+                verify_tile(t, i, j, data[offset : offset + length], tensor=e.name)
+        assert covered == t.end  # the tiles fill the tensor's region, in row-major tile order
+        region = np.frombuffer(data, np.uint8, t.nbytes, t.start)
+        back = from_tiled(region, t.rows, t.row_bytes, t.row_block, t.col_block)
+        assert np.array_equal(back.reshape(t.rows, t.row_bytes), art.matrix(e.name))
+    # row-major indexes say so; documents written before the field parse as row-major
+    doc = art.index.to_bytes()
+    assert b'"layout":"row_major"' in doc and b'"layout":"tiled"' in tiled.index.to_bytes()
+    legacy = doc.replace(b',"layout":"row_major"', b"")
+    assert b'"layout"' not in legacy and TileIndex.from_bytes(legacy) == art.index
+
+
+@pytest.mark.parametrize("axis", ["row", "col"])
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_tiled_reads_equal_row_major_reads(
+    local_twins: tuple[Artifact, Artifact], axis: str, tp: int
+) -> None:
+    art, tiled = local_twins
+    for rank in range(tp):
+        slices = rank_slices(art, tp, rank, axis)
+        want, got = load(art, slices), load(tiled, slices)
+        for s, a, b in zip(slices, want.arrays, got.arrays, strict=True):
+            assert np.array_equal(a, art.expected(s)) and np.array_equal(b, a), s
+        ledger = got.ledger
+        assert aligned(tiled, slices)
+        assert ledger.read_amplification <= 1.05, ledger
+        assert ledger.peak_staging_bytes == 0  # aligned slices are read straight into their arrays
+        assert ledger.bytes_verified == want.ledger.bytes_verified
+        assert ledger.tiles == want.ledger.tiles
+        if axis == "row":  # consecutive whole tile rows are one run: a request per tensor at most
+            assert ledger.requests <= len(slices)
+        for s in slices:  # a column slice: at most one request per tile row
+            assert requests_for(tiled, s) <= tiled.index.tensors[s.tensor].grid_rows
+
+
+def test_column_slice_requests_row_major_vs_tiled(local_twins: tuple[Artifact, Artifact]) -> None:
+    art, tiled = local_twins
+    for tp in (2, 4, 8):
+        for s in rank_slices(art, tp, 1, "col"):
+            t = tiled.index.tensors[s.tensor]
+            if t.rows < 2 or s.col1 - s.col0 == t.row_bytes:
+                continue
+            row_major, tiles = requests_for(art, s), requests_for(tiled, s)
+            assert tiles <= t.grid_rows < t.rows <= row_major, (s, row_major, tiles)
+            result = load(tiled, [s])
+            assert result.ledger.requests == tiles and np.array_equal(result.arrays[0], art.expected(s))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_arbitrary_rectangles_and_overlapping_requests(
+    local_twins: tuple[Artifact, Artifact], data: st.DataObject
+) -> None:
+    art, tiled = local_twins
+    names = sorted(tiled.index.tensors)
+    slices = []
+    for _ in range(data.draw(st.integers(1, 4))):
+        name = data.draw(st.sampled_from(names))
+        t = tiled.index.tensors[name]
+        r0 = data.draw(st.integers(0, t.rows))
+        r1 = data.draw(st.integers(r0, t.rows))
+        c0 = data.draw(st.integers(0, t.row_bytes))
+        c1 = data.draw(st.integers(c0, t.row_bytes))
+        slices.append(PlaneSlice(name, r0, r1, c0, c1))
+    batch = data.draw(st.sampled_from([4096, 64 << 10, 16 << 20]))
+    result = load(tiled, slices, batch_bytes=batch, depth=data.draw(st.integers(1, 4)))
+    for s, got in zip(slices, result.arrays, strict=True):
+        assert np.array_equal(got, art.expected(s))
+    assert result.ledger.peak_staging_bytes <= result.ledger.staging_bound_bytes
+
+
+def test_flipped_byte_in_a_read_tile_names_the_tiles_file_range(tmp_path: Path) -> None:
+    _, tiled = twins(tmp_path, str(tmp_path / "store"))
+    name = "model.layers.0.self_attn.q_proj.weight"
+    t = tiled.index.tensors[name]
+    first = tile_pieces(t, 1, 2)[0][0]
+    tiled.flip(first + 5)
+    with pytest.raises(TileDigestMismatchError) as caught:
+        load(tiled, [PlaneSlice(name, 0, t.rows // 2, 0, t.row_bytes)])
+    err = caught.value
+    assert (err.file, err.tensor, err.tile) == (TILED_FILE, name, (1, 2))
+    assert err.byte_range == (first, first + tile_nbytes(t, 1, 2))
+    assert str(first) in str(err)
+    # a column slice that does not touch tile (1, 2) reads none of its bytes
+    other = PlaneSlice(name, 0, t.rows, 0, t.col_block)
+    result = load(tiled, [other])
+    assert np.array_equal(result.arrays[0], tiled_expected(tiled, other))
+    assert not result.ledger.touched(TILED_FILE, first + 5, 1)
+
+
+def tiled_expected(tiled: Artifact, s: PlaneSlice) -> np.ndarray:
+    """The slice, decoded from the tiled file itself."""
+    t = tiled.index.tensors[s.tensor]
+    region = np.frombuffer(tiled.raw, np.uint8, t.nbytes, t.start)
+    matrix = from_tiled(region, t.rows, t.row_bytes, t.row_block, t.col_block).reshape(t.rows, t.row_bytes)
+    return matrix[s.row0 : s.row1, s.col0 : s.col1]
+
+
+@pytest.mark.s3
+def test_s3_tiled_reads_requests_and_tamper_detection(moto_store_url: str, tmp_path: Path) -> None:
+    art, tiled = twins(tmp_path, moto_store_url, hidden=128, kv=32, inter=256, vocab=64)
+    bounded = 0
+    for tp in (2, 4, 8):
+        for axis in ("row", "col"):
+            slices = rank_slices(art, tp, tp - 1, axis)
+            result = load(tiled, slices)
+            for s, got in zip(slices, result.arrays, strict=True):
+                assert np.array_equal(got, art.expected(s)), s
+            assert result.ledger.backend == "s3"
+            if aligned(tiled, slices):  # column splits at tp 4, 8 of this small model cut tiles
+                assert result.ledger.read_amplification <= 1.05
+                bounded += 1
+            limit = sum(tiled.index.tensors[s.tensor].grid_rows for s in slices)
+            assert result.ledger.requests <= (len(slices) if axis == "row" else limit)
+    assert bounded >= 4
+    # a column slice of one tensor: a request per matrix row row-major, at most one per tile row tiled
+    name = "model.layers.0.self_attn.q_proj.weight"
+    t = tiled.index.tensors[name]
+    s = next(s for s in rank_slices(art, 4, 1, "col") if s.tensor == name)
+    want, got = load(art, [s]), load(tiled, [s])
+    assert np.array_equal(got.arrays[0], want.arrays[0])
+    assert got.ledger.requests <= t.grid_rows < t.rows <= want.ledger.requests
+    j = s.col0 // t.col_block  # the first tile the slice reads
+    first = tile_pieces(t, 0, j)[0][0]
+    tiled.flip(first)
+    with pytest.raises(TileDigestMismatchError, match=name) as caught:
+        load(tiled, [s])
+    assert caught.value.tile == (0, j)
+    assert caught.value.byte_range == (first, first + tile_nbytes(t, 0, j))
