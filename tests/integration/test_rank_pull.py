@@ -100,9 +100,10 @@ def test_flipped_tile_detected_untouched_tile_ignored(tmp_path: Path, home: Path
 
 @pytest.mark.slow
 @pytest.mark.s3
-def test_rank_pulls_seaweedfs(seaweed_store_url: str, tmp_path: Path, home: Path) -> None:
+@pytest.mark.parametrize("kind", ["gptq"])
+def test_rank_pulls_seaweedfs(kind: str, seaweed_store_url: str, tmp_path: Path, home: Path) -> None:
     store = seaweed_store_url
-    src = gptq_llama(tmp_path / "ck")
+    src = gptq_llama(tmp_path / "ck") if kind == "gptq" else gguf_llama(tmp_path / "ck")
     ok(store, "keygen")
     digest = ok(store, "push", src, "acme/llama:q4", "--tile-min", "256", "--tile-size", "16384")["digest"]
     manifest = Manifest.from_bytes(Session.open(store).store.read_blob(digest))
