@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from shardport.placement import Plan, Topology, plan
 from shardport.placement.plan import TensorRead
+from shardport.registry.analysis import NUMPY_DTYPES
 from shardport.registry.errors import UsageError, VerificationError
 from shardport.registry.manifest import Manifest, TensorEntry
 from shardport.registry.refs import Ref
@@ -35,22 +36,6 @@ from shardport.registry.tiles import TileIndex, plane_layout
 from .read import ReadOptions, read_slices
 from .schedule import PlaneSlice
 from .witness_check import check_rank_witnesses
-
-_SAFETENSORS_DTYPES = {
-    "F64": "<f8",
-    "F32": "<f4",
-    "F16": "<f2",
-    "BF16": "<u2",
-    "I64": "<i8",
-    "I32": "<i4",
-    "I16": "<i2",
-    "I8": "i1",
-    "U64": "<u8",
-    "U32": "<u4",
-    "U16": "<u2",
-    "U8": "u1",
-    "BOOL": "u1",
-}
 
 
 @dataclass(frozen=True)
@@ -117,7 +102,7 @@ def _piece_slices(tensor: str, rel: int, length: int, row_bytes: int) -> list[Pl
 
 
 def _as_array(read: TensorRead, entry: TensorEntry, data: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
-    dtype = _SAFETENSORS_DTYPES.get(entry.dtype)
+    dtype = NUMPY_DTYPES.get(entry.dtype)
     if dtype is None:  # a GGUF block type: keep the raw blocks, one row per logical row
         rows = read.shape[0] if len(read.shape) > 1 else 1
         return data.reshape(rows, -1)

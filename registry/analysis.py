@@ -39,7 +39,8 @@ from shardport.registry.tiles import plane_layout
 
 INDEX_FILE = "model.safetensors.index.json"
 WITNESS_ROWS = 2
-_NUMPY = {
+#: numpy dtypes of the safetensors element types (BF16 as its raw 16 bits).
+NUMPY_DTYPES = {
     "F64": "<f8",
     "F32": "<f4",
     "F16": "<f2",
@@ -96,7 +97,7 @@ class PlaneReader:
 
     def typed(self, entry: TensorEntry) -> npt.NDArray[Any]:
         """The tensor as a typed array (safetensors dtypes; BF16 as uint16)."""
-        dt = _NUMPY.get(entry.dtype)
+        dt = NUMPY_DTYPES.get(entry.dtype)
         if dt is None:
             raise UsageError(
                 f"tensor {entry.name} in {entry.file}: dtype {entry.dtype} cannot be read as numbers"
@@ -111,7 +112,7 @@ class PlaneReader:
         for plane in weight.planes:
             entry = by_name.get(plane.tensor)
             if entry is not None:
-                out[plane.tensor] = self.raw(entry) if entry.dtype not in _NUMPY else self.typed(entry)
+                out[plane.tensor] = self.raw(entry) if entry.dtype not in NUMPY_DTYPES else self.typed(entry)
         return out
 
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import compressed_tensors.compressors.pack_quantized.base as pack
+import compressed_tensors.quantization as quantization
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pack = pytest.importorskip("compressed_tensors.compressors.pack_quantized.base")
-quantization = pytest.importorskip("compressed_tensors.quantization")
-
-from shardport.registry.contracts import TensorInfo, decode_weight, infer_safetensors, run_gates  # noqa: E402
-from shardport.registry.contracts.errors import ContractAmbiguousError  # noqa: E402
+from shardport.registry.contracts import TensorInfo, decode_weight, infer_safetensors, run_gates
+from shardport.registry.contracts.errors import ContractAmbiguousError
 
 PREFIX = "model.layers.1.self_attn.o_proj"
 _DTYPE = {
