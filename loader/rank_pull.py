@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,12 +24,13 @@ import numpy.typing as npt
 from shardport.placement import Plan, Topology, plan
 from shardport.placement.plan import TensorRead
 from shardport.registry.analysis import NUMPY_DTYPES
-from shardport.registry.errors import UsageError, VerificationError
+from shardport.registry.errors import UsageError
 from shardport.registry.manifest import Manifest, TensorEntry
 from shardport.registry.refs import Ref
 from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
 from shardport.registry.tiles import TileIndex, plane_layout
+from shardport.registry.writers import write_safetensors
 
 from .read import ReadOptions, read_slices
 from .schedule import PlaneSlice
@@ -107,25 +106,6 @@ def _as_array(read: TensorRead, entry: TensorEntry, data: npt.NDArray[np.uint8])
         rows = read.shape[0] if len(read.shape) > 1 else 1
         return data.reshape(rows, -1)
     return data.view(dtype).reshape(read.shape)
-
-
-def _write(arrays: dict[str, npt.NDArray[Any]], meta: dict[str, str], out: Path) -> None:
-    from safetensors.numpy import load_file, save_file
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
-    try:
-        contiguous = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
-        save_file(contiguous, tmp, metadata=meta)
-        back = load_file(tmp)
-        for name, array in contiguous.items():
-            if back[name].shape != array.shape or back[name].tobytes() != array.tobytes():
-                raise VerificationError(f"{out}: tensor {name} does not read back as written")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _dedupe(reads: Iterable[TensorRead]) -> list[TensorRead]:
@@ -207,7 +187,7 @@ def pull_rank(
         )
     witness_rows = check_rank_witnesses(manifest.weights, entries, loaded)  # semantic gate at load
     out = dest / f"rank-{rank:05d}-of-{topology.world_size:05d}.safetensors"
-    _write(arrays, meta, out)
+    write_safetensors(arrays, out, meta)
     ledger = got.ledger.to_json()
     ledger["witness_rows_checked"] = witness_rows
     ledger["seconds_plan"] = planned - t0

@@ -8,7 +8,6 @@ weight's planes at a time, never a whole checkpoint in memory.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from shardport.registry.contracts import (
 from shardport.registry.contracts.architecture import check_architecture
 from shardport.registry.contracts.decode import decode_weight
 from shardport.registry.contracts.errors import TiedAliasError
+from shardport.registry.describe import read_json_object
 from shardport.registry.errors import UsageError
 from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
 from shardport.registry.manifest import TensorEntry
@@ -124,7 +124,7 @@ def _as_f32(array: npt.NDArray[Any], dtype: str) -> npt.NDArray[np.float32]:
 
 def _architecture(root: Path, gguf_meta: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
     """The architecture and the parameters the inventory rule needs, from config.json or GGUF keys."""
-    config = _json(root / "config.json")
+    config = read_json_object(root / "config.json")
     if config is not None:
         archs = config.get("architectures") or [config.get("model_type")]
         return (str(archs[0]) if archs and archs[0] else None), config
@@ -177,14 +177,6 @@ def _check_tied(
             "different bytes",
             "untie them in config.json, or store the head once",
         )
-
-
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def _entries_with_roles(
@@ -259,9 +251,10 @@ def analyze(
             if e.name.endswith("weight_shape") and e.dtype in ("I32", "I64")
         }
         weights += infer_safetensors(
-            _json(root / "config.json") or {},
+            read_json_object(root / "config.json") or {},
             [TensorInfo(e.name, e.dtype, e.shape) for e in entries],
-            quantize_config=_json(root / "quantize_config.json") or _json(root / "quant_config.json"),
+            quantize_config=read_json_object(root / "quantize_config.json")
+            or read_json_object(root / "quant_config.json"),
             declare=declare,
             shape_values=shape_values,
         )

@@ -8,7 +8,6 @@ and compared, then renamed into place.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +17,12 @@ import numpy.typing as npt
 
 from shardport.registry.analysis import analyze, decode
 from shardport.registry.describe import METADATA_DIR, scan
-from shardport.registry.errors import DigestMismatchError, UsageError, VerificationError
+from shardport.registry.errors import DigestMismatchError, UsageError
 from shardport.registry.manifest import Manifest
 from shardport.registry.refs import Ref
 from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
+from shardport.registry.writers import write_safetensors
 
 
 @dataclass(frozen=True)
@@ -93,25 +93,7 @@ def decode_ref(
 
 def write_f32(values: npt.NDArray[np.float32], tensor: str, out: Path) -> None:
     """Write ``values`` as ``tensor`` in a safetensors file, verified by reopening before publishing."""
-    from safetensors.numpy import load_file, save_file
-
-    data = np.ascontiguousarray(values, dtype=np.float32)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
-    try:
-        save_file({tensor: data}, tmp)
-        back = load_file(tmp)
-        if (
-            list(back) != [tensor]
-            or back[tensor].dtype != np.float32
-            or not np.array_equal(back[tensor].view(np.uint32), data.view(np.uint32))
-        ):
-            raise VerificationError(f"{out}: the written file does not read back as the decoded tensor")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_safetensors({tensor: np.asarray(values, dtype=np.float32)}, out)
 
 
 def run_decode(session: Session | None, target: str, name: str, out: Path) -> Decoded:

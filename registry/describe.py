@@ -66,7 +66,8 @@ def scan(src: Path) -> list[tuple[str, Path]]:
     return sorted(out)
 
 
-def _json(path: Path) -> dict[str, Any] | None:
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when it is missing, unreadable or not an object."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -85,7 +86,7 @@ def container_of(paths: list[str]) -> ContainerInfo:
 
 def model_of(src: Path, files: dict[str, FileEntry]) -> ModelInfo:
     """Model info from ``config.json`` (when present) and the tokenizer's digest."""
-    config = _json(src / "config.json") or {}
+    config = read_json_object(src / "config.json") or {}
     archs = config.get("architectures")
     params = {k: config[k] for k in MODEL_PARAMS if k in config}
     tokenizer = files.get("tokenizer.json") or files.get("tokenizer.model")
@@ -99,8 +100,8 @@ def model_of(src: Path, files: dict[str, FileEntry]) -> ModelInfo:
 
 def quantization_of(src: Path) -> QuantizationInfo:
     """Quantization family and config digest from ``config.json`` or ``quantize_config.json``."""
-    config = _json(src / "config.json") or {}
-    qc = config.get("quantization_config") or _json(src / "quantize_config.json")
+    config = read_json_object(src / "config.json") or {}
+    qc = config.get("quantization_config") or read_json_object(src / "quantize_config.json")
     if not isinstance(qc, dict):
         return QuantizationInfo(family="none")
     family = str(qc.get("quant_method") or qc.get("format") or "unknown")
