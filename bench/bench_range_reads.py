@@ -1,20 +1,28 @@
-"""Per-rank verified range reads at tp 4 vs raw reads and safetensors baselines; prints JSON.
+"""Per-rank verified range reads at tp 4 vs raw reads and the usual loaders, warm and cold; prints JSON.
 
-    .venv/bin/python bench/bench_range_reads.py [--size-mib 256] [--tp 4] [--repeat 3] [--out FILE.json]
+    .venv/bin/python bench/bench_range_reads.py [--size-mib 2048] [--tp 4] [--repeat 3] [--out FILE.json]
 
-One safetensors file of llama-shaped F16 matrices (4096 x 4096) goes into a local store with its tile
-index. Measured in the same run, on the same file:
+One safetensors file of llama-shaped F16 matrices (4096 x 4096, default ~2 GiB) goes into a local store
+with its tile index. Measured in the same run, on the same file:
 
-* ``page_cache_read_gbps``: sequential ``preadv`` of the whole blob into one reused, page-aligned
-  8 MiB buffer (warm); ``cold_read_gbps``: the same after evicting the blob (``POSIX_FADV_DONTNEED``);
-* ``blake3_gbps``: 1 MiB tiles hashed on one core and on all cores (thread pool);
-* per rank and split axis (row = split rows, col = split byte columns): ``verified`` (our
-  :func:`read_slices`), ``raw`` (exact ``preadv`` of the same rectangles, no verification),
-  ``st_load_file`` (``safetensors.numpy.load_file`` + narrow) and ``st_get_slice``
-  (``safe_open(...).get_slice``), warm; and ``verified`` cold, with the blob's page-cache residency after
-  the load (``fincore``) giving the device-level amplification (readahead included);
+* floors: ``page_cache_read_gbps`` (sequential ``preadv`` of the whole blob into one reused,
+  page-aligned 8 MiB buffer, warm), ``cold_read_gbps`` (the same after ``POSIX_FADV_DONTNEED``: the
+  disk's sequential bandwidth), ``blake3_gbps`` (1 MiB tiles on one core and on all cores);
+* per split axis (``row`` = every tensor split by rows, ``col`` = by byte columns) and rank, warm:
+  ``verified`` (:func:`read_slices`, tile hashes checked), ``raw`` (exact ``preadv`` of the same
+  rectangles, unverified), and the baselines (a) ``safetensors.numpy.load_file`` + narrow,
+  (b) ``safe_open(...).get_slice``, (c) ``runai-model-streamer`` (every tensor streamed whole, then
+  narrowed; skipped with a note where it does not import); ``node``: all ranks' slices in one shared
+  verified read (what one node's loader does);
+* the *whole load* (all ranks, one after another, as separate rank processes would) per method, and
+  speed-ups over (a), (b), (c);
+* cold (blob evicted before each): rank 0 verified, rank 0 ``get_slice``, (c) rank 0, and the node
+  read, each with the blob's page-cache residency afterwards (``fincore``): the device-level read
+  amplification, readahead included;
 * ``rss``: peak RSS growth of one rank's verified load in a fresh process vs its assigned bytes and the
-  ledger's staging bound.
+  ledger's staging bound;
+* ``seaweedfs``: the same file on a SeaweedFS S3 server on 127.0.0.1: row-split ranks (verified vs plain
+  ``cat_file`` of the same ranges) and a column split read by one rank vs by the node.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ def best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
 def evict(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
+        os.fsync(fd)  # dirty pages (a file just written) cannot be dropped
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
@@ -202,7 +211,7 @@ def rss_of_rank(tmp: Path, spec: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--size-mib", type=int, default=256)
+    ap.add_argument("--size-mib", type=int, default=2048)
     ap.add_argument("--tp", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", type=Path)
@@ -217,6 +226,29 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+
+
+def runai_load(path: Path, slices: list[PlaneSlice]) -> list[np.ndarray] | None:
+    """Baseline (c): runai-model-streamer streams the tensors whole; each is narrowed as it arrives."""
+    try:
+        from runai_model_streamer import SafetensorsStreamer
+    except ImportError:
+        return None
+    wanted: dict[str, list[int]] = {}
+    for k, s in enumerate(slices):
+        wanted.setdefault(s.tensor, []).append(k)
+    out: list[np.ndarray | None] = [None] * len(slices)
+    with SafetensorsStreamer() as streamer:
+        streamer.stream_files([str(path)], tensor_names=list(wanted))
+        for item in streamer.get_tensors():
+            name, tensor = item if isinstance(item, tuple) else (None, item)
+            assert name is not None, "runai-model-streamer yielded no tensor names"
+            matrix = tensor.view(dtype=__import__("torch").uint8).reshape(tensor.shape[0], -1).numpy()
+            for k in wanted.get(name, ()):
+                s = slices[k]
+                out[k] = np.ascontiguousarray(matrix[s.row0 : s.row1, s.col0 : s.col1])
+    assert all(o is not None for o in out)
+    return [o for o in out if o is not None]
 
 
 def run(tmp: Path, size_mib: int, tp: int, repeat: int, *, s3: bool) -> dict[str, Any]:
@@ -242,6 +274,7 @@ def run(tmp: Path, size_mib: int, tp: int, repeat: int, *, s3: bool) -> dict[str
     report: dict[str, Any] = {
         "file_bytes": size,
         "tp": tp,
+        "cores": os.cpu_count(),
         "index": {
             "build_seconds": build_s,
             "build_gbps": size / build_s / 1e9,
@@ -255,7 +288,12 @@ def run(tmp: Path, size_mib: int, tp: int, repeat: int, *, s3: bool) -> dict[str
         "page_cache_read_gbps": max(sequential_read(blob) for _ in range(repeat)),
         "blake3_gbps": blake3_rates(256 << 20),
         "ranks": {},
+        "node": {},
+        "whole_load_s": {},
+        "cold": {},
     }
+    runai_ok = runai_load(path, rank_slices(entries[:1], tp, 0, "row")) is not None
+    report["runai_model_streamer"] = "measured" if runai_ok else "not importable here: skipped"
 
     def verified(slices: list[PlaneSlice]) -> Any:
         return read_slices(
@@ -264,12 +302,16 @@ def run(tmp: Path, size_mib: int, tp: int, repeat: int, *, s3: bool) -> dict[str
 
     for axis in ("row", "col"):
         per_rank = []
+        whole = {"verified": 0.0, "raw": 0.0, "st_load_file": 0.0, "st_get_slice": 0.0, "runai": 0.0}
         for rank in range(tp):
             slices = rank_slices(entries, tp, rank, axis)
             assigned = sum(s.nbytes for s in slices)
             t_ver, result = best(lambda slices=slices: verified(slices), repeat)
             t_raw, raw = best(lambda slices=slices: raw_read(blob, by_name, slices), repeat)
+            t_gs, gs = best(lambda slices=slices: st_get_slice(path, slices), repeat)
             assert all(np.array_equal(a, b) for a, b in zip(result.arrays, raw, strict=True))
+            assert all(np.array_equal(a, b) for a, b in zip(result.arrays, gs, strict=True))
+            del raw, gs
             row = {
                 "rank": rank,
                 "assigned_bytes": assigned,
@@ -277,32 +319,42 @@ def run(tmp: Path, size_mib: int, tp: int, repeat: int, *, s3: bool) -> dict[str
                 "verified_gbps": assigned / t_ver / 1e9,
                 "raw_s": t_raw,
                 "raw_gbps": assigned / t_raw / 1e9,
+                "st_get_slice_s": t_gs,
                 "ledger": {k: v for k, v in result.ledger.to_json().items() if k not in ("fetched", "tiles")},
             }
-            if rank == 0:
+            whole["verified"] += t_ver
+            whole["raw"] += t_raw
+            whole["st_get_slice"] += t_gs
+            if rank == 0:  # (a) and (c) read every tensor whole: each rank costs the same
                 t_lf, lf = best(lambda slices=slices: st_load_file(path, slices), repeat)
-                t_gs, gs = best(lambda slices=slices: st_get_slice(path, slices), repeat)
                 assert all(np.array_equal(a, b) for a, b in zip(result.arrays, lf, strict=True))
-                assert all(np.array_equal(a, b) for a, b in zip(result.arrays, gs, strict=True))
-                row |= {"st_load_file_s": t_lf, "st_get_slice_s": t_gs}
-                row |= cold(blob, path, slices, verified)
+                del lf
+                row["st_load_file_s"] = t_lf
+                if runai_ok:
+                    t_ra, ra = best(lambda slices=slices: runai_load(path, slices), repeat)
+                    assert ra is not None
+                    assert all(np.array_equal(a, b) for a, b in zip(result.arrays, ra, strict=True))
+                    del ra
+                    row["runai_s"] = t_ra
+            whole["st_load_file"] += per_rank[0]["st_load_file_s"] if per_rank else row["st_load_file_s"]
+            whole["runai"] += (per_rank[0] if per_rank else row).get("runai_s", float("nan"))
+            del result
             per_rank.append(row)
         report["ranks"][axis] = per_rank
-    hash_floor = min(report["page_cache_read_gbps"], report["blake3_gbps"]["all_cores"])
-    report["summary"] = {
-        axis: {
-            "verified_gbps_min": min(r["verified_gbps"] for r in rows),
-            "raw_gbps_min": min(r["raw_gbps"] for r in rows),
-            "verified_vs_floor": min(r["verified_gbps"] for r in rows) / hash_floor,
-            "amplification_max": max(r["ledger"]["read_amplification"] for r in rows),
-            "speedup_vs_st_load_file": rows[0]["st_load_file_s"] / rows[0]["verified_s"],
-            "speedup_vs_st_get_slice": rows[0]["st_get_slice_s"] / rows[0]["verified_s"],
-            "plan_share": max(r["ledger"]["seconds"]["plan"] / r["ledger"]["seconds"]["total"] for r in rows),
+        union = [s for rank in range(tp) for s in rank_slices(entries, tp, rank, axis)]
+        t_node, node = best(lambda union=union: verified(union), repeat)
+        report["node"][axis] = {
+            "seconds": t_node,
+            "gbps": node.ledger.bytes_assigned / t_node / 1e9,
+            "ledger": {k: v for k, v in node.ledger.to_json().items() if k not in ("fetched", "tiles")},
         }
-        for axis, rows in report["ranks"].items()
-    }
-    evict(blob)
-    report["cold_read_gbps"] = sequential_read(blob)
+        del node
+        whole["node_verified"] = t_node
+        report["whole_load_s"][axis] = whole
+        report["cold"][axis] = cold(blob, path, entries, tp, axis, verified, runai_ok)
+        sequential_read(blob)  # warm again for the next axis
+    report["cold_read_gbps"] = cold_sequential(blob)
+    report["summary"] = summary(report)
     index_path = tmp / "index.json"
     index_path.write_bytes(index.to_bytes())
     spec = {
@@ -312,6 +364,7 @@ def run(tmp: Path, size_mib: int, tp: int, repeat: int, *, s3: bool) -> dict[str
         "slices": [[s.tensor, s.row0, s.row1, s.col0, s.col1] for s in rank_slices(entries, tp, 0, "row")],
         "store": str(tmp / "store"),
     }
+    sequential_read(blob)
     report["rss"] = rss_of_rank(tmp, spec)
     if s3:
         report["seaweedfs"] = seaweed(path, entries, files, index, tp, repeat)
@@ -319,35 +372,82 @@ def run(tmp: Path, size_mib: int, tp: int, repeat: int, *, s3: bool) -> dict[str
     return report
 
 
-def cold(
-    blob: str, path: Path, slices: list[PlaneSlice], verified: Callable[[list[PlaneSlice]], Any]
-) -> dict[str, Any]:
-    """Rank 0 once more with the blob evicted: time, and what the page cache holds afterwards."""
-    assigned = sum(s.nbytes for s in slices)
+def cold_sequential(blob: str) -> float:
     evict(blob)
-    t = time.perf_counter()
-    verified(slices)
-    t_cold = time.perf_counter() - t
-    held = resident(blob)
-    evict(str(path))
-    t = time.perf_counter()
-    st_get_slice(path, slices)
-    t_gs = time.perf_counter() - t
-    held_gs = resident(str(path))
-    sequential_read(blob)  # warm again for the next measurements
-    return {
-        "cold_verified_s": t_cold,
-        "cold_verified_gbps": assigned / t_cold / 1e9,
-        "cold_device_amplification": held / assigned if held >= 0 else None,
-        "cold_st_get_slice_s": t_gs,
-        "cold_st_get_slice_amplification": held_gs / assigned if held_gs >= 0 else None,
-    }
+    return sequential_read(blob)
+
+
+def summary(report: dict[str, Any]) -> dict[str, Any]:
+    """The issue's goals as ratios (each > 1 or <= 1 as stated per key)."""
+    floor = min(report["page_cache_read_gbps"], report["blake3_gbps"]["all_cores"])
+    out: dict[str, Any] = {"hash_floor_gbps": floor}
+    for axis, rows in report["ranks"].items():
+        whole = report["whole_load_s"][axis]
+        c = report["cold"][axis]
+        node = report["node"][axis]
+        out[axis] = {
+            "verified_gbps_min": min(r["verified_gbps"] for r in rows),
+            "verified_vs_floor_min": min(r["verified_gbps"] for r in rows) / floor,
+            "raw_gbps_min": min(r["raw_gbps"] for r in rows),
+            "node_verified_gbps": node["gbps"],
+            "node_vs_floor": node["gbps"] / floor,
+            "amplification_max_warm": max(r["ledger"]["read_amplification"] for r in rows),
+            "page_amplification_max_rank": max(r["ledger"]["page_amplification"] for r in rows),
+            "page_amplification_node": node["ledger"]["page_amplification"],
+            "cold_device_amplification_rank0": c["verified_device_amplification"],
+            "cold_device_amplification_node": c["node_device_amplification"],
+            "cold_rank0_vs_disk": c["verified_gbps"] / report.get("cold_read_gbps", float("nan")),
+            "cold_node_vs_disk": c["node_gbps"] / report.get("cold_read_gbps", float("nan")),
+            "whole_speedup_vs_load_file": whole["st_load_file"] / whole["verified"],
+            "whole_speedup_vs_get_slice": whole["st_get_slice"] / whole["verified"],
+            "whole_speedup_vs_runai": whole["runai"] / whole["verified"],
+            "node_speedup_vs_get_slice": whole["st_get_slice"] / whole["node_verified"],
+            "verified_vs_raw_whole": whole["raw"] / whole["verified"],
+            "plan_share_max": max(
+                r["ledger"]["seconds"]["plan"] / r["ledger"]["seconds"]["total"] for r in rows
+            ),
+        }
+    return out
+
+
+def cold(
+    blob: str,
+    path: Path,
+    entries: list[TensorEntry],
+    tp: int,
+    axis: str,
+    verified: Callable[[list[PlaneSlice]], Any],
+    runai_ok: bool,
+) -> dict[str, Any]:
+    """Rank 0 and the node with the blob evicted before each: time, and what the page cache then holds."""
+    slices = rank_slices(entries, tp, 0, axis)
+    union = [s for rank in range(tp) for s in rank_slices(entries, tp, rank, axis)]
+    assigned = sum(s.nbytes for s in slices)
+    node_assigned = sum(s.nbytes for s in union)
+    out: dict[str, Any] = {}
+
+    def measure(name: str, fn: Callable[[], Any], target: str, nbytes: int) -> None:
+        evict(target)
+        t = time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - t
+        held = resident(target)
+        out[f"{name}_s"] = seconds
+        out[f"{name}_gbps"] = nbytes / seconds / 1e9
+        out[f"{name}_device_amplification"] = held / nbytes if held >= 0 else None
+
+    measure("verified", lambda: verified(slices), blob, assigned)
+    measure("node", lambda: verified(union), blob, node_assigned)
+    measure("st_get_slice", lambda: st_get_slice(path, slices), str(path), assigned)
+    if runai_ok:
+        measure("runai", lambda: runai_load(path, slices), str(path), assigned)
+    return out
 
 
 def seaweed(
     path: Path, entries: list[TensorEntry], files: list[FileEntry], index: Any, tp: int, repeat: int
 ) -> dict[str, Any]:
-    """Row-split ranks on SeaweedFS (verified vs plain ``cat_file`` of the same ranges), one column slice."""
+    """Row-split ranks on SeaweedFS (verified vs plain ``cat_file`` of the same ranges); column splits."""
     server = start_seaweedfs()
     try:
         os.environ.update(server.env())
@@ -356,6 +456,10 @@ def seaweed(
         key = store.path(blob_key(files[0].digest))
         by_name = {e.name: e for e in entries}
         out: dict[str, Any] = {"ranks": []}
+
+        def load(slices: list[PlaneSlice]) -> Any:
+            return read_slices(slices, tensors=entries, files=files, index=index, store=store)
+
         for rank in range(tp):
             slices = rank_slices(entries, tp, rank, "row")
 
@@ -366,12 +470,7 @@ def seaweed(
                     a, b = e.start + s.row0 * row_bytes, e.start + s.row1 * row_bytes
                     store.fs.cat_file(key, start=a, end=b)
 
-            t_ver, result = best(
-                lambda slices=slices: read_slices(
-                    slices, tensors=entries, files=files, index=index, store=store
-                ),
-                repeat,
-            )
+            t_ver, result = best(lambda slices=slices: load(slices), repeat)
             t_plain, _ = best(plain, repeat)
             assigned = result.ledger.bytes_assigned
             out["ranks"].append(
@@ -379,16 +478,30 @@ def seaweed(
                     "rank": rank,
                     "verified_gbps": assigned / t_ver / 1e9,
                     "plain_cat_file_gbps": assigned / t_plain / 1e9,
+                    "verified_vs_plain": t_plain / t_ver,
                     "requests": result.ledger.requests,
                     "read_amplification": result.ledger.read_amplification,
                 }
             )
-        one = [s for s in rank_slices(entries, tp, 0, "col")][:1]
-        t_col, col = best(lambda: read_slices(one, tensors=entries, files=files, index=index, store=store), 1)
-        out["col_one_tensor"] = {
-            "seconds": t_col,
-            "requests": col.ledger.requests,
-            "read_amplification": col.ledger.read_amplification,
+        # a column split of row-major tensors: one rank alone costs a GET per row; the node reads whole rows
+        few = entries[:4]
+        one = rank_slices(few, tp, 0, "col")[:1]
+        t_col, col = best(lambda: load(one), 1)
+        union = [s for rank in range(tp) for s in rank_slices(few, tp, rank, "col")]
+        t_node, node = best(lambda: load(union), repeat)
+        out["col"] = {
+            "rank0_one_tensor": {
+                "seconds": t_col,
+                "gbps": col.ledger.bytes_assigned / t_col / 1e9,
+                "requests": col.ledger.requests,
+                "read_amplification": col.ledger.read_amplification,
+            },
+            "node_four_tensors": {
+                "seconds": t_node,
+                "gbps": node.ledger.bytes_assigned / t_node / 1e9,
+                "requests": node.ledger.requests,
+                "read_amplification": node.ledger.read_amplification,
+            },
         }
         return out
     finally:

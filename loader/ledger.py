@@ -48,11 +48,16 @@ class ReadLedger:
 
     ``bytes_assigned``: bytes of the requested rectangles; ``bytes_fetched``: bytes read from storage
     (whole tiles plus bridged gaps); ``read_amplification`` = fetched / assigned (1.0 when nothing was
-    assigned); ``requests``: reads issued; ``peak_staging_bytes``: most staging (and, on S3, response)
+    assigned); ``requests``: reads issued (planned; a batch served from the page cache through a mapping,
+    counted in ``page_cache_batches``, issues none); ``peak_staging_bytes``: most staging (and, on S3,
+    response)
     bytes held at once, never above ``staging_bound_bytes``; ``scratch_bytes``: the fixed per-worker
     gather buffers (and the local gap sink); ``tiles``: per tensor, the flat
     indices ``i * grid_cols + j`` of the tiles read and verified; ``fetched``: the ranges read, adjacent
-    ones merged, a band read row by row as one strided record (empty unless recorded).
+    ones merged, a band read row by row as one strided record (empty unless recorded);
+    ``page_amplification``: the distinct pages those ranges touch (what a device reads at the least,
+    readahead off) over ``bytes_assigned`` — above ``read_amplification`` where one rank's row pieces are
+    smaller than a page, which a node's shared read brings back to ~1 (None unless recorded).
     """
 
     backend: str
@@ -62,12 +67,14 @@ class ReadLedger:
     requests: int
     tiles_verified: int
     bytes_verified: int
+    page_cache_batches: int
     peak_staging_bytes: int
     staging_bound_bytes: int
     scratch_bytes: int
     seconds: StageSeconds
     tiles: dict[str, tuple[int, ...]]
     fetched: tuple[FetchedRange, ...]
+    page_amplification: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (``fetched`` as ``[file, offset, length, stride, count]`` lists)."""
@@ -93,3 +100,24 @@ def merge_ranges(ranges: list[FetchedRange]) -> tuple[FetchedRange, ...]:
         else:
             out.append(r)
     return tuple(out)
+
+
+def paged_bytes(ranges: tuple[FetchedRange, ...], page: int = 4096) -> int:
+    """Bytes of the distinct ``page``-sized pages of each file that ``ranges`` touch."""
+    spans: list[tuple[str, int, int]] = []
+    for r in ranges:
+        if r.length <= 0:
+            continue
+        for k in range(r.count if r.stride else 1):
+            first = r.offset + k * r.stride
+            spans.append((r.file, first // page, (first + r.length - 1) // page))
+    total = 0
+    last: tuple[str, int] | None = None  # (file, last page counted)
+    for file, a, b in sorted(spans):
+        if last is not None and last[0] == file:
+            a = max(a, last[1] + 1)
+        if a <= b:
+            total += b - a + 1
+        if last is None or last[0] != file or b > last[1]:
+            last = (file, b)
+    return total * page

@@ -15,7 +15,11 @@ a rank's tiles of one tile row into one read.
 
 A band whose tiles all lie inside one slice is *direct*: its bytes are read straight into that slice's
 result array (no staging, no second copy). Any other band (a tile cut by a slice edge, or shared) is
-*staged*: read into a page-aligned slot of a staging buffer and copied out after it verified. Bands
+*staged*: read into a page-aligned slot of a staging buffer and copied out after it verified. A whole
+tile row of a row-major tensor wanted by several slices (the ranks of a node loading together, each
+holding a column slice) is one staged band: whole matrix rows, one contiguous read, every byte read once
+for all of them, instead of one narrow strided band per slice (whose rows each cost a request, and whose
+pages the device reads whole anyway). Bands
 never exceed ``batch_bytes`` unless a single tile does; they are ordered by file offset and packed into
 :class:`Batch` es of at most ``batch_bytes`` band bytes, each with its :class:`~.ranges.FetchPlan`.
 """
@@ -196,6 +200,17 @@ def check_tensor(entry: TensorEntry, tiles: TensorTiles, files: dict[str, FileEn
             f"{where}: tile index has (file, start, end, rows, row_bytes) = {found}, the manifest {wanted}; "
             "the tile index belongs to another artifact — re-resolve the manifest"
         )
+    tiled = entry.layout == "shardport-tiled"
+    found_layout = (
+        (tiles.layout, tiles.row_block, tiles.col_block) if tiles.layout == "tiled" else ("row_major",)
+    )
+    wanted_layout = ("tiled", entry.tile_rows, entry.tile_cols) if tiled else ("row_major",)
+    if found_layout != wanted_layout:
+        raise IndexMismatchError(
+            f"{where}: the manifest stores it as {entry.layout} "
+            f"(tiles {entry.tile_rows} x {entry.tile_cols}), the tile index as {found_layout}; "
+            "the tile index belongs to another artifact — re-resolve the manifest"
+        )
     file = files.get(entry.file)
     if file is None or entry.end > file.size:
         size = "missing" if file is None else f"{file.size} bytes"
@@ -275,6 +290,16 @@ def _band(
     )
 
 
+def _shared_rows(tiles: TensorTiles, columns: dict[int, list[int]]) -> bool:
+    """Whether a row-major tile row is wanted whole, by more than one slice, in more than one column."""
+    return (
+        tiles.layout == "row_major"
+        and tiles.grid_cols > 1
+        and len(columns) == tiles.grid_cols
+        and len({k for ks in columns.values() for k in ks}) > 1
+    )
+
+
 def _bands(
     wanted: dict[tuple[str, int], dict[int, list[int]]],
     index: TileIndex,
@@ -291,6 +316,10 @@ def _bands(
         single = tiles.layout == "tiled"
         cb, row_bytes = tiles.col_block, tiles.row_bytes
         r0, r1, _, _ = tiles.tile_rect(i, 0)
+        if _shared_rows(tiles, columns):
+            users = {k for ks in columns.values() for k in ks}
+            out.append(_band(name, tiles, i, 0, tiles.grid_cols, -1, slices, users))
+            continue
         run: list[int] = []
         mode, users = -2, set[int]()
         for j in sorted(columns):

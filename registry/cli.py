@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
     p.add_argument("--rank", type=int, default=0, help="the rank to pull (0 .. tp*ep*pp-1)")
     p.add_argument(
+        "--ranks",
+        help="the ranks of one node, pulled with one shared read (each byte read once): A-B, A,B,... or all",
+    )
+    p.add_argument(
         "--policy",
         choices=["align", "refuse"],
         default="align",
@@ -249,6 +253,13 @@ def _human(cmd: str, result: Any) -> str:
             f"{result['digest']}\npushed {result['name']}:{result['tag']} version {result['version']}: "
             f"{result['files']} files, uploaded {result['uploaded_bytes']} bytes, "
             f"reused {result['reused_bytes']} bytes"
+        )
+    if cmd == "pull" and "node_ranks" in result:
+        return (
+            f"{result['digest']}\npulled ranks {result['node_ranks']} of {result['world_size']} "
+            f"with one shared read: {result['bytes_assigned']} bytes assigned, {result['bytes_fetched']} "
+            f"fetched (amplification per node {result['read_amplification']:.3f}, "
+            f"{result['requests']} requests)"
         )
     if cmd == "pull" and "rank" in result:
         return (

@@ -39,7 +39,8 @@ canonical JSON (RFC 8785); its blob digest is the sha256 of those bytes. Parsing
 ``layout`` one of ``"row_major"``, ``"tiled"`` (absent: ``"row_major"``).
 
 Public API: :func:`plan_grid`, :func:`build_tile_index` (+ :class:`CheckpointReader`),
-:func:`tiles_for`, :func:`tile_pieces`, :func:`verify_tile`, :func:`tile_hash`; errors
+:func:`tiles_for`, :func:`tile_pieces`, :func:`verify_tile`, :func:`tile_hash` (streaming:
+:func:`tile_hasher` + :func:`check_tile`); errors
 :class:`TileDigestMismatchError` (a ``DigestMismatchError``), :class:`TileIndexError`,
 :class:`TileGridError`.
 """
@@ -63,7 +64,9 @@ from .tiles_model import (
     Layout,
     TensorTiles,
     TileIndex,
+    check_tile,
     tile_hash,
+    tile_hasher,
     tile_nbytes,
     tile_pieces,
     tiles_for,
@@ -88,10 +91,12 @@ __all__ = [
     "TileIndex",
     "TileIndexError",
     "build_tile_index",
+    "check_tile",
     "choose_grid",
     "plan_grid",
     "plane_layout",
     "tile_hash",
+    "tile_hasher",
     "tile_nbytes",
     "tile_pieces",
     "tiles_for",

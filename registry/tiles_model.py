@@ -248,8 +248,19 @@ def verify_tile(
         else sum(memoryview(p).nbytes for p in data)
     )
     found = tile_hash(data) if size == (r1 - r0) * (c1 - c0) else f"(a buffer of {size} bytes)"
+    check_tile(tiles, i, j, found, tensor=tensor)
+
+
+def tile_hasher() -> blake3:
+    """A fresh streaming hasher of the tile hash (feed a tile's rows in order, then :func:`check_tile`)."""
+    return blake3()
+
+
+def check_tile(tiles: TensorTiles, i: int, j: int, found: str, *, tensor: str = "<tensor>") -> None:
+    """Raise :class:`TileDigestMismatchError` unless ``found`` (hex) is tile ``(i, j)``'s recorded hash."""
     expected = tiles.hashes[i * tiles.grid_cols + j]
     if found != expected:
+        r0, r1, c0, c1 = tiles.tile_rect(i, j)
         first, last = tiles.tile_range(i, j)
         raise TileDigestMismatchError(
             file=tiles.file,

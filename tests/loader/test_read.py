@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -18,9 +19,11 @@ from shardport.loader import (
     ReadOptions,
     SliceRequestError,
     read_slices,
+    schedule_reads,
 )
 from shardport.registry.errors import DigestMismatchError
 from shardport.registry.manifest import FileEntry
+from shardport.registry.store import blob_key
 from shardport.registry.tiles import TensorTiles, TileDigestMismatchError, plane_layout, tile_pieces
 
 
@@ -53,7 +56,7 @@ def rank_slices(art: Artifact, tp: int, rank: int, axis: str) -> list[PlaneSlice
     return out
 
 
-def load(art: Artifact, slices: list[PlaneSlice], **options: int | float):
+def load(art: Artifact, slices: list[PlaneSlice], **options: int | float | bool):
     return read_slices(
         slices,
         tensors=art.entries,
@@ -64,17 +67,21 @@ def load(art: Artifact, slices: list[PlaneSlice], **options: int | float):
     )
 
 
+@pytest.mark.parametrize("page_cache", [True, False], ids=["mapped", "preadv"])
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
 @pytest.mark.parametrize("axis", ["row", "col"])
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_tp_splits_return_source_bytes_with_amplification_at_most_1_05(
-    fmt: str, axis: str, tp: int, st_art: Artifact, gguf_art: Artifact
+    fmt: str, axis: str, tp: int, page_cache: bool, st_art: Artifact, gguf_art: Artifact
 ) -> None:
     art = st_art if fmt == "safetensors" else gguf_art
     pieces: dict[str, list[np.ndarray]] = {}
     for rank in range(tp):
         slices = rank_slices(art, tp, rank, axis)
-        result = load(art, slices)
+        result = load(art, slices, page_cache=page_cache)
+        # the blob was just written, so it is in the page cache: the mapped path serves every batch
+        batches = len(schedule_reads(slices, art.entries, art.files, art.index, batch_bytes=16 << 20).batches)
+        assert result.ledger.page_cache_batches == (batches if page_cache else 0)
         for s, got in zip(slices, result.arrays, strict=True):
             assert got.shape == s.shape and got.dtype == np.uint8
             assert np.array_equal(got, art.expected(s)), s
@@ -104,7 +111,13 @@ def test_arbitrary_rectangles_and_overlapping_requests(st_art: Artifact, data: s
         c1 = data.draw(st.integers(c0, t.row_bytes))
         slices.append(PlaneSlice(name, r0, r1, c0, c1))
     batch = data.draw(st.sampled_from([4096, 64 << 10, 16 << 20]))
-    result = load(st_art, slices, batch_bytes=batch, depth=data.draw(st.integers(1, 4)))
+    result = load(
+        st_art,
+        slices,
+        batch_bytes=batch,
+        depth=data.draw(st.integers(1, 4)),
+        page_cache=data.draw(st.booleans()),
+    )
     for s, got in zip(slices, result.arrays, strict=True):
         assert np.array_equal(got, st_art.expected(s))
     assert result.ledger.peak_staging_bytes <= result.ledger.staging_bound_bytes
@@ -131,14 +144,15 @@ def _tile_offset(tiles: TensorTiles, i: int, j: int) -> int:
     return tile_pieces(tiles, i, j)[0][0]
 
 
-def test_flipped_byte_in_a_read_tile_is_detected(tmp_path: Path) -> None:
+@pytest.mark.parametrize("page_cache", [True, False], ids=["mapped", "preadv"])
+def test_flipped_byte_in_a_read_tile_is_detected(tmp_path: Path, page_cache: bool) -> None:
     art = publish(write_safetensors(tmp_path / "ckpt"), str(tmp_path / "store"), minimum=2 << 10)
     name = "model.layers.0.self_attn.q_proj.weight"
     tiles = art.index.tensors[name]
     at = _tile_offset(tiles, 1, 2) + 5
     art.flip(at)
     with pytest.raises(TileDigestMismatchError) as caught:
-        load(art, [PlaneSlice(name, 0, tiles.rows // 2, 0, tiles.row_bytes)])
+        load(art, [PlaneSlice(name, 0, tiles.rows // 2, 0, tiles.row_bytes)], page_cache=page_cache)
     err = caught.value
     assert isinstance(err, DigestMismatchError)
     assert (err.file, err.tensor, err.tile) == (art.file, name, (1, 2))
@@ -146,6 +160,26 @@ def test_flipped_byte_in_a_read_tile_is_detected(tmp_path: Path) -> None:
     for text in (art.file, name, "(1, 2)", str(err.byte_range[0])):
         assert text in str(err)
     assert str(pickle.loads(pickle.dumps(err))) == str(err)
+
+
+def test_evicted_blob_is_read_with_preadv_then_served_from_the_page_cache(tmp_path: Path) -> None:
+    art = publish(write_safetensors(tmp_path / "ckpt"), str(tmp_path / "store"), minimum=2 << 10)
+    blob = art.store.path(blob_key(art.files[0].digest))
+    fd = os.open(blob, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages of a disk file leave the cache
+    finally:
+        os.close(fd)
+    slices = rank_slices(art, 2, 1, "col")
+    cold = load(art, slices)
+    assert cold.ledger.page_cache_batches == 0  # nothing cached: every batch went through preadv
+    warm = load(art, slices)  # the rank's pages are cached now (exact ranges, page-rounded)
+    assert warm.ledger.page_cache_batches == len(
+        schedule_reads(slices, art.entries, art.files, art.index, batch_bytes=16 << 20).batches
+    )
+    for s, a, b in zip(slices, cold.arrays, warm.arrays, strict=True):
+        assert np.array_equal(a, art.expected(s)) and np.array_equal(b, a)
 
 
 def test_flipped_byte_in_an_unread_tile_is_never_touched(tmp_path: Path) -> None:
@@ -180,6 +214,20 @@ def test_request_and_index_errors(st_art: Artifact, tmp_path: Path) -> None:
             tensors=st_art.entries,
             files=st_art.files,
             index=moved,
+            store=st_art.store,
+        )
+    relaid = [  # the manifest says tiled, the index row-major: a disagreement, named before any read
+        e.model_copy(update={"layout": "shardport-tiled", "tile_rows": t.row_block, "tile_cols": t.col_block})
+        if e.name == name
+        else e
+        for e in st_art.entries
+    ]
+    with pytest.raises(IndexMismatchError, match="shardport-tiled"):
+        read_slices(
+            [PlaneSlice(name, 0, 1, 0, 2)],
+            tensors=relaid,
+            files=st_art.files,
+            index=st_art.index,
             store=st_art.store,
         )
     missing = [FileEntry(path=st_art.file, size=st_art.files[0].size, digest="sha256:" + "0" * 64)]
