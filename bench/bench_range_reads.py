@@ -292,6 +292,8 @@ def run(tmp: Path, size_mib: int, tp: int, repeat: int, *, s3: bool) -> dict[str
         "whole_load_s": {},
         "cold": {},
     }
+    report["cold_read_gbps_start"] = cold_sequential(blob)  # the disk drifts: measured at start and end
+    sequential_read(blob)
     runai_ok = runai_load(path, rank_slices(entries[:1], tp, 0, "row")) is not None
     report["runai_model_streamer"] = "measured" if runai_ok else "not importable here: skipped"
 
@@ -380,7 +382,8 @@ def cold_sequential(blob: str) -> float:
 def summary(report: dict[str, Any]) -> dict[str, Any]:
     """The issue's goals as ratios (each > 1 or <= 1 as stated per key)."""
     floor = min(report["page_cache_read_gbps"], report["blake3_gbps"]["all_cores"])
-    out: dict[str, Any] = {"hash_floor_gbps": floor}
+    disk = max(report["cold_read_gbps"], report["cold_read_gbps_start"])
+    out: dict[str, Any] = {"hash_floor_gbps": floor, "disk_sequential_gbps": disk}
     for axis, rows in report["ranks"].items():
         whole = report["whole_load_s"][axis]
         c = report["cold"][axis]
@@ -396,8 +399,8 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
             "page_amplification_node": node["ledger"]["page_amplification"],
             "cold_device_amplification_rank0": c["verified_device_amplification"],
             "cold_device_amplification_node": c["node_device_amplification"],
-            "cold_rank0_vs_disk": c["verified_gbps"] / report.get("cold_read_gbps", float("nan")),
-            "cold_node_vs_disk": c["node_gbps"] / report.get("cold_read_gbps", float("nan")),
+            "cold_rank0_vs_disk": c["verified_gbps"] / disk,
+            "cold_node_vs_disk": c["node_gbps"] / disk,
             "whole_speedup_vs_load_file": whole["st_load_file"] / whole["verified"],
             "whole_speedup_vs_get_slice": whole["st_get_slice"] / whole["verified"],
             "whole_speedup_vs_runai": whole["runai"] / whole["verified"],
@@ -428,6 +431,8 @@ def cold(
 
     def measure(name: str, fn: Callable[[], Any], target: str, nbytes: int) -> None:
         evict(target)
+        if target != blob:
+            evict(blob)  # a baseline reading the source file should not find the store's copy cached
         t = time.perf_counter()
         fn()
         seconds = time.perf_counter() - t

@@ -55,6 +55,8 @@ class ReadLedger:
     gather buffers (and the local gap sink); ``tiles``: per tensor, the flat
     indices ``i * grid_cols + j`` of the tiles read and verified; ``fetched``: the ranges read, adjacent
     ones merged, a band read row by row as one strided record (empty unless recorded);
+    ``mapped_bound_bytes``: the most page-cache pages the page-cache path maps into the process at once
+    (a band's file extent per worker; they count in RSS but are the page cache's, not new memory);
     ``page_amplification``: the distinct pages those ranges touch (what a device reads at the least,
     readahead off) over ``bytes_assigned`` — above ``read_amplification`` where one rank's row pieces are
     smaller than a page, which a node's shared read brings back to ~1 (None unless recorded).
@@ -75,6 +77,7 @@ class ReadLedger:
     tiles: dict[str, tuple[int, ...]]
     fetched: tuple[FetchedRange, ...]
     page_amplification: float | None = None
+    mapped_bound_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (``fetched`` as ``[file, offset, length, stride, count]`` lists)."""

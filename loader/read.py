@@ -22,7 +22,9 @@ Pipeline per call of :func:`read_slices`:
    of every slice verified;
 4. *materialize*: staged bands are copied into the result arrays once verified.
 
-Memory bound: the result arrays (exactly the assigned bytes) plus, per worker (``depth``), a staging slot
+Memory bound: the result arrays (exactly the assigned bytes) plus, per worker (``depth``), the file
+extent of the band it copies from the page cache (mapped, released after each band: shared page-cache
+pages, counted in RSS), a staging slot
 (at most ``batch_bytes``, or the largest single tile if larger, rounded to pages) and a scratch buffer
 of the largest tile; plus a 64 KiB sink for bridged gaps locally. On S3 each batch in flight also holds
 its responses (at most ``batch_bytes x (1 + gap_budget)``). The ledger states the bound and the peak
@@ -54,7 +56,7 @@ from .sources import SINK_BYTES, BlobSource, Dest, open_source
 U8Array = npt.NDArray[np.uint8]
 LOCAL_MAX_GAP = 4096
 """Default gap bridged locally: within a page the device reads the bytes anyway."""
-PART_BYTES = 128 << 10
+PART_BYTES = 256 << 10
 """Page-cache path: rows are copied (and hashed) so many at a time that each tile's part of them is about
 this big: BLAKE3 needs inputs of ~128 KiB for full speed (4 KiB: a third of it), and a band's chunk
 (rows x band width) stays within a core's L2 cache for the tiles' usual 1-8 tile columns."""
@@ -218,7 +220,10 @@ class _Runner:
                 for band, dest, view in zip(batch.bands, dests, views, strict=True):
                     if self.stop.is_set():
                         return
-                    c, h = self._copy_verify(band, dest, view, worker)
+                    try:
+                        c, h = self._copy_verify(band, dest, view, worker)
+                    finally:
+                        self.source.release(band)
                     copied, hashed = copied + c, hashed + h
                 del views
                 t1 = t0 + copied
@@ -334,6 +339,14 @@ def _ledger(
         bytes_verified=sum(b.nbytes for batch in schedule.batches for b in batch.bands),
         peak_staging_bytes=runner.peak,
         staging_bound_bytes=bound,
+        mapped_bound_bytes=workers
+        * max(
+            (-(-b.extent // mmap.PAGESIZE) + 1) * mmap.PAGESIZE
+            for batch in schedule.batches
+            for b in batch.bands
+        )
+        if source.kind == "local" and opts.page_cache and schedule.batches
+        else 0,
         scratch_bytes=workers * max(schedule.largest_tile, mmap.PAGESIZE)
         + (SINK_BYTES if source.kind == "local" else 0),
         seconds=StageSeconds(

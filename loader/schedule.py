@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from shardport.registry.manifest import FileEntry, TensorEntry
-from shardport.registry.tiles import TensorTiles, TileGridError, TileIndex, plane_layout, tiles_for
+from shardport.registry.tiles import TensorTiles, TileGridError, TileIndex, plane_layout, tile_span
 
 from .errors import IndexMismatchError, SliceRequestError
 from .ranges import FetchPlan, plan_fetch
@@ -222,9 +222,9 @@ def _wanted(
     tensors: dict[str, TensorEntry],
     files: dict[str, FileEntry],
     index: TileIndex,
-) -> dict[tuple[str, int], dict[int, list[int]]]:
-    """(tensor, tile row) → tile column → the slices touching that tile."""
-    wanted: dict[tuple[str, int], dict[int, list[int]]] = {}
+) -> dict[tuple[str, int], list[tuple[int, int, int]]]:
+    """(tensor, tile row) → ``(j0, j1, k)``: slice ``k`` touches that tile row's columns ``[j0, j1)``."""
+    wanted: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
     checked: set[str] = set()
     for k, s in enumerate(slices):
         entry, tiles = tensors.get(s.tensor), index.tensors.get(s.tensor)
@@ -235,11 +235,12 @@ def _wanted(
             check_tensor(entry, tiles, files)
             checked.add(s.tensor)
         try:
-            covering = tiles_for(tiles, s.row0, s.row1, s.col0, s.col1)
+            i0, i1, j0, j1 = tile_span(tiles, s.row0, s.row1, s.col0, s.col1)
         except TileGridError as exc:
             raise SliceRequestError(f"slice {k} of tensor {s.tensor!r}: {exc}") from exc
-        for i, j in covering:
-            wanted.setdefault((s.tensor, i), {}).setdefault(j, []).append(k)
+        if j0 < j1:
+            for i in range(i0, i1):
+                wanted.setdefault((s.tensor, i), []).append((j0, j1, k))
     return wanted
 
 
@@ -300,8 +301,65 @@ def _shared_rows(tiles: TensorTiles, columns: dict[int, list[int]]) -> bool:
     )
 
 
+def _runs(tiles: TensorTiles, i: int, j0: int, j1: int, limit: int) -> list[tuple[int, int]]:
+    """``[j0, j1)`` cut into runs of at most ``limit`` bytes (a single tile may exceed it).
+
+    A tiled tensor's runs are single tiles (its tiles are contiguous runs, not rectangles of rows).
+    """
+    if tiles.layout == "tiled":
+        return [(j, j + 1) for j in range(j0, j1)]
+    r0, r1, _, _ = tiles.tile_rect(i, 0)
+    cb, row_bytes = tiles.col_block, tiles.row_bytes
+    width = limit // (r1 - r0) if r1 > r0 else row_bytes
+    out = []
+    while j0 < j1:
+        end = j0 + 1
+        while end < j1 and min((end + 1) * cb, row_bytes) - j0 * cb <= width:
+            end = min(j1, max(end + 1, (j0 * cb + width) // cb))
+        out.append((j0, end))
+        j0 = end
+    return out
+
+
+def _one_slice_bands(
+    name: str,
+    tiles: TensorTiles,
+    i: int,
+    span: tuple[int, int, int],
+    slices: Sequence[PlaneSlice],
+    limit: int,
+) -> list[Band]:
+    """Bands of a tile row that one slice alone touches: only its edge tiles can be cut (staged)."""
+    j0, j1, k = span
+    s = slices[k]
+    r0, r1, _, _ = tiles.tile_rect(i, 0)
+    segments: list[tuple[int, int, int]] = []
+    if not (s.row0 <= r0 and r1 <= s.row1):
+        segments.append((j0, j1, -1))
+    else:
+        first = j0 + (0 if s.col0 <= j0 * tiles.col_block else 1)
+        last = j1 - (0 if min(j1 * tiles.col_block, tiles.row_bytes) <= s.col1 else 1)
+        if first > j0:
+            segments.append((j0, first, -1))
+        if last > first:
+            segments.append((first, last, k))
+        if j1 > max(last, first):
+            segments.append((max(last, first), j1, -1))
+    merged: list[tuple[int, int, int]] = []
+    for seg in segments:  # both edge tiles of a two-tile span may be cut: one staged run, as in _bands
+        if merged and merged[-1][2] == seg[2] == -1:
+            merged[-1] = (merged[-1][0], seg[1], -1)
+        else:
+            merged.append(seg)
+    return [
+        _band(name, tiles, i, a, b, mode, slices, {k})
+        for start, stop, mode in merged
+        for a, b in _runs(tiles, i, start, stop, limit)
+    ]
+
+
 def _bands(
-    wanted: dict[tuple[str, int], dict[int, list[int]]],
+    wanted: dict[tuple[str, int], list[tuple[int, int, int]]],
     index: TileIndex,
     slices: Sequence[PlaneSlice],
     limit: int,
@@ -311,15 +369,22 @@ def _bands(
     A tiled tensor's bands are single tiles (its tiles are contiguous runs, not rectangles of rows).
     """
     out: list[Band] = []
-    for (name, i), columns in wanted.items():
+    for (name, i), spans in wanted.items():
         tiles = index.tensors[name]
-        single = tiles.layout == "tiled"
-        cb, row_bytes = tiles.col_block, tiles.row_bytes
-        r0, r1, _, _ = tiles.tile_rect(i, 0)
+        if len(spans) == 1:
+            out += _one_slice_bands(name, tiles, i, spans[0], slices, limit)
+            continue
+        columns: dict[int, list[int]] = {}
+        for j0, j1, k in spans:
+            for j in range(j0, j1):
+                columns.setdefault(j, []).append(k)
         if _shared_rows(tiles, columns):
             users = {k for ks in columns.values() for k in ks}
             out.append(_band(name, tiles, i, 0, tiles.grid_cols, -1, slices, users))
             continue
+        single = tiles.layout == "tiled"
+        cb, row_bytes = tiles.col_block, tiles.row_bytes
+        r0, r1, _, _ = tiles.tile_rect(i, 0)
         run: list[int] = []
         mode, users = -2, set[int]()
         for j in sorted(columns):

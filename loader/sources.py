@@ -10,9 +10,11 @@ destinations (bridged gap bytes land in a scratch page), at most ``IOV_MAX`` buf
 read row by row costs one ``preadv`` per row. Each blob is opened once with ``POSIX_FADV_RANDOM`` so
 kernel readahead reads nothing nobody asked for. When a band's bytes are all in the page cache
 (``mincore`` over the band's file extent), :meth:`LocalBlobSource.cached_view` instead hands the runner a
-read-only view of them in a mapping of the blob (``MADV_RANDOM``), which it copies tile by tile into
-memory it owns and hashes there, while the tile is still in the CPU cache (a warm strided band costs one
-``memcpy``-speed copy instead of a ``preadv`` per row). S3 (:class:`S3BlobSource`): spans and rows become
+read-only view of them in a mapping of the blob, which it copies chunk by chunk into memory it owns and
+hashes there, while the chunk is still in the CPU cache (a warm strided band costs one strided copy
+instead of a ``preadv`` per row); :meth:`LocalBlobSource.release` then drops the band's page-table
+entries (``MADV_DONTNEED``: the page cache keeps the pages), so the mapped file pages held at once stay
+within the bands in flight. S3 (:class:`S3BlobSource`): spans and rows become
 ``cat_ranges`` requests, at most ``concurrency`` at a time, and the responses are copied into the
 destinations. Storage errors are wrapped once here, naming the file, its blob and the byte range.
 """
@@ -105,6 +107,9 @@ class BlobSource(Protocol):
     def prefetch(self, plan: FetchPlan) -> None:
         """Ask the storage to start on ``plan``'s spans now (a later :meth:`fetch` reads them)."""
 
+    def release(self, band: Band) -> None:
+        """Drop what :meth:`cached_view` mapped for ``band`` once it was copied out."""
+
     def close(self) -> None:
         """Release files and connections."""
 
@@ -152,7 +157,6 @@ class LocalBlobSource:
                 size = os.fstat(fd).st_size
                 if size and _MINCORE is not None:
                     mapping = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-                    mapping.madvise(mmap.MADV_RANDOM)  # a fault reads its page, not a readahead window
                     entry = (mapping, np.frombuffer(mapping, dtype=np.uint8))
                 self._maps[file] = entry
             found = self._maps[file]
@@ -180,6 +184,17 @@ class LocalBlobSource:
         return np.ndarray(
             (band.rows, band.width), np.uint8, buffer=whole, offset=band.offset, strides=(band.stride, 1)
         )
+
+    def release(self, band: Band) -> None:
+        """Unmap ``band``'s pages from this process (they stay in the page cache)."""
+        with self._lock:
+            found = self._maps.get(band.file)
+        if found is None or band.nbytes == 0:
+            return
+        first = band.offset // PAGE * PAGE
+        end = min(band.offset + band.extent, found[1].size)
+        if end > first:
+            found[0].madvise(mmap.MADV_DONTNEED, first, end - first)
 
     def prefetch(self, plan: FetchPlan) -> None:
         """``POSIX_FADV_WILLNEED`` on each span: the device reads exactly those bytes ahead, in parallel.
@@ -337,6 +352,9 @@ class S3BlobSource:
 
     def prefetch(self, plan: FetchPlan) -> None:
         """Nothing: the batch's requests go out together when it is fetched."""
+
+    def release(self, band: Band) -> None:
+        """Nothing was mapped."""
 
     def close(self) -> None:
         """Nothing to release (the filesystem object is the store's)."""

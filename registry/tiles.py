@@ -39,7 +39,7 @@ canonical JSON (RFC 8785); its blob digest is the sha256 of those bytes. Parsing
 ``layout`` one of ``"row_major"``, ``"tiled"`` (absent: ``"row_major"``).
 
 Public API: :func:`plan_grid`, :func:`build_tile_index` (+ :class:`CheckpointReader`),
-:func:`tiles_for`, :func:`tile_pieces`, :func:`verify_tile`, :func:`tile_hash` (streaming:
+:func:`tiles_for` (:func:`tile_span`), :func:`tile_pieces`, :func:`verify_tile`, :func:`tile_hash` (streaming:
 :func:`tile_hasher` + :func:`check_tile`); errors
 :class:`TileDigestMismatchError` (a ``DigestMismatchError``), :class:`TileIndexError`,
 :class:`TileGridError`.
@@ -69,6 +69,7 @@ from .tiles_model import (
     tile_hasher,
     tile_nbytes,
     tile_pieces,
+    tile_span,
     tiles_for,
     verify_tile,
 )
@@ -99,6 +100,7 @@ __all__ = [
     "tile_hasher",
     "tile_nbytes",
     "tile_pieces",
+    "tile_span",
     "tiles_for",
     "verify_tile",
 ]

@@ -193,6 +193,15 @@ def _check_rect(tiles: TensorTiles, row0: int, row1: int, col0: int, col1: int) 
         )
 
 
+def tile_span(tiles: TensorTiles, row0: int, row1: int, col0: int, col1: int) -> tuple[int, int, int, int]:
+    """Tile rows ``[i0, i1)`` x tile columns ``[j0, j1)`` intersecting the rectangle (empty: i0 == i1)."""
+    _check_rect(tiles, row0, row1, col0, col1)
+    if row0 == row1 or col0 == col1:
+        return 0, 0, 0, 0
+    rb, cb = tiles.row_block, tiles.col_block
+    return row0 // rb, (row1 - 1) // rb + 1, col0 // cb, (col1 - 1) // cb + 1
+
+
 def tiles_for(tiles: TensorTiles, row0: int, row1: int, col0: int, col1: int) -> list[tuple[int, int]]:
     """Tiles ``(i, j)`` that intersect rows ``[row0, row1)`` x byte columns ``[col0, col1)``, row-major."""
     _check_rect(tiles, row0, row1, col0, col1)
