@@ -39,8 +39,11 @@ LAYERS, HIDDEN, INTER, VOCAB, TOKENIZER_VOCAB = 32, 64, 128, 256, 32000
 
 def build_safetensors(path: Path) -> int:
     rng = np.random.default_rng(0)
-    shapes = {"model.embed_tokens.weight": (VOCAB, HIDDEN), "model.norm.weight": (HIDDEN,),
-              "lm_head.weight": (VOCAB, HIDDEN)}
+    shapes = {
+        "model.embed_tokens.weight": (VOCAB, HIDDEN),
+        "model.norm.weight": (HIDDEN,),
+        "lm_head.weight": (VOCAB, HIDDEN),
+    }
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         for proj in ("q", "k", "v", "o"):
@@ -48,8 +51,11 @@ def build_safetensors(path: Path) -> int:
         shapes[f"{p}mlp.gate_proj.weight"] = shapes[f"{p}mlp.up_proj.weight"] = (INTER, HIDDEN)
         shapes[f"{p}mlp.down_proj.weight"] = (HIDDEN, INTER)
         shapes[f"{p}input_layernorm.weight"] = shapes[f"{p}post_attention_layernorm.weight"] = (HIDDEN,)
-    save_file({k: rng.standard_normal(s).astype(np.float16) for k, s in shapes.items()}, str(path),
-              metadata={"format": "pt"})
+    save_file(
+        {k: rng.standard_normal(s).astype(np.float16) for k, s in shapes.items()},
+        str(path),
+        metadata={"format": "pt"},
+    )
     return len(shapes)
 
 
@@ -137,18 +143,23 @@ def main() -> None:
                 f.keys()
                 f.metadata()
 
-        results: dict[str, dict[str, object]] = {"safetensors": {
-            "tensors": n_st, "file_bytes": st_path.stat().st_size,
-            "header_bytes": parse_safetensors(st_path).header_length,
-            "gate_us": timed_us(lambda: parse_safetensors(st_path), args.repeat),
-            "safe_open_us": timed_us(st_ref, args.repeat),
-        }}
+        results: dict[str, dict[str, object]] = {
+            "safetensors": {
+                "tensors": n_st,
+                "file_bytes": st_path.stat().st_size,
+                "header_bytes": parse_safetensors(st_path).header_length,
+                "gate_us": timed_us(lambda: parse_safetensors(st_path), args.repeat),
+                "safe_open_us": timed_us(st_ref, args.repeat),
+            }
+        }
         reader_repeat = max(3, args.repeat // 6)
         for label, vocab in (("gguf_no_tokenizer", 0), ("gguf_32k_tokenizer", TOKENIZER_VOCAB)):
             path = Path(tmp) / f"{label}.gguf"
             n = build_gguf(path, vocab)
             results[label] = {
-                "tensors": n, "tokenizer_tokens": vocab, "file_bytes": path.stat().st_size,
+                "tensors": n,
+                "tokenizer_tokens": vocab,
+                "file_bytes": path.stat().st_size,
                 "header_bytes": parse_gguf(path).data_offset,
                 "gate_us": timed_us(lambda p=path: parse_gguf(p), args.repeat),
                 "gguf_reader_us": timed_us(lambda p=path: gguf.GGUFReader(str(p)), reader_repeat),
@@ -166,9 +177,11 @@ def main() -> None:
     per_token = (tok["min"] - no_tok["min"]) / TOKENIZER_VOCAB
     results["gguf_32k_tokenizer"]["tokenizer_us_per_token_min"] = per_token
     results["page_cache_read"] = {
-        "measured_file_mib": args.read_mib, "bytes_per_s": bandwidth, "read_1GiB_us": read_1gib_us,
+        "measured_file_mib": args.read_mib,
+        "bytes_per_s": bandwidth,
+        "read_1GiB_us": read_1gib_us,
         "note": "1 GiB read time extrapolated from the measured bandwidth; gate time measured on the "
-                "small files (a header's size depends on tensor count and tokenizer, not on data size)",
+        "small files (a header's size depends on tensor count and tokenizer, not on data size)",
     }
     print(json.dumps(_rounded(results), indent=2))
 

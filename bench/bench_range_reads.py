@@ -50,6 +50,8 @@ from safetensors.numpy import load_file, save_file
 from shardport.loader import PlaneSlice, ReadOptions, read_slices
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "loader"))
+from rss_probe import measure as measure_rss
 from servers import start_seaweedfs
 
 from shardport.registry.formats import parse_safetensors
@@ -174,39 +176,6 @@ def st_get_slice(path: Path, slices: list[PlaneSlice]) -> list[np.ndarray]:
             part = fh.get_slice(s.tensor)[s.row0 : s.row1, s.col0 // 2 : s.col1 // 2]  # F16 columns
             out.append(np.ascontiguousarray(part).view(np.uint8))
     return out
-
-
-RSS_SCRIPT = r"""
-import json, sys
-from pathlib import Path
-from shardport.loader import PlaneSlice, read_slices
-from shardport.registry.manifest import FileEntry, TensorEntry
-from shardport.registry.store import Store
-from shardport.registry.tiles import TileIndex
-def status(key):
-    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(key))
-    return int(line.split()[1]) * 1024
-spec = json.load(open(sys.argv[1]))
-index = TileIndex.from_bytes(open(spec["index"], "rb").read())
-tensors = [TensorEntry(**e) for e in spec["entries"]]
-files = [FileEntry(**f) for f in spec["files"]]
-slices = [PlaneSlice(*s) for s in spec["slices"]]
-store = Store(spec["store"])
-Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
-before = status("VmRSS:")
-ledger = read_slices(slices, tensors=tensors, files=files, index=index, store=store).ledger
-print(json.dumps({"peak_rss_growth_bytes": status("VmHWM:") - before, "assigned_bytes": ledger.bytes_assigned,
-                  "staging_bound_bytes": ledger.staging_bound_bytes, "scratch_bytes": ledger.scratch_bytes,
-                  "peak_staging_bytes": ledger.peak_staging_bytes}))
-"""
-
-
-def rss_of_rank(tmp: Path, spec: dict[str, Any]) -> dict[str, Any]:
-    (tmp / "spec.json").write_text(json.dumps(spec))
-    out = subprocess.run(
-        [sys.executable, "-c", RSS_SCRIPT, str(tmp / "spec.json")], capture_output=True, text=True, check=True
-    )
-    return dict(json.loads(out.stdout))
 
 
 def main() -> None:
@@ -367,7 +336,7 @@ def run(tmp: Path, size_mib: int, tp: int, repeat: int, *, s3: bool) -> dict[str
         "store": str(tmp / "store"),
     }
     sequential_read(blob)
-    report["rss"] = rss_of_rank(tmp, spec)
+    report["rss"] = measure_rss(tmp, spec)
     if s3:
         report["seaweedfs"] = seaweed(path, entries, files, index, tp, repeat)
     report["ru_maxrss_bench_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

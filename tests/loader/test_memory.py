@@ -8,51 +8,13 @@ page-cache pages mapped at once (``mapped_bound_bytes``).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from loader_artifacts import publish
+from rss_probe import measure
 from safetensors.numpy import save_file
-
-SCRIPT = r"""
-import json, resource, sys
-from pathlib import Path
-from shardport.loader import PlaneSlice, ReadOptions, read_slices
-from shardport.registry.manifest import FileEntry, TensorEntry
-from shardport.registry.store import Store
-from shardport.registry.tiles import TileIndex
-
-def status(key):
-    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(key))
-    return int(line.split()[1]) * 1024
-
-spec = json.load(open(sys.argv[1]))
-index = TileIndex.from_bytes(open(spec["index"], "rb").read())
-tensors = [TensorEntry(**e) for e in spec["entries"]]
-files = [FileEntry(**f) for f in spec["files"]]
-slices = [PlaneSlice(*s) for s in spec["slices"]]
-store = Store(spec["store"])
-options = ReadOptions(page_cache=spec["page_cache"], batch_bytes=4 << 20)
-# a first small load imports and initializes everything the measured one uses
-read_slices(slices[:1], tensors=tensors, files=files, index=index, store=store, options=options)
-Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) starts again from the current RSS
-before, before_ru = status("VmRSS:"), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-got = read_slices(slices, tensors=tensors, files=files, index=index, store=store, options=options)
-ledger = got.ledger
-print(json.dumps({
-    "growth": status("VmHWM:") - before,
-    "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-    "ru_before": before_ru,
-    "assigned": ledger.bytes_assigned,
-    "bound": ledger.staging_bound_bytes + ledger.scratch_bytes + ledger.mapped_bound_bytes,
-    "mapped_bound": ledger.mapped_bound_bytes,
-    "cached": ledger.page_cache_batches,
-}))
-"""
 
 
 @pytest.mark.slow
@@ -81,16 +43,13 @@ def test_rank_load_peak_rss_is_assigned_bytes_plus_the_stated_bounds(
         "files": [f.model_dump() for f in art.files],
         "slices": slices,
         "store": str(tmp_path / "store"),
-        "page_cache": page_cache,
+        "options": {"page_cache": page_cache, "batch_bytes": 4 << 20},
     }
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    command = [sys.executable, "-c", SCRIPT, str(tmp_path / "spec.json")]
-    out = subprocess.run(command, capture_output=True, text=True, check=True)
-    got = json.loads(out.stdout)
-    assert got["assigned"] == 16 << 20
-    assert (got["cached"] > 0) == page_cache and (got["mapped_bound"] > 0) == page_cache
-    slack = 8 << 20  # the interpreter's own allocations during a load (plan objects, thread stacks)
-    assert got["growth"] <= got["assigned"] + got["bound"] + slack, got
-    assert got["bound"] <= 24 << 20  # the bounds are the in-flight window, not the 64 MiB model
+    got = measure(tmp_path, spec)
+    assert got["assigned_bytes"] == 16 << 20
+    assert (got["page_cache_batches"] > 0) == page_cache and (got["mapped_bound_bytes"] > 0) == page_cache
+    allowed = got["assigned_bytes"] + got["bound_bytes"] + (8 << 20)  # 8 MiB: the interpreter's own
+    assert got["peak_rss_growth_bytes"] <= allowed, got
+    assert got["bound_bytes"] <= 24 << 20  # the bounds are the in-flight window, not the 64 MiB model
     # getrusage's peak covers the whole process life: it may not rise by more than the same bound
-    assert got["ru_maxrss"] - got["ru_before"] <= got["assigned"] + got["bound"] + slack, got
+    assert got["ru_maxrss_bytes"] - got["ru_maxrss_before_bytes"] <= allowed, got
