@@ -22,7 +22,8 @@ with its tile index. Measured in the same run, on the same file:
 * ``rss``: peak RSS growth of one rank's verified load in a fresh process vs its assigned bytes and the
   ledger's staging bound;
 * ``seaweedfs``: the same file on a SeaweedFS S3 server on 127.0.0.1: row-split ranks (verified vs plain
-  ``cat_file`` of the same ranges) and a column split read by one rank vs by the node.
+  ``cat_file`` of the same ranges), (c) on S3 (``runai-model-streamer-s3``) for rank 0, and a column
+  split read by one rank vs by the node.
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ def main() -> None:
         args.out.write_text(text + "\n")
 
 
-def runai_load(path: Path, slices: list[PlaneSlice]) -> list[np.ndarray] | None:
+def runai_load(path: Path | str, slices: list[PlaneSlice]) -> list[np.ndarray] | None:
     """Baseline (c): runai-model-streamer streams the tensors whole; each is narrowed as it arrives."""
     try:
         from runai_model_streamer import SafetensorsStreamer
@@ -457,6 +458,18 @@ def seaweed(
                     "read_amplification": result.ledger.read_amplification,
                 }
             )
+        try:  # (c) on S3: every tensor streamed whole (each rank costs the same), then narrowed
+            slices = rank_slices(entries, tp, 0, "row")
+            t_ra, got = best(lambda: runai_load(f"s3://{key}", slices), repeat)
+        except Exception as exc:  # the S3 plugin (runai-model-streamer-s3) is optional
+            out["runai_rank0"] = f"not measured: {type(exc).__name__}: {exc}"
+        else:
+            if got is not None:
+                assigned = sum(s.nbytes for s in slices)
+                out["runai_rank0"] = {"seconds": t_ra, "gbps": assigned / t_ra / 1e9}
+                out["runai_rank0"]["verified_speedup"] = out["ranks"][0]["verified_gbps"] / (
+                    assigned / t_ra / 1e9
+                )
         # a column split of row-major tensors: one rank alone costs a GET per row; the node reads whole rows
         few = entries[:4]
         one = rank_slices(few, tp, 0, "col")[:1]

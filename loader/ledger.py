@@ -49,12 +49,12 @@ class ReadLedger:
     ``bytes_assigned``: bytes of the requested rectangles; ``bytes_fetched``: bytes read from storage
     (whole tiles plus bridged gaps); ``read_amplification`` = fetched / assigned (1.0 when nothing was
     assigned); ``requests``: reads issued (planned; a batch served from the page cache through a mapping,
-    counted in ``page_cache_batches``, issues none); ``peak_staging_bytes``: most staging (and, on S3,
-    response)
-    bytes held at once, never above ``staging_bound_bytes``; ``scratch_bytes``: the fixed per-worker
-    gather buffers (and the local gap sink); ``tiles``: per tensor, the flat
-    indices ``i * grid_cols + j`` of the tiles read and verified; ``fetched``: the ranges read, adjacent
-    ones merged, a band read row by row as one strided record (empty unless recorded);
+    counted in ``page_cache_batches``, issues none; ``page_cache_bytes`` counts every band so served);
+    ``peak_staging_bytes``: most staging (and, on S3, response) bytes held at once, never above
+    ``staging_bound_bytes``; ``scratch_bytes``: the fixed per-worker gather buffers (and the local gap
+    sink); ``tiles``: per tensor, the flat indices ``i * grid_cols + j`` of the tiles read and verified;
+    ``fetched``: the ranges read, adjacent ones merged, a band read row by row as one strided record
+    (empty unless recorded);
     ``mapped_bound_bytes``: the most page-cache pages the page-cache path maps into the process at once
     (a band's file extent per worker; they count in RSS but are the page cache's, not new memory);
     ``page_amplification``: the distinct pages those ranges touch (what a device reads at the least,
@@ -70,6 +70,7 @@ class ReadLedger:
     tiles_verified: int
     bytes_verified: int
     page_cache_batches: int
+    page_cache_bytes: int
     peak_staging_bytes: int
     staging_bound_bytes: int
     scratch_bytes: int

@@ -4,14 +4,14 @@ Pipeline per call of :func:`read_slices`:
 
 1. *plan* (pure, :mod:`.schedule`): slices → covering tiles → bands → batches with fetch plans; the tile
    index is first checked against the manifest's tensors and files;
-2. *fetch* (:mod:`.sources`): up to ``depth`` batches in flight, one per worker. Locally, a batch whose
-   bytes are all in the page cache is copied out of a mapping of the blob tile by tile, each tile hashed
-   right after its copy while it is in the CPU cache (steps 2 and 3 fused; ``page_cache_batches`` in the
-   ledger); otherwise it is read with ``preadv`` as follows (each batch's spans announced with
-   ``POSIX_FADV_WILLNEED`` ``depth`` batches ahead, so the device keeps working without readahead past
-   them). A *direct* band (all
-   its tiles inside one slice) is read straight into that slice's preallocated result array, with no
-   second copy; a *staged* band goes to the worker's reused, page-aligned staging slot (``mmap``).
+2. *fetch* (:mod:`.sources`): up to ``depth`` batches in flight, one per worker. Locally, a band whose
+   bytes are all in the page cache is copied out of a mapping of the blob in chunks of rows, each chunk
+   hashed right after its copy while it is in the CPU cache (steps 2 and 3 fused; ``page_cache_bytes``
+   in the ledger); the batch's other bands are read with ``preadv`` as follows (each batch's spans
+   announced with ``POSIX_FADV_WILLNEED`` ``depth`` batches ahead, so the device keeps working without
+   readahead past them). A *direct* band (all its tiles inside one slice) is read straight into that
+   slice's preallocated result array, with no second copy; a *staged* band goes to the worker's reused,
+   page-aligned staging slot (``mmap``).
    Row-major tensors are read as rectangles of their byte matrix; tensors in the ``shardport-tiled``
    layout tile by tile, each tile one contiguous run, adjacent tiles merged into one read;
 3. *verify*: as soon as a batch's bytes are in, every tile is hashed (BLAKE3; a tile whose rows are not
@@ -50,7 +50,8 @@ from shardport.registry.store import Store
 from shardport.registry.tiles import TileIndex, check_tile, tile_hasher, verify_tile
 
 from .ledger import FetchedRange, ReadLedger, StageSeconds, merge_ranges, paged_bytes
-from .schedule import Band, Batch, PlaneSlice, ReadSchedule, schedule_reads
+from .ranges import plan_fetch
+from .schedule import Band, PlaneSlice, ReadSchedule, schedule_reads
 from .sources import SINK_BYTES, BlobSource, Dest, open_source
 
 U8Array = npt.NDArray[np.uint8]
@@ -112,10 +113,13 @@ class _Runner:
         depth: int,
         *,
         page_cache: bool = True,
+        max_gap: int = 0,
+        gap_budget: float = 0.0,
     ) -> None:
         self.schedule, self.index, self.outputs, self.source = schedule, index, outputs, source
         self.page_cache = page_cache
-        self.cached_batches = 0
+        self.max_gap, self.gap_budget = max_gap, gap_budget
+        self.cached_batches = self.cached_bytes = 0
         self.flat = [out.reshape(-1).data for out in outputs]
         self.depth = depth
         self.workers: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
@@ -126,9 +130,10 @@ class _Runner:
         self.seconds = {"fetch": 0.0, "verify": 0.0, "materialize": 0.0}
         self.held = self.peak = 0
 
-    def _account(self, delta: int, cached: int = 0, **seconds: float) -> None:
+    def _account(self, delta: int, cached: int = 0, cached_bytes: int = 0, **seconds: float) -> None:
         with self.lock:
             self.cached_batches += cached
+            self.cached_bytes += cached_bytes
             self.held += delta
             self.peak = max(self.peak, self.held)
             for stage, value in seconds.items():
@@ -188,17 +193,6 @@ class _Runner:
             check_tile(tiles, band.i, j, hasher.hexdigest(), tensor=band.tensor)
         return copy, hashing
 
-    def _cached(self, batch: Batch) -> list[U8Array] | None:
-        if not self.page_cache:
-            return None
-        views = []
-        for band in batch.bands:
-            view = self.source.cached_view(band)
-            if view is None:
-                return None
-            views.append(view)
-        return views
-
     def _batch(self, k: int) -> None:
         if self.stop.is_set():
             return
@@ -210,34 +204,39 @@ class _Runner:
         held = batch.staging_bytes + (batch.fetch.bytes if self.source.holds_responses else 0)
         self._account(held)
         try:
-            t0 = time.perf_counter()
             dests = [self._dest(b, s, worker) for b, s in zip(batch.bands, batch.slots, strict=True)]
-            views = self._cached(batch)
-            if (
-                views is not None
-            ):  # all in the page cache: copy out of the mapping, hash each tile as it lands
-                copied = hashed = 0.0
-                for band, dest, view in zip(batch.bands, dests, views, strict=True):
-                    if self.stop.is_set():
-                        return
-                    try:
-                        c, h = self._copy_verify(band, dest, view, worker)
-                    finally:
-                        self.source.release(band)
-                    copied, hashed = copied + c, hashed + h
-                del views
-                t1 = t0 + copied
-                t2 = t1 + hashed
-                self._account(0, cached=1)
-                t_mat = time.perf_counter()
-            else:
-                self.source.fetch(batch.fetch, batch.bands, dests)
-                t1 = time.perf_counter()
-                for band, dest in zip(batch.bands, dests, strict=True):
-                    if self.stop.is_set():
-                        return
-                    self._verify(band, dest, worker)
-                t2 = t_mat = time.perf_counter()
+            copied = hashed = 0.0
+            cold = []
+            for n, (band, dest) in enumerate(zip(batch.bands, dests, strict=True)):
+                view = self.source.cached_view(band) if self.page_cache else None
+                if view is None:
+                    cold.append(n)
+                    continue
+                if self.stop.is_set():
+                    return
+                try:  # in the page cache: copy out of the mapping, hash each chunk as it lands
+                    c, h = self._copy_verify(band, dest, view, worker)
+                finally:
+                    del view
+                    self.source.release(band)
+                copied, hashed = copied + c, hashed + h
+            t0 = time.perf_counter()
+            if cold:  # the rest through the storage: the batch's plan, or one for just these bands
+                bands = [batch.bands[n] for n in cold]
+                fetch = (
+                    batch.fetch
+                    if len(cold) == len(batch.bands)
+                    else plan_fetch(bands, max_gap=self.max_gap, gap_budget=self.gap_budget)
+                )
+                self.source.fetch(fetch, bands, [dests[n] for n in cold])
+            t1 = time.perf_counter()
+            for n in cold:
+                if self.stop.is_set():
+                    return
+                self._verify(batch.bands[n], dests[n], worker)
+            t2 = time.perf_counter()
+            cached_bytes = sum(b.nbytes for n, b in enumerate(batch.bands) if n not in cold)
+            self._account(0, cached=0 if cold else 1, cached_bytes=cached_bytes)
             for band, dest in zip(batch.bands, dests, strict=True):
                 if band.parts and not self.stop.is_set():
                     rows = dest.array()
@@ -247,7 +246,7 @@ class _Runner:
                             p.out_row : p.out_row + p.row1 - p.row0, p.out_col : p.out_col + p.col1 - p.col0
                         ] = rows[p.row0 : p.row1, p.col0 : p.col1]
             t3 = time.perf_counter()
-            self._account(0, fetch=t1 - t0, verify=t2 - t1, materialize=t3 - t_mat)
+            self._account(0, fetch=copied + t1 - t0, verify=hashed + t2 - t1, materialize=t3 - t2)
         finally:
             self._account(-held)
             self.workers.put(worker)
@@ -297,7 +296,16 @@ def read_slices(
     outputs = [np.empty(s.shape, dtype=np.uint8) for s in schedule.slices]
     depth = max(1, opts.depth or (min(8, max(2, os.cpu_count() or 1)) if store.is_local else 4))
     source = open_source(store, schedule.blobs, concurrency=max(1, opts.concurrency // depth))
-    runner = _Runner(schedule, index, outputs, source, depth, page_cache=opts.page_cache)
+    runner = _Runner(
+        schedule,
+        index,
+        outputs,
+        source,
+        depth,
+        page_cache=opts.page_cache,
+        max_gap=max_gap,
+        gap_budget=opts.gap_budget,
+    )
     try:
         runner.run()
     finally:
@@ -336,6 +344,7 @@ def _ledger(
         requests=schedule.requests,
         tiles_verified=schedule.tiles,
         page_cache_batches=runner.cached_batches,
+        page_cache_bytes=runner.cached_bytes,
         bytes_verified=sum(b.nbytes for batch in schedule.batches for b in batch.bands),
         peak_staging_bytes=runner.peak,
         staging_bound_bytes=bound,

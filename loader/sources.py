@@ -157,6 +157,8 @@ class LocalBlobSource:
                 size = os.fstat(fd).st_size
                 if size and _MINCORE is not None:
                     mapping = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+                    # a page evicted between mincore and the copy faults in alone, with no readahead
+                    mapping.madvise(mmap.MADV_RANDOM)
                     entry = (mapping, np.frombuffer(mapping, dtype=np.uint8))
                 self._maps[file] = entry
             found = self._maps[file]
