@@ -107,6 +107,19 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 != 0
             )
+        failures += (
+            step(
+                "tp=4, one node holding ranks 0-3: one shared read, each byte once",
+                "pull",
+                ref,
+                str(work / "node"),
+                "--tp",
+                "4",
+                "--ranks",
+                "all",
+            )
+            != 0
+        )
         # A tampered blob is refused, and the previous pull stays as it was.
         from shardport.registry.session import Session
         from shardport.registry.store import blob_key
@@ -127,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[bold red]demo: {failures} step(s) did not behave as expected")
             return 1
         console.print(
-            "[bold green]demo complete: push, dedup, pull, verify, rollback, per-rank pulls, tamper refusal"
+            "[bold green]demo complete: push, dedup, pull, verify, rollback, per-rank and per-node pulls, "
+            "tamper refusal"
         )
         return 0
 
