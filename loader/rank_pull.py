@@ -192,8 +192,11 @@ def pull_ranks(
     The ranks' slices go to :func:`read_slices` together, so a tile several of them need is read and
     verified once, and a whole tile row of a row-major tensor that the node's ranks split by columns is
     one contiguous read (read amplification per node ≤ 1.05 even where one rank's row pieces are smaller
-    than a page). Each rank gets its own files as :func:`pull_rank` writes them; a node pull of several
-    ranks also writes ``node-<first>-<last>.ledger.json`` (the shared read's ledger).
+    than a page). Each rank gets its safetensors file and plan as :func:`pull_rank` writes them; the
+    shared read's ledger goes to ``node-<first>-<last>.ledger.json`` (one rank: ``rank-R.ledger.json``).
+    Every rank's witness rows are checked before any file is written. Memory: the node's assigned
+    bytes (what its ranks hold anyway) plus, for a tensor assembled from several slices, one more copy
+    of that tensor while it is assembled.
     """
     wanted = sorted(set(ranks))
     if not wanted or len(wanted) != len(ranks):
@@ -227,17 +230,16 @@ def pull_ranks(
     )
     read_done = time.perf_counter()
     shared = got.ledger.to_json()
-    results = []
+    prepared = []  # every rank's witnesses are checked before any file is written
     at = 0
     for rank, reads, groups in per_rank:
         arrays = got.arrays[at : at + sum(len(g) for g in groups)]
         at += len(arrays)
-        ledger = shared if len(wanted) == 1 else {"bytes_assigned": sum(a.nbytes for a in arrays)}
-        results.append(
-            _write_rank(
-                dest, resolved.digest, manifest, topology, the_plan, rank, reads, groups, arrays, ledger
-            )
-        )
+        prepared.append(_prepare_rank(resolved.digest, manifest, topology, rank, reads, groups, arrays))
+    results = []
+    for rank_data in prepared:
+        ledger = shared if len(wanted) == 1 else {"bytes_assigned": rank_data.assigned}
+        results.append(_write_rank(dest, topology, the_plan, rank_data, ledger))
     shared["seconds_plan"] = planned - t0
     shared["seconds_read"] = read_done - planned
     shared["seconds_total"] = time.perf_counter() - t0
@@ -257,19 +259,28 @@ def pull_ranks(
     )
 
 
-def _write_rank(
-    dest: Path,
+@dataclass(frozen=True)
+class _RankData:
+    """One rank's tensors and metadata, witnesses checked, ready to write."""
+
+    digest: str
+    rank: int
+    arrays: dict[str, npt.NDArray[Any]]
+    meta: dict[str, str]
+    assigned: int
+    witness_rows: int
+
+
+def _prepare_rank(
     digest: str,
     manifest: Manifest,
     topology: Topology,
-    the_plan: Plan,
     rank: int,
     reads: list[TensorRead],
     groups: list[list[PlaneSlice]],
     got: Sequence[npt.NDArray[np.uint8]],
-    ledger: dict[str, Any],
-) -> RankPullResult:
-    """Check one rank's witnesses and write its safetensors file and plan."""
+) -> _RankData:
+    """Assemble one rank's tensors from its verified slices and re-decode its witness rows."""
     entries = {e.name: e for e in manifest.tensors or []}
     arrays: dict[str, npt.NDArray[Any]] = {}
     meta: dict[str, str] = {
@@ -295,16 +306,26 @@ def _write_rank(
                 "role": read.role,
             }
         )
-    ledger["witness_rows_checked"] = check_rank_witnesses(manifest.weights or [], entries, loaded)
-    out = dest / f"rank-{rank:05d}-of-{topology.world_size:05d}.safetensors"
-    write_safetensors(arrays, out, meta)
-    mine = the_plan.rank(rank)
-    (dest / f"rank-{rank:05d}.plan.json").write_text(json.dumps(mine.model_dump(mode="json"), sort_keys=True))
+    witness_rows = check_rank_witnesses(manifest.weights or [], entries, loaded)
+    return _RankData(digest, rank, arrays, meta, sum(a.nbytes for a in got), witness_rows)
+
+
+def _write_rank(
+    dest: Path, topology: Topology, the_plan: Plan, data: _RankData, ledger: dict[str, Any]
+) -> RankPullResult:
+    """Write one rank's safetensors file (verified by reopening) and its plan."""
+    ledger["witness_rows_checked"] = data.witness_rows
+    out = dest / f"rank-{data.rank:05d}-of-{topology.world_size:05d}.safetensors"
+    write_safetensors(data.arrays, out, data.meta)
+    mine = the_plan.rank(data.rank)
+    (dest / f"rank-{data.rank:05d}.plan.json").write_text(
+        json.dumps(mine.model_dump(mode="json"), sort_keys=True)
+    )
     return RankPullResult(
-        digest=digest,
-        rank=rank,
+        digest=data.digest,
+        rank=data.rank,
         world_size=topology.world_size,
-        tensors=len(arrays),
+        tensors=len(data.arrays),
         out=out,
         ledger=ledger,
         plan_digest=the_plan.digest(),

@@ -23,8 +23,8 @@ Pipeline per call of :func:`read_slices`:
 4. *materialize*: staged bands are copied into the result arrays once verified.
 
 Memory bound: the result arrays (exactly the assigned bytes) plus, per worker (``depth``), the file
-extent of the band it copies from the page cache (mapped, released after each band: shared page-cache
-pages, counted in RSS), a staging slot
+extent of the band it copies from the page cache (mapped for that band only, then unmapped: shared
+page-cache pages, counted in RSS), a staging slot
 (at most ``batch_bytes``, or the largest single tile if larger, rounded to pages) and a scratch buffer
 of the largest tile; plus a 64 KiB sink for bridged gaps locally. On S3 each batch in flight also holds
 its responses (at most ``batch_bytes x (1 + gap_budget)``). The ledger states the bound and the peak
@@ -49,9 +49,10 @@ from shardport.registry.manifest import FileEntry, TensorEntry
 from shardport.registry.store import Store
 from shardport.registry.tiles import TileIndex, check_tile, tile_hasher, verify_tile
 
+from .errors import LoaderError
 from .ledger import FetchedRange, ReadLedger, StageSeconds, merge_ranges, paged_bytes
 from .ranges import plan_fetch
-from .schedule import Band, PlaneSlice, ReadSchedule, schedule_reads
+from .schedule import Band, Batch, PlaneSlice, ReadSchedule, schedule_reads
 from .sources import SINK_BYTES, BlobSource, Dest, open_source
 
 U8Array = npt.NDArray[np.uint8]
@@ -72,7 +73,7 @@ class ReadOptions:
     ``depth`` (batches in flight, one worker each) None picks the CPU count (2..8) locally and 4 on S3;
     ``max_gap`` None picks :data:`LOCAL_MAX_GAP` or :data:`S3_MAX_GAP`; ``concurrency`` is the S3
     requests in flight over all workers; ``record_ranges`` keeps the ranges read in the ledger;
-    ``page_cache`` lets a local batch whose bytes are all cached be copied from a mapping (False: always
+    ``page_cache`` lets a local band whose bytes are all cached be copied from a mapping (False: always
     ``preadv``).
     """
 
@@ -193,32 +194,39 @@ class _Runner:
             check_tile(tiles, band.i, j, hasher.hexdigest(), tensor=band.tensor)
         return copy, hashing
 
+    def _prefetch(self, batch: Batch) -> None:
+        """Advisory only: a failure here (a missing blob, say) is reported by that batch's own read."""
+        try:
+            self.source.prefetch(batch.fetch)
+        except (OSError, LoaderError):
+            pass
+
     def _batch(self, k: int) -> None:
         if self.stop.is_set():
             return
         batch = self.schedule.batches[k]
         worker = self.workers.get()
-        ahead = k + self.depth  # the batch a worker starts when this one is done
-        if ahead < len(self.schedule.batches):
-            self.source.prefetch(self.schedule.batches[ahead].fetch)
         held = batch.staging_bytes + (batch.fetch.bytes if self.source.holds_responses else 0)
         self._account(held)
         try:
+            ahead = k + self.depth  # the batch a worker starts when this one is done
+            if ahead < len(self.schedule.batches):
+                self._prefetch(self.schedule.batches[ahead])
             dests = [self._dest(b, s, worker) for b, s in zip(batch.bands, batch.slots, strict=True)]
             copied = hashed = 0.0
             cold = []
             for n, (band, dest) in enumerate(zip(batch.bands, dests, strict=True)):
-                view = self.source.cached_view(band) if self.page_cache else None
-                if view is None:
+                mapped = self.source.map_cached(band) if self.page_cache else None
+                if mapped is None:
                     cold.append(n)
                     continue
-                if self.stop.is_set():
-                    return
                 try:  # in the page cache: copy out of the mapping, hash each chunk as it lands
-                    c, h = self._copy_verify(band, dest, view, worker)
+                    if self.stop.is_set():
+                        return
+                    assert mapped.array is not None
+                    c, h = self._copy_verify(band, dest, mapped.array, worker)
                 finally:
-                    del view
-                    self.source.release(band)
+                    mapped.close()
                 copied, hashed = copied + c, hashed + h
             t0 = time.perf_counter()
             if cold:  # the rest through the storage: the batch's plan, or one for just these bands
@@ -257,9 +265,15 @@ class _Runner:
             return
         with ThreadPoolExecutor(max_workers=self.depth, thread_name_prefix="shardport-read") as pool:
             for batch in self.schedule.batches[: self.depth]:
-                self.source.prefetch(batch.fetch)
+                self._prefetch(batch)
             futures = [pool.submit(self._batch, k) for k in range(len(self.schedule.batches))]
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            try:
+                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            except BaseException:  # interrupted: queued batches are dropped, running ones stop early
+                self.stop.set()
+                for f in futures:
+                    f.cancel()
+                raise
             failed = [f for f in futures if f in done and f.exception() is not None]
             if failed:
                 self.stop.set()

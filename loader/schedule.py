@@ -17,11 +17,12 @@ A band whose tiles all lie inside one slice is *direct*: its bytes are read stra
 result array (no staging, no second copy). Any other band (a tile cut by a slice edge, or shared) is
 *staged*: read into a page-aligned slot of a staging buffer and copied out after it verified. A whole
 tile row of a row-major tensor wanted by several slices (the ranks of a node loading together, each
-holding a column slice) is one staged band: whole matrix rows, one contiguous read, every byte read once
-for all of them, instead of one narrow strided band per slice (whose rows each cost a request, and whose
-pages the device reads whole anyway). Bands
-never exceed ``batch_bytes`` unless a single tile does; they are ordered by file offset and packed into
-:class:`Batch` es of at most ``batch_bytes`` band bytes, each with its :class:`~.ranges.FetchPlan`.
+holding a column slice) is read as whole matrix rows, in staged bands of at most ``batch_bytes`` (one
+contiguous read when the tile row fits), every byte read once for all of them, instead of one narrow
+strided band per slice (whose rows each cost a request, and whose pages the device reads whole
+anyway). Bands never exceed ``batch_bytes`` unless a single tile does; they are ordered by file offset
+and packed into :class:`Batch` es of at most ``batch_bytes`` band bytes, each with its
+:class:`~.ranges.FetchPlan`.
 """
 
 from __future__ import annotations
@@ -200,15 +201,21 @@ def check_tensor(entry: TensorEntry, tiles: TensorTiles, files: dict[str, FileEn
             f"{where}: tile index has (file, start, end, rows, row_bytes) = {found}, the manifest {wanted}; "
             "the tile index belongs to another artifact — re-resolve the manifest"
         )
+    if entry.layout not in ("row_major", "shardport-tiled"):
+        raise IndexMismatchError(
+            f"{where}: layout {entry.layout!r} in the manifest; this loader reads row_major and "
+            "shardport-tiled"
+        )
+
+    def describe(layout: str, rows: int | None, cols: int | None) -> str:
+        return f"tiled ({rows} rows x {cols} bytes per tile)" if layout == "tiled" else "row_major"
+
     tiled = entry.layout == "shardport-tiled"
-    found_layout = (
-        (tiles.layout, tiles.row_block, tiles.col_block) if tiles.layout == "tiled" else ("row_major",)
-    )
-    wanted_layout = ("tiled", entry.tile_rows, entry.tile_cols) if tiled else ("row_major",)
+    found_layout = describe(tiles.layout, tiles.row_block, tiles.col_block)
+    wanted_layout = describe("tiled" if tiled else "row_major", entry.tile_rows, entry.tile_cols)
     if found_layout != wanted_layout:
         raise IndexMismatchError(
-            f"{where}: the manifest stores it as {entry.layout} "
-            f"(tiles {entry.tile_rows} x {entry.tile_cols}), the tile index as {found_layout}; "
+            f"{where}: the manifest stores it {wanted_layout}, the tile index {found_layout}; "
             "the tile index belongs to another artifact — re-resolve the manifest"
         )
     file = files.get(entry.file)
@@ -378,9 +385,20 @@ def _bands(
         for j0, j1, k in spans:
             for j in range(j0, j1):
                 columns.setdefault(j, []).append(k)
-        if _shared_rows(tiles, columns):
-            users = {k for ks in columns.values() for k in ks}
-            out.append(_band(name, tiles, i, 0, tiles.grid_cols, -1, slices, users))
+        if _shared_rows(tiles, columns):  # whole rows, cut into runs of at most `limit` bytes
+            r0, r1, _, _ = tiles.tile_rect(i, 0)
+            for a, b in _runs(tiles, i, 0, tiles.grid_cols, limit):
+                users = {k for j in range(a, b) for k in columns[j]}
+                s = slices[next(iter(users))]
+                inside = (
+                    len(users) == 1
+                    and all(len(columns[j]) == 1 for j in range(a, b))
+                    and s.row0 <= r0
+                    and r1 <= s.row1
+                    and s.col0 <= a * tiles.col_block
+                    and min(b * tiles.col_block, tiles.row_bytes) <= s.col1
+                )
+                out.append(_band(name, tiles, i, a, b, next(iter(users)) if inside else -1, slices, users))
             continue
         single = tiles.layout == "tiled"
         cb, row_bytes = tiles.col_block, tiles.row_bytes

@@ -9,12 +9,11 @@ Local (:class:`LocalBlobSource`): one ``os.preadv`` per span scatters the file b
 destinations (bridged gap bytes land in a scratch page), at most ``IOV_MAX`` buffers per call; a band
 read row by row costs one ``preadv`` per row. Each blob is opened once with ``POSIX_FADV_RANDOM`` so
 kernel readahead reads nothing nobody asked for. When a band's bytes are all in the page cache
-(``mincore`` over the band's file extent), :meth:`LocalBlobSource.cached_view` instead hands the runner a
-read-only view of them in a mapping of the blob, which it copies chunk by chunk into memory it owns and
+(``mincore`` over the pages its rows touch), the runner instead gets a read-only mapping of just that
+extent (:meth:`LocalBlobSource.map_cached`), which it copies chunk by chunk into memory it owns and
 hashes there, while the chunk is still in the CPU cache (a warm strided band costs one strided copy
-instead of a ``preadv`` per row); :meth:`LocalBlobSource.release` then drops the band's page-table
-entries (``MADV_DONTNEED``: the page cache keeps the pages), so the mapped file pages held at once stay
-within the bands in flight. S3 (:class:`S3BlobSource`): spans and rows become
+instead of a ``preadv`` per row), then unmaps; the page cache keeps the pages, and the mapped file
+pages held at once stay within the bands in flight. S3 (:class:`S3BlobSource`): spans and rows become
 ``cat_ranges`` requests, at most ``concurrency`` at a time, and the responses are copied into the
 destinations. Storage errors are wrapped once here, naming the file, its blob and the byte range.
 """
@@ -91,6 +90,34 @@ class Dest:
         )
 
 
+class MappedBand:
+    """A band's file extent mapped read-only: ``array`` is its ``uint8[rows, width]`` view; close after."""
+
+    def __init__(self, mapping: mmap.mmap, band: Band, skip: int) -> None:
+        self._mapping = mapping
+        self._whole: npt.NDArray[np.uint8] | None = np.frombuffer(mapping, dtype=np.uint8)
+        self.address = int(self._whole.ctypes.data)
+        self.array: npt.NDArray[np.uint8] | None = np.ndarray(
+            (band.rows, band.width), np.uint8, buffer=self._whole, offset=skip, strides=(band.stride, 1)
+        )
+
+    def close(self) -> None:
+        """Unmap (the pages stay in the page cache); the views must not be used afterwards."""
+        self.array = self._whole = None
+        try:
+            self._mapping.close()
+        except BufferError:  # a view still referenced (an exception's traceback): unmapped when it goes
+            pass
+
+
+def _rows_resident(vec: npt.NDArray[np.uint8], skip: int, rows: int, width: int, stride: int) -> bool:
+    """Whether every page that rows ``skip + r * stride + [0, width)`` touch is resident in ``vec``."""
+    starts = (skip + np.arange(rows, dtype=np.int64) * stride) // PAGE
+    ends = (skip + np.arange(rows, dtype=np.int64) * stride + width - 1) // PAGE
+    resident = np.concatenate(([0], np.cumsum(vec & 1, dtype=np.int64)))
+    return bool(((resident[ends + 1] - resident[starts]) == ends - starts + 1).all())
+
+
 class BlobSource(Protocol):
     """Reads checkpoint files (stored as blobs) into band destinations."""
 
@@ -101,14 +128,11 @@ class BlobSource(Protocol):
     def fetch(self, plan: FetchPlan, bands: Sequence[Band], dests: Sequence[Dest]) -> None:
         """Fill ``dests[k]`` with the bytes of ``bands[k]`` for every band ``plan`` reads."""
 
-    def cached_view(self, band: Band) -> npt.NDArray[np.uint8] | None:
-        """A read-only ``uint8[rows, width]`` view of ``band``'s file bytes if all are cached, else None."""
+    def map_cached(self, band: Band) -> MappedBand | None:
+        """``band``'s file bytes mapped read-only if all are in memory (close it after use), else None."""
 
     def prefetch(self, plan: FetchPlan) -> None:
         """Ask the storage to start on ``plan``'s spans now (a later :meth:`fetch` reads them)."""
-
-    def release(self, band: Band) -> None:
-        """Drop what :meth:`cached_view` mapped for ``band`` once it was copied out."""
 
     def close(self) -> None:
         """Release files and connections."""
@@ -130,7 +154,6 @@ class LocalBlobSource:
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
         self._sink = memoryview(mmap.mmap(-1, SINK_BYTES))
-        self._maps: dict[str, tuple[mmap.mmap, npt.NDArray[np.uint8]] | None] = {}
 
     def _fd(self, file: str) -> int:
         with self._lock:
@@ -148,55 +171,44 @@ class LocalBlobSource:
             self._fds[file] = fd
             return fd
 
-    def _mapping(self, file: str) -> npt.NDArray[np.uint8] | None:
-        """The whole blob as a read-only array over a shared mapping (None: empty or not mappable)."""
-        fd = self._fd(file)
-        with self._lock:
-            if file not in self._maps:
-                entry: tuple[mmap.mmap, npt.NDArray[np.uint8]] | None = None
-                size = os.fstat(fd).st_size
-                if size and _MINCORE is not None:
-                    mapping = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-                    # a page evicted between mincore and the copy faults in alone, with no readahead
-                    mapping.madvise(mmap.MADV_RANDOM)
-                    entry = (mapping, np.frombuffer(mapping, dtype=np.uint8))
-                self._maps[file] = entry
-            found = self._maps[file]
-        return None if found is None else found[1]
+    def map_cached(self, band: Band) -> MappedBand | None:
+        """Map ``band``'s file extent and return it if every page its rows touch is in the page cache.
 
-    def cached_view(self, band: Band) -> npt.NDArray[np.uint8] | None:
-        """``band``'s file bytes as a strided view of the mapped blob if every page is resident.
-
-        A band reaching past the blob's end (a truncated blob) gets None, so the ``preadv`` path reports
-        it; a ``mincore`` over the band's extent decides residency. The caller copies out of the view
-        before hashing, so what is verified is what it keeps. (A blob truncated *while* mapped would
-        fault the process: blobs are immutable, written once under their digest.)
+        The mapping covers exactly the band's page-aligned extent (``MADV_RANDOM``: a page evicted
+        between the check and the copy faults in alone, no readahead) and is unmapped by
+        :meth:`MappedBand.close`, so nothing stays mapped after the band. ``mincore`` decides, over the
+        pages the band's rows touch (not the gaps between them). None: not all cached, a band past the
+        blob's end (a truncated blob: the ``preadv`` path reports it), or a file that cannot be mapped.
+        Since Linux 5.0 ``mincore`` reports the page cache only for files the caller owns or may write;
+        for others it sees nothing cached and every band takes the ``preadv`` path. A disk error while a
+        page faults in during the copy raises ``SIGBUS`` (the kernel's, not ours): blobs are immutable
+        and the check just saw the page cached, so this needs an eviction and a failing disk at once.
         """
-        whole = self._mapping(band.file)
-        if whole is None or band.nbytes == 0 or band.offset + band.extent > whole.size:
+        if _MINCORE is None or band.nbytes == 0:
             return None
+        fd = self._fd(band.file)
         first = band.offset // PAGE * PAGE
         length = band.offset + band.extent - first
-        vec = np.empty(-(-length // PAGE), dtype=np.uint8)
-        assert _MINCORE is not None
-        if _MINCORE(whole.ctypes.data + first, length, vec.ctypes.data) != 0:  # type: ignore[operator]
+        try:
+            if band.offset + band.extent > os.fstat(fd).st_size:
+                return None
+            mapping = mmap.mmap(fd, length, prot=mmap.PROT_READ, offset=first)
+        except (OSError, ValueError):  # not mappable here (some FUSE or network file systems)
             return None
-        if not (vec & 1).all():
+        mapped = MappedBand(mapping, band, band.offset - first)
+        try:
+            mapping.madvise(mmap.MADV_RANDOM)
+            vec = np.empty(-(-length // PAGE), dtype=np.uint8)
+            if _MINCORE(mapped.address, length, vec.ctypes.data) != 0:  # type: ignore[operator]
+                mapped.close()
+                return None
+        except (OSError, ValueError):
+            mapped.close()
             return None
-        return np.ndarray(
-            (band.rows, band.width), np.uint8, buffer=whole, offset=band.offset, strides=(band.stride, 1)
-        )
-
-    def release(self, band: Band) -> None:
-        """Unmap ``band``'s pages from this process (they stay in the page cache)."""
-        with self._lock:
-            found = self._maps.get(band.file)
-        if found is None or band.nbytes == 0:
-            return
-        first = band.offset // PAGE * PAGE
-        end = min(band.offset + band.extent, found[1].size)
-        if end > first:
-            found[0].madvise(mmap.MADV_DONTNEED, first, end - first)
+        if not _rows_resident(vec, band.offset - first, band.rows, band.width, band.stride):
+            mapped.close()
+            return None
+        return mapped
 
     def prefetch(self, plan: FetchPlan) -> None:
         """``POSIX_FADV_WILLNEED`` on each span: the device reads exactly those bytes ahead, in parallel.
@@ -284,17 +296,8 @@ class LocalBlobSource:
             dst += dest.stride
 
     def close(self) -> None:
-        """Unmap and close the blob files."""
+        """Close the blob files."""
         with self._lock:
-            maps = [m for m in self._maps.values() if m is not None]
-            self._maps.clear()
-            while maps:
-                mapping, array = maps.pop()
-                del array
-                try:
-                    mapping.close()
-                except BufferError:  # a view still alive elsewhere: the mapping goes with it
-                    pass
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
@@ -348,15 +351,12 @@ class S3BlobSource:
             for r in range(bands[k].rows):
                 dest.row(r)[:] = next(rows)
 
-    def cached_view(self, band: Band) -> npt.NDArray[np.uint8] | None:
+    def map_cached(self, band: Band) -> MappedBand | None:
         """Never: every byte comes over the network."""
         return None
 
     def prefetch(self, plan: FetchPlan) -> None:
         """Nothing: the batch's requests go out together when it is fetched."""
-
-    def release(self, band: Band) -> None:
-        """Nothing was mapped."""
 
     def close(self) -> None:
         """Nothing to release (the filesystem object is the store's)."""

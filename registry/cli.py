@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, help="tensor-parallel degree: pull only --rank's slices")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel degree")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
-    p.add_argument("--rank", type=int, default=0, help="the rank to pull (0 .. tp*ep*pp-1)")
+    p.add_argument("--rank", type=int, help="the rank to pull (0 .. tp*ep*pp-1; default 0)")
     p.add_argument(
         "--ranks",
         help="the ranks of one node, pulled with one shared read (each byte read once): A-B, A,B,... or all",
@@ -185,6 +185,8 @@ def _dispatch(
             raise UsageError("a per-rank pull (--tp) needs the loader: run the `registry` console script")
         return handler(session, args), 0
     if cmd == "pull":
+        if args.rank is not None or args.ranks is not None:
+            raise UsageError("--rank/--ranks select ranks of a topology: give --tp N (and --ep/--pp) too")
         with reporter(json_mode) as rep:
             return pull(session, parse_ref(args.ref), args.dest, reporter=rep).to_json(), 0
     if cmd == "tag":

@@ -266,10 +266,13 @@ def tile_hasher() -> blake3:
 
 
 def check_tile(tiles: TensorTiles, i: int, j: int, found: str, *, tensor: str = "<tensor>") -> None:
-    """Raise :class:`TileDigestMismatchError` unless ``found`` (hex) is tile ``(i, j)``'s recorded hash."""
+    """Raise :class:`TileDigestMismatchError` unless ``found`` (hex) is tile ``(i, j)``'s recorded hash.
+
+    A tile off the grid raises :class:`TileGridError`.
+    """
+    r0, r1, c0, c1 = tiles.tile_rect(i, j)
     expected = tiles.hashes[i * tiles.grid_cols + j]
     if found != expected:
-        r0, r1, c0, c1 = tiles.tile_rect(i, j)
         first, last = tiles.tile_range(i, j)
         raise TileDigestMismatchError(
             file=tiles.file,

@@ -98,9 +98,23 @@ def test_node_pull_reads_each_byte_once_per_node(kind: str, tmp_path: Path, home
         assert ledger["node_ranks"] == list(range(tp)) and ledger["bytes_fetched"] == node["bytes_fetched"]
     half = ok(store, "pull", "acme/llama:q4", tmp_path / "half", "--tp", "4", "--ranks", "2-3")
     assert [r["rank"] for r in half["ranks"]] == [2, 3]
-    for bad, why in (("3-1", "backwards"), ("0,x", "integers"), ("0,0", "distinct"), ("7", "expected 0..3")):
+    for bad, why in (
+        ("3-1", "runs backwards"),
+        ("0,x", "'x' is not a rank"),
+        ("1_0", "is not a rank"),
+        ("0,1,1", "rank 1 is named twice"),
+        ("0-2,2", "rank 2 is named twice"),
+        ("7", "outside 0..3"),
+        ("0-20000000", "outside 0..3"),
+    ):
         code, out = cli(store, "pull", "acme/llama:q4", tmp_path / "bad", "--tp", "4", "--ranks", bad)
-        assert code != 0 and why in out["error"]["message"], (bad, out)
+        assert code == 2 and why in out["error"]["message"], (bad, out)
+    code, out = cli(
+        store, "pull", "acme/llama:q4", tmp_path / "bad", "--tp", "4", "--rank", "1", "--ranks", "all"
+    )
+    assert code == 2 and "not both" in out["error"]["message"], out
+    code, out = cli(store, "pull", "acme/llama:q4", tmp_path / "bad", "--ranks", "all")  # no topology
+    assert code == 2 and "--tp" in out["error"]["message"], out
     assert not (tmp_path / "bad").exists()
 
 
@@ -192,3 +206,7 @@ def test_rank_load_refuses_bytes_contradicting_the_witness(tmp_path: Path, home:
             assert not (tmp_path / "r" / f"rank-{rank:05d}-of-00002.safetensors").exists()
             failures.append(rank)
     assert failures
+    # a node pull checks every rank's witnesses before writing any rank's file
+    code, out = cli(store, "pull", "acme/llama:q4", tmp_path / "node", "--tp", "2", "--ranks", "all")
+    assert code != 0 and out["error"]["type"] == "WitnessMismatchError", out
+    assert not list((tmp_path / "node").glob("rank-*"))

@@ -190,6 +190,48 @@ def test_evicted_blob_is_read_with_preadv_then_served_from_the_page_cache(tmp_pa
         assert np.array_equal(a, art.expected(s)) and np.array_equal(b, a) and np.array_equal(c, a)
 
 
+@pytest.mark.parametrize("batch", [4096, 64 << 10, 16 << 20])
+def test_node_read_of_column_slices_reads_whole_rows_within_the_batch_bound(
+    st_art: Artifact, batch: int
+) -> None:
+    union = [s for rank in range(4) for s in rank_slices(st_art, 4, rank, "col")]
+    schedule = schedule_reads(union, st_art.entries, st_art.files, st_art.index, batch_bytes=batch)
+    largest = max(t.row_block * min(t.col_block, t.row_bytes) for t in st_art.index.tensors.values())
+    bands = [b for batch_ in schedule.batches for b in batch_.bands]
+    assert max(b.nbytes for b in bands) <= max(batch, largest)  # whole rows, cut to the batch size
+    result = load(st_art, union, batch_bytes=batch)
+    for s, got in zip(union, result.arrays, strict=True):
+        assert np.array_equal(got, st_art.expected(s))
+    assert result.ledger.read_amplification <= 1.0  # replicated 1-D tensors are read once for all
+    assert result.ledger.page_amplification is not None and result.ledger.page_amplification <= 1.05
+    if batch == 16 << 20:  # one rank alone reads its column pieces: the device reads their whole pages
+        alone = load(st_art, rank_slices(st_art, 4, 1, "col"))
+        assert alone.ledger.page_amplification is not None and alone.ledger.page_amplification > 1.5
+        assert result.ledger.requests < 4 * alone.ledger.requests
+
+
+def test_a_blob_that_cannot_be_mapped_is_read_with_preadv(
+    st_art: Artifact, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mmap as stdlib_mmap
+
+    from shardport.loader import sources
+
+    real = stdlib_mmap.mmap
+
+    def refuse(fileno: int, length: int, *args: object, **kwargs: object) -> stdlib_mmap.mmap:
+        if fileno != -1:  # file mappings fail as on a file system without mmap (ENODEV)
+            raise OSError(19, "No such device")
+        return real(fileno, length, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sources.mmap, "mmap", refuse)
+    slices = rank_slices(st_art, 2, 1, "row")
+    result = load(st_art, slices)
+    assert result.ledger.page_cache_bytes == 0
+    for s, got in zip(slices, result.arrays, strict=True):
+        assert np.array_equal(got, st_art.expected(s))
+
+
 def test_flipped_byte_in_an_unread_tile_is_never_touched(tmp_path: Path) -> None:
     art = publish(write_safetensors(tmp_path / "ckpt"), str(tmp_path / "store"), minimum=2 << 10)
     name = "model.layers.0.self_attn.o_proj.weight"
@@ -230,7 +272,7 @@ def test_request_and_index_errors(st_art: Artifact, tmp_path: Path) -> None:
         else e
         for e in st_art.entries
     ]
-    with pytest.raises(IndexMismatchError, match="shardport-tiled"):
+    with pytest.raises(IndexMismatchError, match="stores it tiled"):
         read_slices(
             [PlaneSlice(name, 0, 1, 0, 2)],
             tensors=relaid,
