@@ -8,12 +8,12 @@ Pipeline per call of :func:`read_slices`:
    bytes are all in the page cache is copied out of a mapping of the blob in chunks of rows, each chunk
    hashed right after its copy while it is in the CPU cache (steps 2 and 3 fused; ``page_cache_bytes``
    in the ledger); the batch's other bands are read with ``preadv`` as follows (each batch's spans
-   announced with ``POSIX_FADV_WILLNEED`` ``depth`` batches ahead, so the device keeps working without
-   readahead past them). A *direct* band (all its tiles inside one slice) is read straight into that
-   slice's preallocated result array, with no second copy; a *staged* band goes to the worker's reused,
-   page-aligned staging slot (``mmap``).
-   Row-major tensors are read as rectangles of their byte matrix; tensors in the ``shardport-tiled``
-   layout tile by tile, each tile one contiguous run, adjacent tiles merged into one read;
+   announced with ``POSIX_FADV_WILLNEED`` ``PREFETCH_AHEAD x depth`` batches ahead, so the device keeps
+   working without readahead past them). A *direct* band (all its tiles inside one slice) is read
+   straight into that slice's preallocated result array, with no second copy; a *staged* band goes to
+   the worker's reused, page-aligned staging slot (``mmap``). Row-major tensors are read as rectangles
+   of their byte matrix; tensors in the ``shardport-tiled`` layout tile by tile, each tile one
+   contiguous run, adjacent tiles merged into one read;
 3. *verify*: as soon as a batch's bytes are in, every tile is hashed (BLAKE3; a tile whose rows are not
    contiguous in its destination is first gathered into the worker's small scratch buffer) and compared
    with the tile index; a mismatch raises
@@ -62,6 +62,8 @@ PART_BYTES = 256 << 10
 """Page-cache path: rows are copied (and hashed) so many at a time that each tile's part of them is about
 this big: BLAKE3 needs inputs of ~128 KiB for full speed (4 KiB: a third of it), and a band's chunk
 (rows x band width) stays within a core's L2 cache for the tiles' usual 1-8 tile columns."""
+PREFETCH_AHEAD = 2
+"""Cold reads: batches are announced (``POSIX_FADV_WILLNEED``) this many rounds of ``depth`` ahead."""
 S3_MAX_GAP = 1 << 20
 """Default gap bridged on S3, where a request costs about as much as a megabyte of transfer."""
 
@@ -209,7 +211,7 @@ class _Runner:
         held = batch.staging_bytes + (batch.fetch.bytes if self.source.holds_responses else 0)
         self._account(held)
         try:
-            ahead = k + self.depth  # the batch a worker starts when this one is done
+            ahead = k + self.depth * PREFETCH_AHEAD  # announced this many rounds of batches ahead
             if ahead < len(self.schedule.batches):
                 self._prefetch(self.schedule.batches[ahead])
             dests = [self._dest(b, s, worker) for b, s in zip(batch.bands, batch.slots, strict=True)]
@@ -264,7 +266,7 @@ class _Runner:
         if not self.schedule.batches:
             return
         with ThreadPoolExecutor(max_workers=self.depth, thread_name_prefix="shardport-read") as pool:
-            for batch in self.schedule.batches[: self.depth]:
+            for batch in self.schedule.batches[: self.depth * PREFETCH_AHEAD]:
                 self._prefetch(batch)
             futures = [pool.submit(self._batch, k) for k in range(len(self.schedule.batches))]
             try:
