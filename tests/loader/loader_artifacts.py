@@ -11,12 +11,12 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import quantize
 from safetensors.numpy import save_file
 
-from shardport.loader import PlaneSlice
+from shardport.loader import PlaneSlice, ReadOptions, SliceRead, read_slices
 from shardport.registry.formats import parse_gguf, parse_safetensors
 from shardport.registry.hashing import digest_file
 from shardport.registry.manifest import FileEntry, TensorEntry
 from shardport.registry.store import Store, blob_key
-from shardport.registry.tiles import CheckpointReader, TileIndex, build_tile_index
+from shardport.registry.tiles import CheckpointReader, TileIndex, build_tile_index, plane_layout
 
 
 @dataclass
@@ -147,3 +147,32 @@ def splits(n: int, tp: int, unit: int = 1) -> list[tuple[int, int]]:
     step = n // tp
     assert step * tp == n and step % unit == 0, (n, tp, unit)
     return [(k * step, (k + 1) * step) for k in range(tp)]
+
+
+def rank_slices(art: Artifact, tp: int, rank: int, axis: str) -> list[PlaneSlice]:
+    """Every tensor (by name) split ``tp`` ways along ``axis`` (whole quanta); 0-/1-D tensors whole."""
+    out = []
+    for e in sorted(art.entries, key=lambda e: e.name):
+        t = art.index.tensors[e.name]
+        if len(e.shape) < 2:
+            out.append(PlaneSlice(e.name, 0, t.rows, 0, t.row_bytes))
+        elif axis == "row":
+            a, b = splits(t.rows, tp)[rank]
+            out.append(PlaneSlice(e.name, a, b, 0, t.row_bytes))
+        else:
+            q = plane_layout(e).quantum
+            a, b = splits(t.row_bytes // q, tp)[rank]
+            out.append(PlaneSlice(e.name, 0, t.rows, a * q, b * q))
+    return out
+
+
+def load(art: Artifact, slices: list[PlaneSlice], **options: int | float | bool) -> SliceRead:
+    """:func:`read_slices` of ``slices`` from ``art`` with ``ReadOptions(**options)``."""
+    return read_slices(
+        slices,
+        tensors=art.entries,
+        files=art.files,
+        index=art.index,
+        store=art.store,
+        options=ReadOptions(**options),  # type: ignore[arg-type]
+    )

@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loader_artifacts import Artifact, publish, splits, write_gguf, write_safetensors
+from loader_artifacts import Artifact, load, publish, rank_slices, write_gguf, write_safetensors
 
 from shardport.loader import (
     BlobNotFoundError,
     IndexMismatchError,
     PlaneSlice,
-    ReadOptions,
     SliceRequestError,
     read_slices,
     schedule_reads,
@@ -24,7 +23,7 @@ from shardport.loader import (
 from shardport.registry.errors import DigestMismatchError
 from shardport.registry.manifest import FileEntry
 from shardport.registry.store import blob_key
-from shardport.registry.tiles import TensorTiles, TileDigestMismatchError, plane_layout, tile_pieces
+from shardport.registry.tiles import TensorTiles, TileDigestMismatchError, tile_pieces
 
 
 @pytest.fixture(scope="module")
@@ -37,34 +36,6 @@ def st_art(tmp_path_factory: pytest.TempPathFactory) -> Artifact:
 def gguf_art(tmp_path_factory: pytest.TempPathFactory) -> Artifact:
     root = tmp_path_factory.mktemp("gguf")
     return publish(write_gguf(root / "ckpt"), str(root / "store"), minimum=2 << 10)
-
-
-def rank_slices(art: Artifact, tp: int, rank: int, axis: str) -> list[PlaneSlice]:
-    """Every tensor of ``art`` split ``tp`` ways along ``axis``; 0-/1-D tensors replicated whole."""
-    out = []
-    for e in art.entries:
-        t = art.index.tensors[e.name]
-        if len(e.shape) < 2:
-            out.append(PlaneSlice(e.name, 0, t.rows, 0, t.row_bytes))
-        elif axis == "row":
-            a, b = splits(t.rows, tp)[rank]
-            out.append(PlaneSlice(e.name, a, b, 0, t.row_bytes))
-        else:
-            q = plane_layout(e).quantum
-            a, b = splits(t.row_bytes // q, tp)[rank]
-            out.append(PlaneSlice(e.name, 0, t.rows, a * q, b * q))
-    return out
-
-
-def load(art: Artifact, slices: list[PlaneSlice], **options: int | float | bool):
-    return read_slices(
-        slices,
-        tensors=art.entries,
-        files=art.files,
-        index=art.index,
-        store=art.store,
-        options=ReadOptions(**options),  # type: ignore[arg-type]
-    )
 
 
 @pytest.mark.parametrize("page_cache", [True, False], ids=["mapped", "preadv"])

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loader_artifacts import Artifact, publish, splits, write_safetensors
+from loader_artifacts import Artifact, load, publish, rank_slices, write_safetensors
 
-from shardport.loader import PlaneSlice, ReadOptions, SliceRead, read_slices, schedule_reads
+from shardport.loader import PlaneSlice, schedule_reads
 from shardport.registry.hashing import digest_file
 from shardport.registry.manifest import FileEntry, TensorEntry
 from shardport.registry.store import Store
@@ -25,7 +25,6 @@ from shardport.registry.tiles import (
     TensorTiles,
     TileDigestMismatchError,
     TileIndex,
-    plane_layout,
     tile_nbytes,
     tile_pieces,
     verify_tile,
@@ -86,23 +85,6 @@ def local_twins(tmp_path_factory: pytest.TempPathFactory) -> tuple[Artifact, Art
     return twins(root, str(root / "store"))
 
 
-def rank_slices(art: Artifact, tp: int, rank: int, axis: str) -> list[PlaneSlice]:
-    """Every tensor split ``tp`` ways along ``axis`` (whole quanta); 0-/1-D tensors replicated whole."""
-    out = []
-    for e in sorted(art.entries, key=lambda e: e.name):
-        t = art.index.tensors[e.name]
-        if len(e.shape) < 2:
-            out.append(PlaneSlice(e.name, 0, t.rows, 0, t.row_bytes))
-        elif axis == "row":
-            a, b = splits(t.rows, tp)[rank]
-            out.append(PlaneSlice(e.name, a, b, 0, t.row_bytes))
-        else:
-            q = plane_layout(e).quantum
-            a, b = splits(t.row_bytes // q, tp)[rank]
-            out.append(PlaneSlice(e.name, 0, t.rows, a * q, b * q))
-    return out
-
-
 def aligned(art: Artifact, slices: list[PlaneSlice]) -> bool:
     """Whether every slice edge lies on its tensor's tile grid (or the matrix edge)."""
 
@@ -116,17 +98,6 @@ def aligned(art: Artifact, slices: list[PlaneSlice]) -> bool:
         and on(s.col1, t.col_block, t.row_bytes)
         for s in slices
         for t in [art.index.tensors[s.tensor]]
-    )
-
-
-def load(art: Artifact, slices: list[PlaneSlice], **options: int | float) -> SliceRead:
-    return read_slices(
-        slices,
-        tensors=art.entries,
-        files=art.files,
-        index=art.index,
-        store=art.store,
-        options=ReadOptions(**options),  # type: ignore[arg-type]
     )
 
 
