@@ -14,6 +14,8 @@ Tree (exit codes as in :mod:`shardport.registry.errors`)::
 
 from __future__ import annotations
 
+from functools import partial
+
 from shardport.registry.errors import DigestMismatchError, UsageError, VerificationError
 
 
@@ -61,27 +63,14 @@ class TileDigestMismatchError(DigestMismatchError):  # type: ignore[misc, unused
 
     def __reduce__(self) -> tuple[object, ...]:
         """Pickle by keywords (errors cross process boundaries in Ray)."""
-        fields = (self.file, self.tensor, self.tile, self.byte_range, self.rows, self.cols)
-        return (_rebuild, (*fields, self.expected, self.found))
-
-
-def _rebuild(
-    file: str,
-    tensor: str,
-    tile: tuple[int, int],
-    byte_range: tuple[int, int],
-    rows: tuple[int, int],
-    cols: tuple[int, int],
-    expected: str,
-    found: str,
-) -> TileDigestMismatchError:
-    return TileDigestMismatchError(
-        file=file,
-        tensor=tensor,
-        tile=tile,
-        byte_range=byte_range,
-        rows=rows,
-        cols=cols,
-        expected=expected,
-        found=found,
-    )
+        keywords = {
+            "file": self.file,
+            "tensor": self.tensor,
+            "tile": self.tile,
+            "byte_range": self.byte_range,
+            "rows": self.rows,
+            "cols": self.cols,
+            "expected": self.expected,
+            "found": self.found,
+        }
+        return (partial(type(self), **keywords), ())

@@ -46,6 +46,8 @@ Tree::
 
 from __future__ import annotations
 
+from functools import partial
+
 from shardport.registry.errors import RegistryError
 
 
@@ -79,22 +81,14 @@ class ContainerError(RegistryError):  # type: ignore[misc, unused-ignore]
 
     def __reduce__(self) -> tuple[object, ...]:
         """Pickle with the keyword fields (the default would pass only the message)."""
-        return (
-            _rebuild,
-            (type(self), self.file, self.field, self.expected, self.found, self.tensor, self.remedy),
-        )
-
-
-def _rebuild(
-    cls: type[ContainerError],
-    file: str,
-    field: str,
-    expected: str,
-    found: str,
-    tensor: str | None,
-    remedy: str | None,
-) -> ContainerError:
-    return cls(file, field=field, expected=expected, found=found, tensor=tensor, remedy=remedy)
+        keywords = {
+            "field": self.field,
+            "expected": self.expected,
+            "found": self.found,
+            "tensor": self.tensor,
+            "remedy": self.remedy,
+        }
+        return (partial(type(self), self.file, **keywords), ())
 
 
 class ContainerReadError(ContainerError):
