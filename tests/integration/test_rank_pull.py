@@ -22,13 +22,20 @@ from shardport.registry.session import Session
 from shardport.registry.store import blob_key
 
 
+def pushed(store: str, kind: str, folder: Path) -> tuple[Path, str]:
+    """A llama-shaped ``kind`` (gptq, gguf) checkpoint written to ``folder`` and pushed as acme/llama:q4
+    with small tiles (so that these small tensors still have several tiles per split)."""
+    src = gptq_llama(folder) if kind == "gptq" else gguf_llama(folder)
+    ok(store, "keygen")
+    digest = ok(store, "push", src, "acme/llama:q4", "--tile-min", "256", "--tile-size", "16384")["digest"]
+    return src, str(digest)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gptq", "gguf"])
 def test_rank_pulls_local(kind: str, tmp_path: Path, home: Path) -> None:
     store = str(tmp_path / "store")
-    src = gptq_llama(tmp_path / "ck") if kind == "gptq" else gguf_llama(tmp_path / "ck")
-    ok(store, "keygen")
-    digest = ok(store, "push", src, "acme/llama:q4", "--tile-min", "256", "--tile-size", "16384")["digest"]
+    src, digest = pushed(store, kind, tmp_path / "ck")
     manifest = Manifest.from_bytes(Session.open(store).store.read_blob(digest))
     for tp in (2, 4, 8, 3):
         outs, checked = [], 0
@@ -72,9 +79,7 @@ def _tensors(path: Path) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("kind", ["gptq", "gguf"])
 def test_node_pull_reads_each_byte_once_per_node(kind: str, tmp_path: Path, home: Path) -> None:
     store = str(tmp_path / "store")
-    src = gptq_llama(tmp_path / "ck") if kind == "gptq" else gguf_llama(tmp_path / "ck")
-    ok(store, "keygen")
-    digest = ok(store, "push", src, "acme/llama:q4", "--tile-min", "256", "--tile-size", "16384")["digest"]
+    src, digest = pushed(store, kind, tmp_path / "ck")
     manifest = Manifest.from_bytes(Session.open(store).store.read_blob(digest))
     for tp in (4, 8):
         singles = [
@@ -120,9 +125,7 @@ def test_node_pull_reads_each_byte_once_per_node(kind: str, tmp_path: Path, home
 
 def test_flipped_tile_detected_untouched_tile_ignored(tmp_path: Path, home: Path) -> None:
     store = str(tmp_path / "store")
-    src = gptq_llama(tmp_path / "ck")
-    ok(store, "keygen")
-    digest = ok(store, "push", src, "acme/llama:q4", "--tile-min", "256", "--tile-size", "16384")["digest"]
+    _, digest = pushed(store, "gptq", tmp_path / "ck")
     session = Session.open(store)
     manifest = Manifest.from_bytes(session.store.read_blob(digest))
     entries = {e.name: e for e in manifest.tensors or []}
@@ -158,9 +161,7 @@ def test_flipped_tile_detected_untouched_tile_ignored(tmp_path: Path, home: Path
 @pytest.mark.parametrize("kind", ["gptq", "gguf"])
 def test_rank_pulls_seaweedfs(kind: str, seaweed_store_url: str, tmp_path: Path, home: Path) -> None:
     store = seaweed_store_url
-    src = gptq_llama(tmp_path / "ck") if kind == "gptq" else gguf_llama(tmp_path / "ck")
-    ok(store, "keygen")
-    digest = ok(store, "push", src, "acme/llama:q4", "--tile-min", "256", "--tile-size", "16384")["digest"]
+    src, digest = pushed(store, kind, tmp_path / "ck")
     manifest = Manifest.from_bytes(Session.open(store).store.read_blob(digest))
     ref = "acme/llama:q4"
     if kind == "gguf":  # on S3 a column split of row-major GGUF rows is one GET per row: use tiles
@@ -185,9 +186,7 @@ def test_rank_load_refuses_bytes_contradicting_the_witness(tmp_path: Path, home:
     from shardport.registry.tagging import move_tag
 
     store = str(tmp_path / "store")
-    src = gptq_llama(tmp_path / "ck")
-    ok(store, "keygen")
-    digest = ok(store, "push", src, "acme/llama:q4", "--tile-min", "256", "--tile-size", "16384")["digest"]
+    _, digest = pushed(store, "gptq", tmp_path / "ck")
     session = Session.open(store)
     doc = json.loads(session.store.read_blob(digest))
     w = next(w for w in doc["weights"] if w["name"] == "model.layers.0.self_attn.q_proj.weight")
