@@ -63,14 +63,15 @@ class TileDigestMismatchError(DigestMismatchError):  # type: ignore[misc, unused
 
     def __reduce__(self) -> tuple[object, ...]:
         """Pickle by keywords (errors cross process boundaries in Ray)."""
-        keywords = {
-            "file": self.file,
-            "tensor": self.tensor,
-            "tile": self.tile,
-            "byte_range": self.byte_range,
-            "rows": self.rows,
-            "cols": self.cols,
-            "expected": self.expected,
-            "found": self.found,
-        }
-        return (partial(type(self), **keywords), ())
+        rebuild = partial(
+            type(self),
+            file=self.file,
+            tensor=self.tensor,
+            tile=self.tile,
+            byte_range=self.byte_range,
+            rows=self.rows,
+            cols=self.cols,
+            expected=self.expected,
+            found=self.found,
+        )
+        return (rebuild, ())

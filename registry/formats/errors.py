@@ -81,14 +81,16 @@ class ContainerError(RegistryError):  # type: ignore[misc, unused-ignore]
 
     def __reduce__(self) -> tuple[object, ...]:
         """Pickle with the keyword fields (the default would pass only the message)."""
-        keywords = {
-            "field": self.field,
-            "expected": self.expected,
-            "found": self.found,
-            "tensor": self.tensor,
-            "remedy": self.remedy,
-        }
-        return (partial(type(self), self.file, **keywords), ())
+        rebuild = partial(
+            type(self),
+            self.file,
+            field=self.field,
+            expected=self.expected,
+            found=self.found,
+            tensor=self.tensor,
+            remedy=self.remedy,
+        )
+        return (rebuild, ())
 
 
 class ContainerReadError(ContainerError):
