@@ -235,7 +235,9 @@ def pull_ranks(
     for rank, reads, groups in per_rank:
         arrays = got.arrays[at : at + sum(len(g) for g in groups)]
         at += len(arrays)
-        prepared.append(_prepare_rank(resolved.digest, manifest, topology, rank, reads, groups, arrays))
+        prepared.append(
+            _prepare_rank(resolved.digest, manifest, entries, topology, rank, reads, groups, arrays)
+        )
     results = []
     for rank_data in prepared:
         ledger = shared if len(wanted) == 1 else {"bytes_assigned": rank_data.assigned}
@@ -274,6 +276,7 @@ class _RankData:
 def _prepare_rank(
     digest: str,
     manifest: Manifest,
+    entries: dict[str, TensorEntry],
     topology: Topology,
     rank: int,
     reads: list[TensorRead],
@@ -281,7 +284,6 @@ def _prepare_rank(
     got: Sequence[npt.NDArray[np.uint8]],
 ) -> _RankData:
     """Assemble one rank's tensors from its verified slices and re-decode its witness rows."""
-    entries = {e.name: e for e in manifest.tensors or []}
     arrays: dict[str, npt.NDArray[Any]] = {}
     meta: dict[str, str] = {
         "shardport.manifest": digest,

@@ -14,8 +14,9 @@ Pipeline per call of :func:`read_slices`:
    the worker's reused, page-aligned staging slot (``mmap``). Row-major tensors are read as rectangles
    of their byte matrix; tensors in the ``shardport-tiled`` layout tile by tile, each tile one
    contiguous run, adjacent tiles merged into one read;
-3. *verify*: as soon as a batch's bytes are in, every tile is hashed (BLAKE3; a tile whose rows are not
-   contiguous in its destination is first gathered into the worker's small scratch buffer) and compared
+3. *verify*: as soon as a batch's bytes are in, every tile is hashed chunk of rows by chunk of rows
+   (streaming BLAKE3; a tile part not contiguous in its destination is first gathered into the worker's
+   small scratch buffer) and compared
    with the tile index; a mismatch raises
    :class:`~shardport.registry.tiles.TileDigestMismatchError` (file, tensor, tile, byte range), the
    other workers stop, and no array is returned — a result array is handed on only after every tile
@@ -47,7 +48,7 @@ import numpy.typing as npt
 
 from shardport.registry.manifest import FileEntry, TensorEntry
 from shardport.registry.store import Store
-from shardport.registry.tiles import TileIndex, check_tile, tile_hasher, verify_tile
+from shardport.registry.tiles import TileIndex, check_tile, tile_hasher
 
 from .errors import LoaderError
 from .ledger import FetchedRange, ReadLedger, StageSeconds, merge_ranges, paged_bytes
@@ -149,26 +150,16 @@ class _Runner:
         at = band.out_row * width + band.out_col
         return Dest(self.flat[band.direct], at, width, band.rows, band.width)
 
-    def _verify(self, band: Band, dest: Dest, worker: _Worker) -> None:
-        tiles = self.index.tensors[band.tensor]
-        rows = dest.array()
-        for j in range(band.j0, band.j1):
-            c0 = j * tiles.col_block - band.col0
-            c1 = min((j + 1) * tiles.col_block, tiles.row_bytes) - band.col0
-            tile = rows[:, c0:c1]
-            if not tile.flags.c_contiguous:
-                gathered = worker.scratch[: tile.size]
-                gathered.reshape(tile.shape)[...] = tile  # item assignment releases the GIL (copyto did not)
-                tile = gathered
-            verify_tile(tiles, band.i, j, tile.data.cast("B"), tensor=band.tensor)
+    def _verify(
+        self, band: Band, dest: Dest, worker: _Worker, src: U8Array | None = None
+    ) -> tuple[float, float]:
+        """Hash ``band``'s tiles in ``dest`` chunk by chunk of rows; with ``src``, copy each chunk in first.
 
-    def _copy_verify(self, band: Band, dest: Dest, src: U8Array, worker: _Worker) -> tuple[float, float]:
-        """Copy ``band`` from ``src`` (mapped file bytes) into ``dest`` in chunks of rows, hashing as it goes.
-
-        Each chunk of rows (each tile's part about :data:`PART_BYTES`) is copied into ``dest`` and,
-        while it is in the CPU cache, each tile's part of it is fed to that tile's streaming hasher
-        (through the worker's scratch buffer when the part is strided), so what is hashed is what we
-        keep. The tiles are checked when the band is complete. Returns (copy seconds, hash seconds).
+        ``src`` (mapped file bytes, page-cache path) is copied into ``dest`` one chunk of rows at a time
+        (each tile's part about :data:`PART_BYTES`); while the chunk is in the CPU cache, each tile's
+        part of it is fed to that tile's streaming hasher (through the worker's scratch buffer when the
+        part is strided), so what is hashed is what we keep. The tiles are checked, in order, when the
+        band is complete. Returns (copy seconds, hash seconds).
         """
         tiles = self.index.tensors[band.tensor]
         rows = dest.array()
@@ -182,7 +173,8 @@ class _Runner:
         for r in range(0, band.rows, step):
             t0 = time.perf_counter()
             chunk = rows[r : r + step]
-            chunk[...] = src[r : r + step]
+            if src is not None:
+                chunk[...] = src[r : r + step]  # item assignment releases the GIL (copyto did not)
             t1 = time.perf_counter()
             for hasher, (c0, c1) in zip(hashers, cols, strict=True):
                 part = chunk[:, c0:c1]
@@ -217,16 +209,18 @@ class _Runner:
             dests = [self._dest(b, s, worker) for b, s in zip(batch.bands, batch.slots, strict=True)]
             copied = hashed = 0.0
             cold = []
+            cached_bytes = 0
             for n, (band, dest) in enumerate(zip(batch.bands, dests, strict=True)):
                 mapped = self.source.map_cached(band) if self.page_cache else None
                 if mapped is None:
                     cold.append(n)
                     continue
+                cached_bytes += band.nbytes
                 try:  # in the page cache: copy out of the mapping, hash each chunk as it lands
                     if self.stop.is_set():
                         return
                     assert mapped.array is not None
-                    c, h = self._copy_verify(band, dest, mapped.array, worker)
+                    c, h = self._verify(band, dest, worker, mapped.array)
                 finally:
                     mapped.close()
                 copied, hashed = copied + c, hashed + h
@@ -245,7 +239,6 @@ class _Runner:
                     return
                 self._verify(batch.bands[n], dests[n], worker)
             t2 = time.perf_counter()
-            cached_bytes = sum(b.nbytes for n, b in enumerate(batch.bands) if n not in cold)
             self._account(0, cached=0 if cold else 1, cached_bytes=cached_bytes)
             for band, dest in zip(batch.bands, dests, strict=True):
                 if band.parts and not self.stop.is_set():
