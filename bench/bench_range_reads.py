@@ -201,6 +201,7 @@ def main() -> None:
 def runai_load(path: Path | str, slices: list[PlaneSlice]) -> list[np.ndarray] | None:
     """Baseline (c): runai-model-streamer streams the tensors whole; each is narrowed as it arrives."""
     try:
+        import torch
         from runai_model_streamer import SafetensorsStreamer
     except ImportError:
         return None
@@ -213,7 +214,7 @@ def runai_load(path: Path | str, slices: list[PlaneSlice]) -> list[np.ndarray] |
         for item in streamer.get_tensors():
             name, tensor = item if isinstance(item, tuple) else (None, item)
             assert name is not None, "runai-model-streamer yielded no tensor names"
-            matrix = tensor.view(dtype=__import__("torch").uint8).reshape(tensor.shape[0], -1).numpy()
+            matrix = tensor.view(dtype=torch.uint8).reshape(tensor.shape[0], -1).numpy()
             for k in wanted.get(name, ()):
                 s = slices[k]
                 out[k] = np.ascontiguousarray(matrix[s.row0 : s.row1, s.col0 : s.col1])

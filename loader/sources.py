@@ -112,8 +112,8 @@ class MappedBand:
 
 def _rows_resident(vec: npt.NDArray[np.uint8], skip: int, rows: int, width: int, stride: int) -> bool:
     """Whether every page that rows ``skip + r * stride + [0, width)`` touch is resident in ``vec``."""
-    starts = (skip + np.arange(rows, dtype=np.int64) * stride) // PAGE
-    ends = (skip + np.arange(rows, dtype=np.int64) * stride + width - 1) // PAGE
+    firsts = skip + np.arange(rows, dtype=np.int64) * stride
+    starts, ends = firsts // PAGE, (firsts + width - 1) // PAGE
     resident = np.concatenate(([0], np.cumsum(vec & 1, dtype=np.int64)))
     return bool(((resident[ends + 1] - resident[starts]) == ends - starts + 1).all())
 
