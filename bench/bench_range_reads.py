@@ -29,6 +29,8 @@ with its tile index. Measured in the same run, on the same file:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import mmap
 import os
@@ -48,7 +50,9 @@ from blake3 import blake3
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
+from shardport.cli import main as registry_cli
 from shardport.loader import PlaneSlice, ReadOptions, read_slices
+from shardport.loader.rank_pull import load_tile_index
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "loader"))
@@ -58,6 +62,9 @@ from servers import start_seaweedfs
 from shardport.registry.formats import parse_safetensors
 from shardport.registry.hashing import digest_file
 from shardport.registry.manifest import FileEntry, TensorEntry
+from shardport.registry.refs import parse_ref
+from shardport.registry.resolve import resolve
+from shardport.registry.session import Session
 from shardport.registry.store import Store, blob_key
 from shardport.registry.tiles import CheckpointReader, build_tile_index
 
@@ -188,6 +195,7 @@ def main() -> None:
     ap.add_argument("--skip-s3", action="store_true")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="shardport-bench-"))
+    os.environ["SHARDPORT_HOME"] = str(tmp / "home")  # the tiled-layout section pushes with a fresh key
     try:
         report = run(tmp, args.size_mib, args.tp, args.repeat, s3=not args.skip_s3)
     finally:
@@ -326,6 +334,7 @@ def run(tmp: Path, size_mib: int, tp: int, repeat: int, *, s3: bool) -> dict[str
         report["whole_load_s"][axis] = whole
         report["cold"][axis] = cold(blob, path, entries, tp, axis, verified, runai_ok)
         sequential_read(blob)  # warm again for the next axis
+    report["tiled"] = tiled_layout(tmp, path, tp, repeat, (blob, by_name))
     report["cold_read_gbps"] = cold_sequential(blob)
     report["summary"] = summary(report)
     index_path = tmp / "index.json"
@@ -345,33 +354,71 @@ def run(tmp: Path, size_mib: int, tp: int, repeat: int, *, s3: bool) -> dict[str
     return report
 
 
+def disk_window(path: str, nbytes: int) -> float:
+    """The disk's sequential bandwidth right now: the first ``nbytes`` of ``path`` read cold, in 8 MiB reads.
+
+    Taken just before and just after each cold measurement (their mean is its reference), since this
+    VM's disk drifts by up to 3x within a run.
+    """
+    evict(path)
+    buf = memoryview(mmap.mmap(-1, 8 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t, at = time.perf_counter(), 0
+        while at < nbytes:
+            n = os.preadv(fd, [buf[: min(len(buf), nbytes - at)]], at)
+            if n <= 0:
+                break
+            at += n
+        return at / (time.perf_counter() - t) / 1e9
+    finally:
+        os.close(fd)
+        evict(path)
+
+
 def cold_sequential(blob: str) -> float:
     evict(blob)
     return sequential_read(blob)
 
 
 def summary(report: dict[str, Any]) -> dict[str, Any]:
-    """The issue's goals as ratios (each > 1 or <= 1 as stated per key)."""
-    floor = min(report["page_cache_read_gbps"], report["blake3_gbps"]["all_cores"])
-    disk = max(report["cold_read_gbps"], report["cold_read_gbps_start"])
-    out: dict[str, Any] = {"hash_floor_gbps": floor, "disk_sequential_gbps": disk}
+    """The issue's goals as ratios (each > 1 or <= 1 as stated per key).
+
+    ``hash_floor_gbps`` is the issue's floor, min(page-cache read, all-core BLAKE3). A verified read
+    must both copy every byte and hash it on the same cores, so ``copy_and_hash_floor_gbps``
+    (1 / (1/page-cache read + 1/all-core BLAKE3): both cores doing nothing else, perfectly overlapped)
+    is what this machine allows; both ratios are reported. Cold ratios use each measurement's own disk
+    reference (:func:`cold_run`).
+    """
+    read, hashed = report["page_cache_read_gbps"], report["blake3_gbps"]["all_cores"]
+    floor = min(read, hashed)
+    both = 1 / (1 / read + 1 / hashed)
+    out: dict[str, Any] = {
+        "hash_floor_gbps": floor,
+        "copy_and_hash_floor_gbps": both,
+        "disk_sequential_gbps_start_end": [report["cold_read_gbps_start"], report["cold_read_gbps"]],
+    }
     for axis, rows in report["ranks"].items():
         whole = report["whole_load_s"][axis]
         c = report["cold"][axis]
         node = report["node"][axis]
+        slowest = min(r["verified_gbps"] for r in rows)
         out[axis] = {
-            "verified_gbps_min": min(r["verified_gbps"] for r in rows),
-            "verified_vs_floor_min": min(r["verified_gbps"] for r in rows) / floor,
+            "verified_gbps_min": slowest,
+            "verified_vs_floor_min": slowest / floor,
+            "verified_vs_copy_and_hash_floor_min": slowest / both,
             "raw_gbps_min": min(r["raw_gbps"] for r in rows),
             "node_verified_gbps": node["gbps"],
             "node_vs_floor": node["gbps"] / floor,
+            "node_vs_copy_and_hash_floor": node["gbps"] / both,
             "amplification_max_warm": max(r["ledger"]["read_amplification"] for r in rows),
             "page_amplification_max_rank": max(r["ledger"]["page_amplification"] for r in rows),
             "page_amplification_node": node["ledger"]["page_amplification"],
             "cold_device_amplification_rank0": c["verified_device_amplification"],
             "cold_device_amplification_node": c["node_device_amplification"],
-            "cold_rank0_vs_disk": c["verified_gbps"] / disk,
-            "cold_node_vs_disk": c["node_gbps"] / disk,
+            "cold_rank0_vs_disk": c["verified_vs_disk"],
+            "cold_node_vs_disk": c["node_vs_disk"],
+            "cold_get_slice_vs_disk": c["st_get_slice_vs_disk"],
             "whole_speedup_vs_load_file": whole["st_load_file"] / whole["verified"],
             "whole_speedup_vs_get_slice": whole["st_get_slice"] / whole["verified"],
             "whole_speedup_vs_runai": whole["runai"] / whole["verified"],
@@ -381,7 +428,43 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
                 r["ledger"]["seconds"]["plan"] / r["ledger"]["seconds"]["total"] for r in rows
             ),
         }
+    tiled = report.get("tiled")
+    if tiled:
+        for axis, rows in tiled["ranks"].items():
+            seconds = sum(r["verified_s"] for r in rows)
+            out[axis]["tiled"] = {
+                "verified_gbps_min": min(r["verified_gbps"] for r in rows),
+                "speedup_vs_row_major_whole": sum(r["verified_s"] for r in report["ranks"][axis]) / seconds,
+                "speedup_vs_get_slice_whole": report["whole_load_s"][axis]["st_get_slice"] / seconds,
+                "amplification_max_warm": max(r["read_amplification"] for r in rows),
+                "page_amplification_max_rank": max(r["page_amplification"] for r in rows),
+                "requests_max_rank": max(r["requests"] for r in rows),
+                "cold_device_amplification_rank0": tiled["cold"][axis]["device_amplification"],
+                "cold_rank0_vs_disk": tiled["cold"][axis]["vs_disk"],
+            }
     return out
+
+
+def cold_run(fn: Callable[[], Any], target: str, nbytes: int, *, also: str | None = None) -> dict[str, Any]:
+    """``fn`` with ``target`` (and ``also``) evicted first: time, what the page cache then holds of
+    ``target`` (device-level amplification, readahead included) and the disk's sequential bandwidth
+    measured just before and just after (:func:`disk_window`, same byte count)."""
+    before = disk_window(target, nbytes)
+    evict(target)
+    if also is not None:
+        evict(also)
+    t = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - t
+    held = resident(target)
+    disk = (before + disk_window(target, nbytes)) / 2
+    return {
+        "s": seconds,
+        "gbps": nbytes / seconds / 1e9,
+        "device_amplification": held / nbytes if held >= 0 else None,
+        "disk_gbps": disk,
+        "vs_disk": nbytes / seconds / 1e9 / disk,
+    }
 
 
 def cold(
@@ -393,31 +476,82 @@ def cold(
     verified: Callable[[list[PlaneSlice]], Any],
     runai_ok: bool,
 ) -> dict[str, Any]:
-    """Rank 0 and the node with the blob evicted before each: time, and what the page cache then holds."""
+    """Rank 0 and the node cold (:func:`cold_run`), and the baselines reading the source file cold."""
     slices = rank_slices(entries, tp, 0, axis)
     union = [s for rank in range(tp) for s in rank_slices(entries, tp, rank, axis)]
     assigned = sum(s.nbytes for s in slices)
-    node_assigned = sum(s.nbytes for s in union)
-    out: dict[str, Any] = {}
-
-    def measure(name: str, fn: Callable[[], Any], target: str, nbytes: int) -> None:
-        evict(target)
-        if target != blob:
-            evict(blob)  # a baseline reading the source file should not find the store's copy cached
-        t = time.perf_counter()
-        fn()
-        seconds = time.perf_counter() - t
-        held = resident(target)
-        out[f"{name}_s"] = seconds
-        out[f"{name}_gbps"] = nbytes / seconds / 1e9
-        out[f"{name}_device_amplification"] = held / nbytes if held >= 0 else None
-
-    measure("verified", lambda: verified(slices), blob, assigned)
-    measure("node", lambda: verified(union), blob, node_assigned)
-    measure("st_get_slice", lambda: st_get_slice(path, slices), str(path), assigned)
+    runs = {
+        "verified": cold_run(lambda: verified(slices), blob, assigned),
+        "node": cold_run(lambda: verified(union), blob, sum(s.nbytes for s in union)),
+        # a baseline reading the source file should not find the store's copy cached, nor the reverse
+        "st_get_slice": cold_run(lambda: st_get_slice(path, slices), str(path), assigned, also=blob),
+    }
     if runai_ok:
-        measure("runai", lambda: runai_load(path, slices), str(path), assigned)
-    return out
+        runs["runai"] = cold_run(lambda: runai_load(path, slices), str(path), assigned, also=blob)
+    return {f"{name}_{key}": value for name, run in runs.items() for key, value in run.items()}
+
+
+def cli(*args: str) -> dict[str, Any]:
+    """``registry --json ARGS`` in this process; its JSON answer."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = registry_cli(["--json", *args])
+    assert code == 0, out.getvalue()
+    return dict(json.loads(out.getvalue()))
+
+
+def tiled_layout(
+    tmp: Path, path: Path, tp: int, repeat: int, rowmajor: tuple[str, dict[str, TensorEntry]]
+) -> dict[str, Any]:
+    """The checkpoint pushed, then ``registry convert --layout tiled``: per-rank reads, warm and cold.
+
+    Every rank's arrays are checked equal to exact reads of the row-major blob (``rowmajor``).
+    """
+    store = str(tmp / "registry")
+    cli("--store", store, "keygen")
+    cli("--store", store, "push", str(path.parent), "bench/tiles:rowmajor")
+    t = time.perf_counter()
+    cli("--store", store, "convert", "bench/tiles:rowmajor", "bench/tiles:tiled", "--layout", "tiled")
+    convert_s = time.perf_counter() - t
+    session = Session.open(store)
+    manifest = resolve(session, parse_ref("bench/tiles:tiled")).manifest
+    assert manifest.tensors is not None
+    index = load_tile_index(session, manifest)
+    entries, files = list(manifest.tensors), list(manifest.files)
+    blob = session.store.path(blob_key(next(f.digest for f in files if f.path == entries[0].file)))
+
+    def verified(slices: list[PlaneSlice]) -> Any:
+        return read_slices(slices, tensors=entries, files=files, index=index, store=session.store)
+
+    report: dict[str, Any] = {"layout": entries[0].layout, "convert_seconds": convert_s}
+    report.update(ranks={}, cold={})
+    sequential_read(blob)
+    for axis in ("col", "row"):
+        rows = []
+        for rank in range(tp):
+            slices = rank_slices(entries, tp, rank, axis)
+            t_ver, res = best(lambda slices=slices: verified(slices), repeat)
+            exact = raw_read(*rowmajor, slices)
+            assert all(np.array_equal(a, b) for a, b in zip(res.arrays, exact, strict=True))
+            ledger = res.ledger
+            rows.append(
+                {
+                    "rank": rank,
+                    "verified_s": t_ver,
+                    "verified_gbps": ledger.bytes_assigned / t_ver / 1e9,
+                    "read_amplification": ledger.read_amplification,
+                    "page_amplification": ledger.page_amplification,
+                    "requests": ledger.requests,
+                    "tiles_verified": ledger.tiles_verified,
+                }
+            )
+            del res, exact
+        report["ranks"][axis] = rows
+        slices = rank_slices(entries, tp, 0, axis)
+        assigned = sum(s.nbytes for s in slices)
+        report["cold"][axis] = cold_run(lambda slices=slices: verified(slices), blob, assigned)
+        sequential_read(blob)
+    return report
 
 
 def seaweed(

@@ -20,8 +20,6 @@ layers) is pushed to a local store (tile index included). Then, through the same
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -34,7 +32,6 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from shardport.cli import main as registry
 from shardport.loader.rank_pull import pull_rank, pull_ranks
 from shardport.placement import Topology
 from shardport.registry.manifest import Manifest
@@ -43,7 +40,7 @@ from shardport.registry.session import Session
 from shardport.registry.store import blob_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_range_reads import evict, resident, sequential_read
+from bench_range_reads import cli, evict, resident, sequential_read
 
 HIDDEN, INTER, KV, VOCAB = 4096, 14336, 1024, 32000
 
@@ -96,14 +93,6 @@ def make_llama(folder: Path, layers: int) -> int:
         save_file(arrays, str(folder / f"model-layer{i}.safetensors"))
         total += sum(a.nbytes for a in arrays.values())
     return total
-
-
-def cli(*args: str) -> dict[str, Any]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = registry(["--json", *args])
-    assert code == 0, out.getvalue()
-    return dict(json.loads(out.getvalue()))
 
 
 def figures(ledger: dict[str, Any]) -> dict[str, Any]:

@@ -52,11 +52,13 @@ class FetchPlan:
 
 def gap_threshold(pieces: Sequence[Piece], *, max_gap: int, allowance: float) -> int:
     """The largest gap to bridge: all gaps ≤ it are bridged, each ≤ ``max_gap``, their sum ≤ ``allowance``."""
-    merged = coalesce(pieces, 0)
+    return _threshold(coalesce(pieces, 0).ranges, max_gap, allowance)
+
+
+def _threshold(merged: Sequence[Piece], max_gap: int, allowance: float) -> int:
+    """:func:`gap_threshold` from the pieces already merged at gap 0 (sorted, touching ones joined)."""
     gaps = sorted(
-        b.offset - a.end
-        for a, b in pairwise(merged.ranges)
-        if a.file == b.file and 0 < b.offset - a.end <= max_gap
+        b.offset - a.end for a, b in pairwise(merged) if a.file == b.file and 0 < b.offset - a.end <= max_gap
     )
     bridged = threshold = 0
     for value, same in groupby(gaps):
@@ -84,8 +86,10 @@ def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> Fet
             rows_only.append(k)
     spannable.sort()
     pieces = [Piece(bands[k].file, bands[k].offset, bands[k].extent) for k in spannable]
-    threshold = gap_threshold(pieces, max_gap=max_gap, allowance=allowance) if pieces and max_gap > 0 else 0
-    merged = coalesce(pieces, threshold)
+    merged = coalesce(pieces, 0)  # touching pieces always merge; gaps are bridged only when affordable
+    threshold = _threshold(merged.ranges, max_gap, allowance) if len(merged.ranges) > 1 and max_gap > 0 else 0
+    if threshold:
+        merged = coalesce(pieces, threshold)
     members: list[list[tuple[int, int]]] = [[] for _ in merged.ranges]
     for k, (r, at) in zip(spannable, merged.placements, strict=True):
         members[r].append((k, at))

@@ -24,8 +24,8 @@ Pipeline per call of :func:`read_slices`:
 4. *materialize*: staged bands are copied into the result arrays once verified.
 
 Memory bound: the result arrays (exactly the assigned bytes) plus, per worker (``depth``), the file
-extent of the band it copies from the page cache (mapped for that band only, then unmapped: shared
-page-cache pages, counted in RSS), a staging slot
+pages of the batch it copies from the page cache (its bands' extents, mapped for that batch only, then
+unmapped: shared page-cache pages, counted in RSS), a staging slot
 (at most ``batch_bytes``, or the largest single tile if larger, rounded to pages) and a scratch buffer
 of the largest tile; plus a 64 KiB sink for bridged gaps locally. On S3 each batch in flight also holds
 its responses (at most ``batch_bytes x (1 + gap_budget)``). The ledger states the bound and the peak
@@ -54,7 +54,7 @@ from .errors import LoaderError
 from .ledger import FetchedRange, ReadLedger, StageSeconds, merge_ranges, paged_bytes
 from .ranges import plan_fetch
 from .schedule import Band, Batch, PlaneSlice, ReadSchedule, schedule_reads
-from .sources import SINK_BYTES, BlobSource, Dest, open_source
+from .sources import SINK_BYTES, BlobSource, Dest, group_extent, map_groups, open_source
 
 U8Array = npt.NDArray[np.uint8]
 LOCAL_MAX_GAP = 4096
@@ -117,11 +117,12 @@ class _Runner:
         depth: int,
         *,
         page_cache: bool = True,
+        map_limit: int = 16 << 20,
         max_gap: int = 0,
         gap_budget: float = 0.0,
     ) -> None:
         self.schedule, self.index, self.outputs, self.source = schedule, index, outputs, source
-        self.page_cache = page_cache
+        self.page_cache, self.map_limit = page_cache, map_limit
         self.max_gap, self.gap_budget = max_gap, gap_budget
         self.cached_batches = self.cached_bytes = 0
         self.flat = [out.reshape(-1).data for out in outputs]
@@ -210,20 +211,24 @@ class _Runner:
             copied = hashed = 0.0
             cold = []
             cached_bytes = 0
-            for n, (band, dest) in enumerate(zip(batch.bands, dests, strict=True)):
-                mapped = self.source.map_cached(band) if self.page_cache else None
-                if mapped is None:
-                    cold.append(n)
-                    continue
-                cached_bytes += band.nbytes
-                try:  # in the page cache: copy out of the mapping, hash each chunk as it lands
-                    if self.stop.is_set():
-                        return
-                    assert mapped.array is not None
-                    c, h = self._verify(band, dest, worker, mapped.array)
-                finally:
+            mapped = self.source.map_cached(batch.bands, self.map_limit) if self.page_cache else None
+            try:
+                for n, (band, dest) in enumerate(zip(batch.bands, dests, strict=True)):
+                    src = mapped.arrays[n] if mapped is not None else None
+                    if src is None:
+                        cold.append(n)
+                    else:
+                        if self.stop.is_set():
+                            return
+                        cached_bytes += band.nbytes  # cached: copy out of the mapping, hash as it lands
+                        c, h = self._verify(band, dest, worker, src)
+                        copied, hashed = copied + c, hashed + h
+                        del src
+                    if mapped is not None:
+                        mapped.release(n)
+            finally:
+                if mapped is not None:
                     mapped.close()
-                copied, hashed = copied + c, hashed + h
             t0 = time.perf_counter()
             if cold:  # the rest through the storage: the batch's plan, or one for just these bands
                 bands = [batch.bands[n] for n in cold]
@@ -312,6 +317,7 @@ def read_slices(
         source,
         depth,
         page_cache=opts.page_cache,
+        map_limit=opts.batch_bytes,
         max_gap=max_gap,
         gap_budget=opts.gap_budget,
     )
@@ -320,6 +326,10 @@ def read_slices(
     finally:
         source.close()
     return SliceRead(tuple(outputs), _ledger(schedule, runner, source, opts, start, planned))
+
+
+def _round_up(n: int) -> int:
+    return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 def _ledger(
@@ -359,9 +369,12 @@ def _ledger(
         staging_bound_bytes=bound,
         mapped_bound_bytes=workers
         * max(
-            (-(-b.extent // mmap.PAGESIZE) + 1) * mmap.PAGESIZE
-            for batch in schedule.batches
-            for b in batch.bands
+            (
+                _round_up(group_extent(batch.bands, group))
+                for batch in schedule.batches
+                for group in map_groups(batch.bands, opts.batch_bytes)
+            ),
+            default=0,
         )
         if source.kind == "local" and opts.page_cache and schedule.batches
         else 0,

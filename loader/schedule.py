@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardport.registry.manifest import FileEntry, TensorEntry
 from shardport.registry.tiles import TensorTiles, TileGridError, TileIndex, plane_layout, tile_span
@@ -104,27 +104,22 @@ class Band:
     parts: tuple[Part, ...]
     origin: int = -1
     stride: int = -1
+    rows: int = field(init=False)
+    """Rows of the band."""
+    width: int = field(init=False)
+    """Bytes per band row."""
+    nbytes: int = field(init=False)
+    """Bytes of the band (of its tiles)."""
 
     def __post_init__(self) -> None:
         if self.origin < 0:
             object.__setattr__(self, "origin", self.start + self.row0 * self.row_bytes + self.col0)
         if self.stride < 0:
             object.__setattr__(self, "stride", self.row_bytes)
-
-    @property
-    def rows(self) -> int:
-        """Rows of the band."""
-        return self.row1 - self.row0
-
-    @property
-    def width(self) -> int:
-        """Bytes per band row."""
-        return self.col1 - self.col0
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the band (of its tiles)."""
-        return self.rows * self.width
+        rows, width = self.row1 - self.row0, self.col1 - self.col0
+        object.__setattr__(self, "rows", rows)
+        object.__setattr__(self, "width", width)
+        object.__setattr__(self, "nbytes", rows * width)
 
     @property
     def offset(self) -> int:

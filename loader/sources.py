@@ -9,11 +9,12 @@ Local (:class:`LocalBlobSource`): one ``os.preadv`` per span scatters the file b
 destinations (bridged gap bytes land in a scratch page), at most ``IOV_MAX`` buffers per call; a band
 read row by row costs one ``preadv`` per row. Each blob is opened once with ``POSIX_FADV_RANDOM`` so
 kernel readahead reads nothing nobody asked for. When a band's bytes are all in the page cache
-(``mincore`` over the pages its rows touch), the runner instead gets a read-only mapping of just that
-extent (:meth:`LocalBlobSource.map_cached`), which it copies chunk by chunk into memory it owns and
-hashes there, while the chunk is still in the CPU cache (a warm strided band costs one strided copy
-instead of a ``preadv`` per row), then unmaps; the page cache keeps the pages, and the mapped file
-pages held at once stay within the bands in flight. S3 (:class:`S3BlobSource`): spans and rows become
+(``mincore`` over the pages its rows touch), the runner instead copies it out of a read-only mapping of
+its batch's extents (:meth:`LocalBlobSource.map_cached`, one mapping per run of nearby bands) chunk by
+chunk into memory it owns and hashes it there, while the chunk is still in the CPU cache (a warm strided
+band costs one strided copy instead of a ``preadv`` per row), then unmaps after the batch; the page
+cache keeps the pages, and the mapped file pages held at once stay within the batches in flight.
+S3 (:class:`S3BlobSource`): spans and rows become
 ``cat_ranges`` requests, at most ``concurrency`` at a time, and the responses are copied into the
 destinations. Storage errors are wrapped once here, naming the file, its blob and the byte range.
 """
@@ -90,31 +91,95 @@ class Dest:
         )
 
 
-class MappedBand:
-    """A band's file extent mapped read-only: ``array`` is its ``uint8[rows, width]`` view; close after."""
+class MappedBands:
+    """A batch's band extents mapped read-only, in groups (:func:`map_groups`), one mapping each.
 
-    def __init__(self, mapping: mmap.mmap, band: Band, skip: int) -> None:
-        self._mapping = mapping
-        self._whole: npt.NDArray[np.uint8] | None = np.frombuffer(mapping, dtype=np.uint8)
-        self.address = int(self._whole.ctypes.data)
-        self.array: npt.NDArray[np.uint8] | None = np.ndarray(
-            (band.rows, band.width), np.uint8, buffer=self._whole, offset=skip, strides=(band.stride, 1)
-        )
+    ``arrays[k]`` is band ``k``'s ``uint8[rows, width]`` view when every page its rows touch was in the
+    page cache when mapped, else None (that band goes through ``preadv``). :meth:`release` after each
+    band unmaps its group once all of the group's bands are done; :meth:`close` unmaps what is left.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.arrays: list[npt.NDArray[np.uint8] | None] = [None] * count
+        self._group: dict[int, int] = {}  # band -> group
+        self._left: dict[int, int] = {}  # group -> bands not yet released
+        self._mappings: dict[int, mmap.mmap] = {}
+
+    def keep(self, group: int, members: Sequence[int], mapping: mmap.mmap) -> None:
+        """Own ``mapping``, the mapping of ``members``: unmapped once they are all released."""
+        self._mappings[group] = mapping
+        self._left[group] = len(members)
+        self._group.update((k, group) for k in members)
+
+    def release(self, k: int) -> None:
+        """Band ``k`` is done: drop its view, and unmap its group if it was the group's last band."""
+        self.arrays[k] = None
+        group = self._group.pop(k, None)
+        if group is not None:
+            self._left[group] -= 1
+            if not self._left[group]:
+                self._unmap(group)
 
     def close(self) -> None:
-        """Unmap (the pages stay in the page cache); the views must not be used afterwards."""
-        self.array = self._whole = None
+        """Unmap everything (the pages stay in the page cache); the views must not be used afterwards."""
+        self.arrays = [None] * len(self.arrays)
+        for group in list(self._mappings):
+            self._unmap(group)
+        self._group.clear()
+
+    @property
+    def mapped_groups(self) -> int:
+        """Groups still mapped."""
+        return len(self._mappings)
+
+    def _unmap(self, group: int) -> None:
+        mapping = self._mappings.pop(group)
         try:
-            self._mapping.close()
+            mapping.close()
         except BufferError:  # a view still referenced (an exception's traceback): unmapped when it goes
             pass
 
 
-def _rows_resident(vec: npt.NDArray[np.uint8], skip: int, rows: int, width: int, stride: int) -> bool:
-    """Whether every page that rows ``skip + r * stride + [0, width)`` touch is resident in ``vec``."""
+def map_groups(bands: Sequence[Band], limit: int) -> list[list[int]]:
+    """Which of ``bands`` share a mapping (lists of band indices).
+
+    Per file, in offset order, runs spanning at most ``limit`` bytes; a band whose own extent is larger
+    is a group alone; empty bands are in no group. Each group is one mapping and one ``mincore`` over its
+    whole extent (gaps included), so the pages mapped at once per worker stay within
+    :func:`group_extent` of the largest group.
+    """
+    live = [k for k, b in enumerate(bands) if b.nbytes]
+    order = sorted(live, key=lambda k: (bands[k].file, bands[k].offset))
+    groups: list[list[int]] = []
+    first = 0
+    for k in order:
+        band = bands[k]
+        last = bands[groups[-1][0]] if groups else None
+        if last is not None and last.file == band.file and band.offset + band.extent - first <= limit:
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+            first = band.offset // PAGE * PAGE
+    return groups
+
+
+def group_extent(bands: Sequence[Band], group: Sequence[int]) -> int:
+    """Bytes a group's mapping covers (page-aligned start to its last band's end)."""
+    first = min(bands[k].offset for k in group) // PAGE * PAGE
+    return max(bands[k].offset + bands[k].extent for k in group) - first
+
+
+def _rows_resident(resident: npt.NDArray[np.int64], skip: int, rows: int, width: int, stride: int) -> bool:
+    """Whether every page that rows ``skip + r * stride + [0, width)`` touch is resident.
+
+    ``resident[p]`` counts the resident pages before page ``p`` of the mapping (a prefix sum of the
+    ``mincore`` vector, with a leading 0).
+    """
+    if rows <= 1 or stride == width:  # one contiguous run
+        first, last = skip // PAGE, (skip + (rows - 1) * stride + width - 1) // PAGE
+        return bool(resident[last + 1] - resident[first] == last - first + 1)
     firsts = skip + np.arange(rows, dtype=np.int64) * stride
     starts, ends = firsts // PAGE, (firsts + width - 1) // PAGE
-    resident = np.concatenate(([0], np.cumsum(vec & 1, dtype=np.int64)))
     return bool(((resident[ends + 1] - resident[starts]) == ends - starts + 1).all())
 
 
@@ -128,8 +193,11 @@ class BlobSource(Protocol):
     def fetch(self, plan: FetchPlan, bands: Sequence[Band], dests: Sequence[Dest]) -> None:
         """Fill ``dests[k]`` with the bytes of ``bands[k]`` for every band ``plan`` reads."""
 
-    def map_cached(self, band: Band) -> MappedBand | None:
-        """``band``'s file bytes mapped read-only if all are in memory (close it after use), else None."""
+    def map_cached(self, bands: Sequence[Band], limit: int) -> MappedBands:
+        """The bands whose file bytes are all in memory, mapped read-only.
+
+        In groups spanning at most ``limit`` bytes; release each band after use, close at the end.
+        """
 
     def prefetch(self, plan: FetchPlan) -> None:
         """Ask the storage to start on ``plan``'s spans now (a later :meth:`fetch` reads them)."""
@@ -171,44 +239,63 @@ class LocalBlobSource:
             self._fds[file] = fd
             return fd
 
-    def map_cached(self, band: Band) -> MappedBand | None:
-        """Map ``band``'s file extent and return it if every page its rows touch is in the page cache.
+    def map_cached(self, bands: Sequence[Band], limit: int) -> MappedBands:
+        """Map the extents of a batch's ``bands``; keep the views of those whose pages are all cached.
 
-        The mapping covers exactly the band's page-aligned extent (``MADV_RANDOM``: a page evicted
-        between the check and the copy faults in alone, no readahead) and is unmapped by
-        :meth:`MappedBand.close`, so nothing stays mapped after the band. ``mincore`` decides, over the
-        pages the band's rows touch (not the gaps between them). None: not all cached, a band past the
-        blob's end (a truncated blob: the ``preadv`` path reports it), or a file that cannot be mapped.
-        Since Linux 5.0 ``mincore`` reports the page cache only for files the caller owns or may write;
-        for others it sees nothing cached and every band takes the ``preadv`` path. A disk error while a
-        page faults in during the copy raises ``SIGBUS`` (the kernel's, not ours): blobs are immutable
-        and the check just saw the page cached, so this needs an eviction and a failing disk at once.
+        Bands are mapped in groups (:func:`map_groups`: nearby bands of one file, spanning at most
+        ``limit`` bytes; page-aligned; ``MADV_RANDOM``: a page evicted between the check and the copy
+        faults in alone, no readahead), each unmapped once its bands are released, so the file pages
+        mapped into the process stay within a group's extent per worker. One ``mincore`` per group
+        decides, per band, over the pages its rows touch (not the gaps between them). A band past the
+        blob's end (a truncated blob: the ``preadv`` path reports it), or in a file that cannot be
+        mapped, gets no view. Since Linux 5.0 ``mincore`` reports the page cache only for files the
+        caller owns or may write; for others it sees nothing cached and every band takes the ``preadv``
+        path. A disk error while a page faults in during the copy raises ``SIGBUS`` (the kernel's, not
+        ours): blobs are immutable and the check just saw the page cached, so this needs an eviction
+        and a failing disk at once.
         """
-        if _MINCORE is None or band.nbytes == 0:
-            return None
-        fd = self._fd(band.file)
-        first = band.offset // PAGE * PAGE
-        length = band.offset + band.extent - first
+        out = MappedBands(len(bands))
+        if _MINCORE is None:
+            return out
         try:
-            if band.offset + band.extent > os.fstat(fd).st_size:
-                return None
+            sizes: dict[str, int] = {}
+            for g, group in enumerate(map_groups(bands, limit)):
+                file = bands[group[0]].file
+                fd = self._fd(file)
+                if file not in sizes:
+                    sizes[file] = os.fstat(fd).st_size
+                if all(bands[k].offset + bands[k].extent <= sizes[file] for k in group):
+                    self._map_group(fd, bands, g, group, out)
+        except BaseException:
+            out.close()
+            raise
+        return out
+
+    @staticmethod
+    def _map_group(fd: int, bands: Sequence[Band], g: int, group: list[int], out: MappedBands) -> None:
+        first = bands[group[0]].offset // PAGE * PAGE
+        length = group_extent(bands, group)
+        try:
             mapping = mmap.mmap(fd, length, prot=mmap.PROT_READ, offset=first)
         except (OSError, ValueError):  # not mappable here (some FUSE or network file systems)
-            return None
-        mapped = MappedBand(mapping, band, band.offset - first)
+            return
+        out.keep(g, group, mapping)
+        whole = np.frombuffer(mapping, dtype=np.uint8)
+        vec = np.empty(-(-length // PAGE), dtype=np.uint8)
         try:
             mapping.madvise(mmap.MADV_RANDOM)
-            vec = np.empty(-(-length // PAGE), dtype=np.uint8)
-            if _MINCORE(mapped.address, length, vec.ctypes.data) != 0:  # type: ignore[operator]
-                mapped.close()
-                return None
+            if _MINCORE(int(whole.ctypes.data), length, vec.ctypes.data) != 0:  # type: ignore[operator]
+                return
         except (OSError, ValueError):
-            mapped.close()
-            return None
-        if not _rows_resident(vec, band.offset - first, band.rows, band.width, band.stride):
-            mapped.close()
-            return None
-        return mapped
+            return
+        resident = np.concatenate(([0], np.cumsum(vec & 1, dtype=np.int64)))
+        for k in group:
+            band = bands[k]
+            skip = band.offset - first
+            if _rows_resident(resident, skip, band.rows, band.width, band.stride):
+                out.arrays[k] = np.ndarray(
+                    (band.rows, band.width), np.uint8, buffer=whole, offset=skip, strides=(band.stride, 1)
+                )
 
     def prefetch(self, plan: FetchPlan) -> None:
         """``POSIX_FADV_WILLNEED`` on each span: the device reads exactly those bytes ahead, in parallel.
@@ -351,9 +438,9 @@ class S3BlobSource:
             for r in range(bands[k].rows):
                 dest.row(r)[:] = next(rows)
 
-    def map_cached(self, band: Band) -> MappedBand | None:
-        """Never: every byte comes over the network."""
-        return None
+    def map_cached(self, bands: Sequence[Band], limit: int) -> MappedBands:
+        """Nothing: every byte comes over the network."""
+        return MappedBands(len(bands))
 
     def prefetch(self, plan: FetchPlan) -> None:
         """Nothing: the batch's requests go out together when it is fetched."""

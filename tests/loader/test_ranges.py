@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shardport.loader.ranges import gap_threshold, plan_fetch
 from shardport.loader.schedule import Band
-from shardport.loader.sources import Dest, LocalBlobSource
+from shardport.loader.sources import Dest, LocalBlobSource, group_extent, map_groups
 from shardport.placement import Piece
 from shardport.registry.store import Store, blob_key
 
@@ -95,3 +95,33 @@ def test_gap_threshold_bridges_smallest_gaps_first() -> None:
     assert gap_threshold(pieces, max_gap=10_000, allowance=10) == 10
     assert gap_threshold(pieces, max_gap=10_000, allowance=100) == 90
     assert gap_threshold(pieces, max_gap=50, allowance=10_000) == 10
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bs=bands(), limit=st.sampled_from([1, 300, 5_000, 1 << 20]))
+def test_mapped_groups_cover_every_band_once_within_the_limit_and_views_hold_the_file_bytes(
+    store: Store, bs: list[Band], limit: int
+) -> None:
+    groups = map_groups(bs, limit)
+    members = sorted(k for g in groups for k in g)
+    assert members == [k for k, b in enumerate(bs) if b.nbytes]
+    for g in groups:
+        assert len({bs[k].file for k in g}) == 1
+        assert len(g) == 1 or group_extent(bs, g) <= limit
+    source = LocalBlobSource(store, DIGESTS)
+    try:
+        mapped = source.map_cached(bs, limit)
+        assert mapped.mapped_groups == len(groups)
+        for k, b in enumerate(bs):
+            view = mapped.arrays[k]
+            data = np.frombuffer(FILES[b.file], np.uint8)
+            if b.nbytes:  # just written: in the page cache
+                assert view is not None
+                want = np.lib.stride_tricks.as_strided(data[b.offset :], (b.rows, b.width), (b.stride, 1))
+                assert np.array_equal(view, want)
+            mapped.release(k)
+            assert mapped.arrays[k] is None
+        assert mapped.mapped_groups == 0  # every group unmapped once its last band was released
+        mapped.close()
+    finally:
+        source.close()
