@@ -18,7 +18,11 @@ with its tile index. Measured in the same run, on the same file:
   speed-ups over (a), (b), (c);
 * cold (blob evicted before each): rank 0 verified, rank 0 ``get_slice``, (c) rank 0, and the node
   read, each with the blob's page-cache residency afterwards (``fincore``): the device-level read
-  amplification, readahead included;
+  amplification, readahead included; and each against the disk's sequential rate measured on the same
+  byte count just before and just after it (``*_vs_disk``);
+* ``tiled``: the checkpoint pushed and converted with ``registry convert --layout tiled``; every rank's
+  column and row split read warm from the tiled artifact (checked equal to exact reads of the row-major
+  file), and rank 0 cold, with the same figures;
 * ``rss``: peak RSS growth of one rank's verified load in a fresh process vs its assigned bytes and the
   ledger's staging bound;
 * ``seaweedfs``: the same file on a SeaweedFS S3 server on 127.0.0.1: row-split ranks (verified vs plain
