@@ -55,9 +55,9 @@ class ReadLedger:
     sink); ``tiles``: per tensor, the flat indices ``i * grid_cols + j`` of the tiles read and verified;
     ``fetched``: the ranges read, adjacent ones merged, a band read row by row as one strided record
     (empty unless recorded);
-    ``mapped_bound_bytes``: the most page-cache pages the page-cache path maps into the process at once
-    (per worker, the pages its batch's bands span; they count in RSS but are the page cache's, not new
-    memory);
+    ``mapped_bound_bytes``: the most page-cache pages the page-cache path has touched and still mapped
+    at once (per worker, the largest mapping group's extent, :func:`~.sources.map_groups`; they count
+    in RSS but are the page cache's, not new memory);
     ``page_amplification``: the distinct pages those ranges touch (what a device reads at the least,
     readahead off) over ``bytes_assigned`` — above ``read_amplification`` where one rank's row pieces are
     smaller than a page, which a node's shared read brings back to ~1 (None unless recorded).

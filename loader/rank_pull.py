@@ -40,7 +40,11 @@ from .witness_check import check_rank_witnesses
 
 @dataclass(frozen=True)
 class RankPullResult:
-    """What one rank pulled, with its ledger."""
+    """What one rank pulled, with its ledger.
+
+    ``plan_digest``: :meth:`~shardport.placement.Plan.decisions_digest` of the plan it read by — equal
+    for every rank of one job (each rank plans only itself), so ranks can check they agree.
+    """
 
     digest: str
     rank: int
@@ -210,7 +214,7 @@ def pull_ranks(
     if not manifest.tensors or not manifest.weights:
         raise UsageError(f"{ref}: no tensor inventory in the manifest; a per-rank pull needs one")
     index = load_tile_index(session, manifest)
-    the_plan: Plan = plan(manifest, topology, policy=policy)  # type: ignore[arg-type]
+    the_plan: Plan = plan(manifest, topology, policy=policy, ranks=wanted)  # type: ignore[arg-type]
     planned = time.perf_counter()
     entries = {e.name: e for e in manifest.tensors}
     per_rank: list[tuple[int, list[TensorRead], list[list[PlaneSlice]]]] = []
@@ -257,7 +261,7 @@ def pull_ranks(
         world_size=topology.world_size,
         ranks=tuple(results),
         ledger=shared,
-        plan_digest=the_plan.digest(),
+        plan_digest=the_plan.decisions_digest(),
     )
 
 
@@ -330,5 +334,5 @@ def _write_rank(
         tensors=len(data.arrays),
         out=out,
         ledger=ledger,
-        plan_digest=the_plan.digest(),
+        plan_digest=the_plan.decisions_digest(),
     )

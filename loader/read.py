@@ -24,8 +24,8 @@ Pipeline per call of :func:`read_slices`:
 4. *materialize*: staged bands are copied into the result arrays once verified.
 
 Memory bound: the result arrays (exactly the assigned bytes) plus, per worker (``depth``), the file
-pages of the batch it copies from the page cache (its bands' extents, mapped for that batch only, then
-unmapped: shared page-cache pages, counted in RSS), a staging slot
+pages of the mapping group it copies from the page cache (nearby bands spanning at most ``batch_bytes``,
+unmapped once its bands are done: shared page-cache pages, counted in RSS), a staging slot
 (at most ``batch_bytes``, or the largest single tile if larger, rounded to pages) and a scratch buffer
 of the largest tile; plus a 64 KiB sink for bridged gaps locally. On S3 each batch in flight also holds
 its responses (at most ``batch_bytes x (1 + gap_budget)``). The ledger states the bound and the peak
@@ -39,6 +39,7 @@ import os
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Iterable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -221,7 +222,12 @@ class _Runner:
                         if self.stop.is_set():
                             return
                         cached_bytes += band.nbytes  # cached: copy out of the mapping, hash as it lands
-                        c, h = self._verify(band, dest, worker, src)
+                        try:
+                            c, h = self._verify(band, dest, worker, src)
+                        except BaseException as exc:  # its frames' locals would keep the mapping alive
+                            traceback.clear_frames(exc.__traceback__)
+                            src = None
+                            raise
                         copied, hashed = copied + c, hashed + h
                         del src
                     if mapped is not None:

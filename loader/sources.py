@@ -145,21 +145,24 @@ def map_groups(bands: Sequence[Band], limit: int) -> list[list[int]]:
 
     Per file, in offset order, runs spanning at most ``limit`` bytes; a band whose own extent is larger
     is a group alone; empty bands are in no group. Each group is one mapping and one ``mincore`` over its
-    whole extent (gaps included), so the pages mapped at once per worker stay within
-    :func:`group_extent` of the largest group.
+    whole extent (gaps included). A batch's groups are all mapped up front (address space only: neither
+    ``mmap`` nor ``mincore`` brings pages in) and each is unmapped once its bands are released; a
+    batch's bands are in (file, offset) order, so its groups are processed one after another and the
+    file pages touched and still mapped per worker stay within the largest :func:`group_extent`.
     """
     live = [k for k, b in enumerate(bands) if b.nbytes]
     order = sorted(live, key=lambda k: (bands[k].file, bands[k].offset))
     groups: list[list[int]] = []
-    first = 0
+    first = end = 0
     for k in order:
         band = bands[k]
-        last = bands[groups[-1][0]] if groups else None
-        if last is not None and last.file == band.file and band.offset + band.extent - first <= limit:
+        stop = band.offset + band.extent
+        if groups and bands[groups[-1][0]].file == band.file and max(end, stop) - first <= limit:
             groups[-1].append(k)
+            end = max(end, stop)
         else:
             groups.append([k])
-            first = band.offset // PAGE * PAGE
+            first, end = band.offset // PAGE * PAGE, stop
     return groups
 
 

@@ -122,7 +122,10 @@ class RankPlan(_Record):
 
 
 class PlanTotals(_Record):
-    """Totals over one replica's ranks; ``replication = bytes_assigned / checkpoint_bytes``."""
+    """Totals over the planned ranks (one replica's, unless the plan is partial).
+
+    ``replication = bytes_assigned / checkpoint_bytes``.
+    """
 
     checkpoint_bytes: int
     bytes_assigned: int
@@ -137,8 +140,12 @@ class Plan(_Record):
 
     ``dims``: the model dims planned with; ``stages[s]``: the layers ``[start, stop)`` of pp stage ``s``;
     ``expert_blocks[e]``: the experts of ep rank ``e``; ``splits``: every shared dim's split;
-    ``ranks[r]``: rank ``r`` of one replica (``rank(g)`` for a global rank); ``max_gap``: the
-    coalescing gap the fetch totals assume.
+    ``ranks``: the planned ranks of one replica, in rank order (``rank(g)`` for a global rank) — all of
+    them, or, when ``partial``, only those asked for (a rank pulling its own bytes plans itself, not the
+    whole job); ``totals`` are over the planned ranks; ``max_gap``: the coalescing gap the fetch
+    totals assume. Every rank's reads follow from the decisions alone (manifest, topology, policy,
+    dims, stages, expert blocks, splits), so :meth:`decisions_digest` is equal for every rank of a job
+    however it was planned.
     """
 
     version: Literal[1] = 1
@@ -151,14 +158,22 @@ class Plan(_Record):
     splits: tuple[SplitRecord, ...]
     ranks: tuple[RankPlan, ...]
     totals: PlanTotals
+    partial: bool = False
 
     def rank(self, global_rank: int) -> RankPlan:
         """The plan of a global rank (data-parallel replicas repeat rank ``global_rank % world_size``)."""
         _, rank = self.topology.replica_of(global_rank)
-        found = self.ranks[rank]
-        if found.rank != rank:
-            raise TopologyError(f"plan is not indexed by rank: position {rank} holds rank {found.rank}")
+        found = next((r for r in self.ranks if r.rank == rank), None)
+        if found is None:
+            planned = ", ".join(str(r.rank) for r in self.ranks)
+            raise TopologyError(f"rank {rank} is not in this plan (planned ranks: {planned}); plan it too")
         return found
+
+    def decisions_digest(self) -> str:
+        """``sha256:<hex>`` of the canonical JSON of the decisions (everything but ranks and totals)."""
+        decisions = self.model_dump(mode="json", exclude={"ranks", "totals", "partial"})
+        text = json.dumps(decisions, sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace."""

@@ -9,7 +9,7 @@ map it onto every plane, and total the bytes. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from shardport.registry.contracts.model import LogicalWeight
@@ -237,24 +237,38 @@ def _rank_plan(at: RankCoords, reads: list[TensorRead], planner: _Planner, max_g
     )
 
 
-def plan(source: Source, topology: Topology, *, policy: Policy = "align", max_gap: int = 0) -> Plan:
-    """Plan every rank's reads for ``topology``.
+def plan(
+    source: Source,
+    topology: Topology,
+    *,
+    policy: Policy = "align",
+    max_gap: int = 0,
+    ranks: Iterable[int] | None = None,
+) -> Plan:
+    """Plan the reads of every rank of ``topology``, or of ``ranks`` only.
 
     ``source``: a :class:`~shardport.registry.manifest.Manifest`, an :class:`.Inventory`, or a
     ``(weights, tensors, params)`` tuple. ``policy``: ``align`` moves split points that would cut a
     group, block, packed word or head to its boundaries (recorded in ``Plan.splits``); ``refuse`` raises
     :class:`.SplitRefusedError` instead. ``max_gap``: the coalescing gap (bytes) under which the read
-    amplification is reported.
+    amplification is reported. ``ranks``: ranks of one replica to plan (a partial plan, totals over
+    them); the split decisions are made for the whole topology either way, so each planned rank's reads
+    equal those of the full plan.
     """
     if policy not in ("align", "refuse"):
         raise TopologyError(f"placement policy {policy!r}: expected 'align' or 'refuse'")
+    wanted = range(topology.world_size) if ranks is None else sorted(set(ranks))
+    for rank in wanted:
+        if not 0 <= rank < topology.world_size:
+            raise TopologyError(f"rank {rank}: expected 0..{topology.world_size - 1} for {topology}")
+    if not wanted:
+        raise TopologyError("no rank to plan: expected at least one")
     planner = _Planner(source, topology, policy)
-    ranks = tuple(
-        _rank_plan(at, planner.reads(at), planner, max_gap)
-        for at in map(topology.coords, range(topology.world_size))
+    planned = tuple(
+        _rank_plan(at, planner.reads(at), planner, max_gap) for at in map(topology.coords, wanted)
     )
     checkpoint = sum(e.end - e.start for e in planner.tensors.values())
-    assigned = sum(r.bytes_assigned for r in ranks)
+    assigned = sum(r.bytes_assigned for r in planned)
     dims = planner.dims
     stages = [
         layers_of(s, dims.num_layers, topology.pp) if dims.num_layers else range(0)
@@ -272,13 +286,14 @@ def plan(source: Source, topology: Topology, *, policy: Policy = "align", max_ga
         stages=tuple((s.start, s.stop) for s in stages),
         expert_blocks=tuple((b.start, b.stop) for b in blocks),
         splits=tuple(planner.splits.values()),
-        ranks=ranks,
+        ranks=planned,
         totals=PlanTotals(
             checkpoint_bytes=checkpoint,
             bytes_assigned=assigned,
-            bytes_fetched=sum(r.bytes_fetched for r in ranks),
-            requests=sum(r.requests for r in ranks),
+            bytes_fetched=sum(r.bytes_fetched for r in planned),
+            requests=sum(r.requests for r in planned),
             replication=assigned / checkpoint if checkpoint else 1.0,
-            max_read_amplification=max(r.read_amplification for r in ranks),
+            max_read_amplification=max(r.read_amplification for r in planned),
         ),
+        partial=len(planned) != topology.world_size,
     )

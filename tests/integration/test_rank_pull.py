@@ -94,6 +94,8 @@ def test_node_pull_reads_each_byte_once_per_node(kind: str, tmp_path: Path, home
         assert node["read_amplification"] <= 1.05 and node["ledger"]["page_amplification"] <= 1.05
         assert node["requests"] < sum(s["requests"] for s in singles)
         assert node["bytes_assigned"] == sum(s["bytes_assigned"] for s in singles)
+        # each single pull planned only its rank, yet all of them and the node agree on the decisions
+        assert {s["plan_digest"] for s in singles} == {node["plan_digest"]}
         for single, mine in zip(singles, node["ranks"], strict=True):  # the same files as one by one
             assert mine["bytes_assigned"] == single["bytes_assigned"]
             a, b = _tensors(Path(single["out"])), _tensors(Path(mine["out"]))
@@ -103,6 +105,8 @@ def test_node_pull_reads_each_byte_once_per_node(kind: str, tmp_path: Path, home
         assert ledger["node_ranks"] == list(range(tp)) and ledger["bytes_fetched"] == node["bytes_fetched"]
     half = ok(store, "pull", "acme/llama:q4", tmp_path / "half", "--tp", "4", "--ranks", "2-3")
     assert [r["rank"] for r in half["ranks"]] == [2, 3]
+    plan_2 = json.loads((tmp_path / "half" / "rank-00002.plan.json").read_text())
+    assert plan_2["rank"] == 2 and plan_2["bytes_assigned"] == half["ranks"][0]["bytes_assigned"]
     for bad, why in (
         ("3-1", "runs backwards"),
         ("0,x", "'x' is not a rank"),

@@ -125,3 +125,11 @@ def test_mapped_groups_cover_every_band_once_within_the_limit_and_views_hold_the
         mapped.close()
     finally:
         source.close()
+
+
+def test_a_band_inside_a_wide_band_does_not_stretch_its_group_past_the_limit() -> None:
+    wide = Band("t", "a", 0, 4000, 0, 0, 1, 0, 3, 0, 10, -1, 0, 0, ())  # 3 rows of 10 bytes: extent 8010
+    inside = Band("u", "a", 100, 10, 0, 0, 1, 0, 1, 0, 10, -1, 0, 0, ())  # one row at offset 100
+    assert wide.extent == 8010 and inside.offset == 100
+    assert map_groups([wide, inside], 5000) == [[0], [1]]
+    assert map_groups([wide, inside], 9000) == [[0, 1]]

@@ -7,11 +7,14 @@ held by exactly one ep rank; pp stages hold every layer exactly once; planning i
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 from placement_builders import Shape, check_plan, inventory
 
-from shardport.placement import Plan, Topology, UnsplittableError, expert_owner, plan
+from shardport.placement import Plan, Topology, TopologyError, UnsplittableError, expert_owner, plan
 
 
 @st.composite
@@ -41,6 +44,16 @@ def cases(draw: st.DrawFn) -> tuple[Shape, str, int, Topology, int, int, int]:
     return shape, fmt, group, topology, files, pad, draw(st.sampled_from([0, 8, 64, 4096]))
 
 
+def _planned(case: tuple[Shape, str, int, Topology, int, int, int]) -> tuple[Any, Plan]:
+    """The case's inventory and its full plan (cases no split can serve are rejected)."""
+    shape, fmt, group, topology, files, pad, max_gap = case
+    inv = inventory(shape, fmt, group=group, files=files, pad=pad)
+    try:
+        return inv, plan(inv, topology, max_gap=max_gap)
+    except UnsplittableError:
+        reject()
+
+
 def _check_splits(result: Plan) -> None:
     for split in result.splits:
         if split.kind == "heads_replicated":
@@ -57,12 +70,8 @@ def _check_splits(result: Plan) -> None:
 )
 @given(cases())
 def test_random_inventories_are_covered_exactly(case):
-    shape, fmt, group, topology, files, pad, max_gap = case
-    inv = inventory(shape, fmt, group=group, files=files, pad=pad)
-    try:
-        result = plan(inv, topology, max_gap=max_gap)
-    except UnsplittableError:
-        reject()
+    shape, _, _, topology, _, _, max_gap = case
+    inv, result = _planned(case)
     check_plan(result, inv)
     _check_splits(result)
     splits = {s.key: s for s in result.splits}
@@ -84,3 +93,27 @@ def test_random_inventories_are_covered_exactly(case):
         )
     assert result.rank(topology.world_size * topology.dp - 1) == result.ranks[-1]
     assert plan(inv, topology, max_gap=max_gap).digest() == result.digest()
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
+@given(case=cases(), data=st.data())
+def test_a_partial_plan_holds_exactly_the_full_plans_ranks_and_the_same_decisions(
+    case: tuple[Shape, str, int, Topology, int, int, int], data: st.DataObject
+) -> None:
+    _, _, _, topology, _, _, max_gap = case
+    inv, full = _planned(case)
+    wanted = data.draw(st.sets(st.integers(0, topology.world_size - 1), min_size=1))
+    part = plan(inv, topology, max_gap=max_gap, ranks=wanted)
+    assert [r.rank for r in part.ranks] == sorted(wanted)
+    assert all(part.rank(r) == full.rank(r) for r in wanted)
+    assert part.partial == (len(wanted) < topology.world_size) and not full.partial
+    assert part.decisions_digest() == full.decisions_digest()
+    assert part.totals.bytes_assigned == sum(full.rank(r).bytes_assigned for r in wanted)
+    missing = set(range(topology.world_size)) - wanted
+    if missing:
+        with pytest.raises(TopologyError, match=f"rank {min(missing)} is not in this plan"):
+            part.rank(min(missing))
+    with pytest.raises(TopologyError, match=rf"rank {topology.world_size}: expected 0\.\."):
+        plan(inv, topology, ranks=[topology.world_size])
