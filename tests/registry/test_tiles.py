@@ -273,6 +273,8 @@ def _doc(**changes: object) -> bytes:
         (_doc(hashes=["a" * 64]), TileIndexError, "1 hashes for a grid of 2 x 1"),
         (_doc(hashes=["A" * 64] * 2), TileIndexError, "hex"),
         (_doc(hashes=["a" * 63] * 2), TileIndexError, "hex"),
+        (_doc(hashes=["a" * 63, "a" * 65]), TileIndexError, "hash 0 is not 64"),  # right total, wrong split
+        (_doc(hashes=["a" * 64, "g" * 64]), TileIndexError, "hash 1 is not 64"),
         (_doc(start=-1), TileIndexError, "start"),
         (_doc(start=2**53 - 2), TileIndexError, "overflows"),
         (_doc(rows=True), TileIndexError, "rows"),
