@@ -21,7 +21,10 @@ Pipeline per call of :func:`read_slices`:
    :class:`~shardport.registry.tiles.TileDigestMismatchError` (file, tensor, tile, byte range), the
    other workers stop, and no array is returned — a result array is handed on only after every tile
    of every slice verified;
-4. *materialize*: staged bands are copied into the result arrays once verified.
+4. *materialize*: staged bands are copied into the result arrays once verified — except a staged band
+   copied from the page cache whose tiles each lie inside one slice's part (a node's whole tile row
+   split by columns among its ranks): its parts are copied from the mapping straight into the result
+   arrays and its tiles hashed there, with no staging copy.
 
 Memory bound: the result arrays (exactly the assigned bytes) plus, per worker (``depth``), the file
 pages of the mapping group it copies from the page cache (nearby bands spanning at most ``batch_bytes``,
@@ -43,6 +46,7 @@ import traceback
 from collections.abc import Iterable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import numpy.typing as npt
@@ -96,6 +100,19 @@ class SliceRead:
 
     arrays: tuple[U8Array, ...]
     ledger: ReadLedger
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """Where byte columns ``[c0, c1)`` of a band go: ``array``, ``rows x (c1 - c0)`` (a view)."""
+
+    array: U8Array
+    c0: int
+    c1: int
+
+
+def _whole(dest: Dest) -> _Target:
+    return _Target(dest.array(), 0, dest.width)
 
 
 class _Worker:
@@ -152,34 +169,64 @@ class _Runner:
         at = band.out_row * width + band.out_col
         return Dest(self.flat[band.direct], at, width, band.rows, band.width)
 
-    def _verify(
-        self, band: Band, dest: Dest, worker: _Worker, src: U8Array | None = None
-    ) -> tuple[float, float]:
-        """Hash ``band``'s tiles in ``dest`` chunk by chunk of rows; with ``src``, copy each chunk in first.
+    def _scatter(self, band: Band) -> list[_Target] | None:
+        """A staged band's parts as targets, or None.
 
-        ``src`` (mapped file bytes, page-cache path) is copied into ``dest`` one chunk of rows at a time
-        (each tile's part about :data:`PART_BYTES`); while the chunk is in the CPU cache, each tile's
-        part of it is fed to that tile's streaming hasher (through the worker's scratch buffer when the
-        part is strided), so what is hashed is what we keep. The tiles are checked, in order, when the
-        band is complete. Returns (copy seconds, hash seconds).
+        Only when each of its tiles lies inside exactly one part that spans all its rows (a node's
+        whole tile row split by columns among its ranks).
+        """
+        parts = sorted(band.parts, key=lambda p: p.col0)
+        if not parts or any(p.row0 != 0 or p.row1 != band.rows for p in parts):
+            return None
+        if any(a.col1 > b.col0 for a, b in pairwise(parts)):
+            return None  # overlapping parts (a tile several slices take whole): copy once, then out
+        cb, row_bytes = self.index.tensors[band.tensor].col_block, band.row_bytes
+        for j in range(band.j0, band.j1):
+            a, b = j * cb - band.col0, min((j + 1) * cb, row_bytes) - band.col0
+            if not any(p.col0 <= a and b <= p.col1 for p in parts):
+                return None
+        return [
+            _Target(
+                self.outputs[p.request][
+                    p.out_row : p.out_row + band.rows, p.out_col : p.out_col + p.col1 - p.col0
+                ],
+                p.col0,
+                p.col1,
+            )
+            for p in parts
+        ]
+
+    def _verify(
+        self, band: Band, targets: Sequence[_Target], worker: _Worker, src: U8Array | None = None
+    ) -> tuple[float, float]:
+        """Hash ``band``'s tiles in ``targets`` by chunks of rows; with ``src``, copy each chunk in first.
+
+        ``targets`` hold the band's byte columns: its destination (one target: all columns), or, for
+        a staged band copied from the page cache, the result arrays its parts go to (:meth:`_scatter`,
+        no staging copy). ``src`` (mapped file bytes, page-cache path) is copied into the targets one
+        chunk of rows at a time (each tile's part about :data:`PART_BYTES`); while the chunk is in the
+        CPU cache, each tile's part of it is fed to that tile's streaming hasher (through the worker's
+        scratch buffer when the part is strided), so what is hashed is what we keep. The tiles are
+        checked, in order, when the band is complete. Returns (copy seconds, hash seconds).
         """
         tiles = self.index.tensors[band.tensor]
-        rows = dest.array()
-        cols = [
-            (j * tiles.col_block - band.col0, min((j + 1) * tiles.col_block, tiles.row_bytes) - band.col0)
-            for j in range(band.j0, band.j1)
-        ]
-        hashers = [tile_hasher() for _ in cols]
-        step = max(1, PART_BYTES // max(1, min(c1 - c0 for c0, c1 in cols)))
+        cb, row_bytes = tiles.col_block, tiles.row_bytes
+        spans = []  # per tile: (the target array holding it, its columns there)
+        for j in range(band.j0, band.j1):
+            a, b = j * cb - band.col0, min((j + 1) * cb, row_bytes) - band.col0
+            t = next(k for k, tg in enumerate(targets) if tg.c0 <= a and b <= tg.c1)
+            spans.append((targets[t].array, a - targets[t].c0, b - targets[t].c0))
+        hashers = [tile_hasher() for _ in spans]
+        step = max(1, PART_BYTES // max(1, min(c1 - c0 for _, c0, c1 in spans)))
         copy = hashing = 0.0
         for r in range(0, band.rows, step):
             t0 = time.perf_counter()
-            chunk = rows[r : r + step]
             if src is not None:
-                chunk[...] = src[r : r + step]  # item assignment releases the GIL (copyto did not)
+                for tg in targets:  # item assignment releases the GIL (copyto did not)
+                    tg.array[r : r + step] = src[r : r + step, tg.c0 : tg.c1]
             t1 = time.perf_counter()
-            for hasher, (c0, c1) in zip(hashers, cols, strict=True):
-                part = chunk[:, c0:c1]
+            for hasher, (rows, c0, c1) in zip(hashers, spans, strict=True):
+                part = rows[r : r + step, c0:c1]
                 if not part.flags.c_contiguous:
                     gathered = worker.scratch[: part.size].reshape(part.shape)
                     gathered[...] = part
@@ -211,6 +258,7 @@ class _Runner:
             dests = [self._dest(b, s, worker) for b, s in zip(batch.bands, batch.slots, strict=True)]
             copied = hashed = 0.0
             cold = []
+            scattered = set()  # staged bands copied from the page cache straight into their parts
             cached_bytes = 0
             mapped = self.source.map_cached(batch.bands, self.map_limit) if self.page_cache else None
             try:
@@ -222,8 +270,11 @@ class _Runner:
                         if self.stop.is_set():
                             return
                         cached_bytes += band.nbytes  # cached: copy out of the mapping, hash as it lands
+                        targets = self._scatter(band) if band.direct < 0 else None
+                        if targets is not None:
+                            scattered.add(n)
                         try:
-                            c, h = self._verify(band, dest, worker, src)
+                            c, h = self._verify(band, targets or [_whole(dest)], worker, src)
                         except BaseException as exc:  # its frames' locals would keep the mapping alive
                             traceback.clear_frames(exc.__traceback__)
                             src = None
@@ -248,11 +299,11 @@ class _Runner:
             for n in cold:
                 if self.stop.is_set():
                     return
-                self._verify(batch.bands[n], dests[n], worker)
+                self._verify(batch.bands[n], [_whole(dests[n])], worker)
             t2 = time.perf_counter()
             self._account(0, cached=0 if cold else 1, cached_bytes=cached_bytes)
-            for band, dest in zip(batch.bands, dests, strict=True):
-                if band.parts and not self.stop.is_set():
+            for n, (band, dest) in enumerate(zip(batch.bands, dests, strict=True)):
+                if band.parts and n not in scattered and not self.stop.is_set():
                     rows = dest.array()
                     for p in band.parts:
                         out = self.outputs[p.request]

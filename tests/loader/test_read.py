@@ -138,6 +138,22 @@ def test_flipped_byte_in_a_read_tile_is_detected(tmp_path: Path, page_cache: boo
     assert str(pickle.loads(pickle.dumps(err))) == str(err)
 
 
+@pytest.mark.parametrize("page_cache", [True, False], ids=["mapped", "preadv"])
+def test_flipped_byte_in_a_node_read_of_column_slices_is_detected(tmp_path: Path, page_cache: bool) -> None:
+    # whole tile rows split by columns among the ranks: from the page cache the parts go straight into
+    # the ranks' arrays and the tiles are hashed there; the flip must still be caught
+    art = publish(write_safetensors(tmp_path / "ckpt"), str(tmp_path / "store"), minimum=2 << 10)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    tiles = art.index.tensors[name]
+    assert tiles.grid_cols >= 4
+    at = _tile_offset(tiles, 1, tiles.grid_cols - 1) + 3
+    art.flip(at)
+    union = [s for rank in range(4) for s in rank_slices(art, 4, rank, "col")]
+    with pytest.raises(TileDigestMismatchError) as caught:
+        load(art, union, page_cache=page_cache)
+    assert (caught.value.tensor, caught.value.tile) == (name, (1, tiles.grid_cols - 1))
+
+
 def test_evicted_blob_is_read_with_preadv_then_served_from_the_page_cache(tmp_path: Path) -> None:
     art = publish(write_safetensors(tmp_path / "ckpt"), str(tmp_path / "store"), minimum=2 << 10)
     blob = art.store.path(blob_key(art.files[0].digest))
