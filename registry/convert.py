@@ -25,7 +25,7 @@ import numpy as np
 import shardport
 from shardport.registry.analysis import PlaneReader, check_stored
 from shardport.registry.contracts import decode_weight
-from shardport.registry.errors import DigestMismatchError, UsageError, VerificationError
+from shardport.registry.errors import DigestMismatchError, StoreError, UsageError, VerificationError
 from shardport.registry.hashing import digest_bytes, digest_file
 from shardport.registry.manifest import (
     ContainerInfo,
@@ -41,7 +41,7 @@ from shardport.registry.push import PushResult, publish
 from shardport.registry.refs import Ref
 from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
-from shardport.registry.store import file_identity
+from shardport.registry.store import blob_key, file_identity
 from shardport.registry.tagging import DEFAULT_VALIDITY
 from shardport.registry.tags import format_time
 from shardport.registry.tiled_layout import LAYOUT, LAYOUT_VERSION, tile_offset, to_tiled
@@ -51,10 +51,22 @@ SUFFIX = ".sptiled"
 
 
 def _fetch_all(session: Session, manifest: Manifest, folder: Path) -> None:
+    """Make ``folder/<path>`` hold every file of ``manifest``, each checked against its digest.
+
+    A local store's blobs are linked in place (symlinks, then hashed where they lie: no copy of the
+    checkpoint); a remote store's are downloaded.
+    """
     for f in manifest.files:
         target = folder / f.path
         target.parent.mkdir(parents=True, exist_ok=True)
-        got, size = session.store.fetch_blob(f.digest, target, max_size=f.size)
+        if session.store.is_local:
+            blob = Path(session.store.path(blob_key(f.digest)))
+            if not blob.is_file():
+                raise StoreError(f"file {f.path}: blob {f.digest} is missing from the store; run fsck")
+            target.symlink_to(blob)
+            got, size = digest_file(target)
+        else:
+            got, size = session.store.fetch_blob(f.digest, target, max_size=f.size)
         if (got, size) != (f.digest, f.size):
             raise DigestMismatchError(
                 f"file {f.path} (blob {f.digest}): store returned bytes hashing to {got}"
@@ -71,14 +83,14 @@ def _write_tiled(
     target = out / new_path
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target, "wb") as fh:
-        fh.write(data[: ordered[0].start].tobytes())  # header and metadata, verbatim
+        fh.write(data[: ordered[0].start].data)  # header and metadata, verbatim
         at = ordered[0].start
         for t in ordered:
             tt = index.tensors[t.name]
             region = to_tiled(
                 np.asarray(data[t.start : t.end]), tt.rows, tt.row_bytes, tt.row_block, tt.col_block
             )
-            fh.write(region.tobytes())
+            fh.write(region.data)
             n = t.end - t.start
             entries.append(
                 t.model_copy(
@@ -106,10 +118,8 @@ def _validate(manifest: Manifest, src: Path, out: Path, entries: list[TensorEntr
             for j in range(tt.grid_cols):
                 r0, r1, c0, c1 = tt.tile_rect(i, j)
                 at = tt.start + tile_offset(tt.rows, tt.row_bytes, tt.row_block, tt.col_block, i, j)
-                if (
-                    tile_hash(mm[at : at + (r1 - r0) * (c1 - c0)].tobytes())
-                    != tt.hashes[i * tt.grid_cols + j]
-                ):
+                found = tile_hash(mm[at : at + (r1 - r0) * (c1 - c0)].data)
+                if found != tt.hashes[i * tt.grid_cols + j]:
                     raise VerificationError(
                         f"convert: {tt.file}: tensor {name} tile ({i}, {j}) does not verify"
                     )
@@ -119,9 +129,14 @@ def _validate(manifest: Manifest, src: Path, out: Path, entries: list[TensorEntr
         with np.errstate(all="ignore"):
             a = decode_weight(w, before.planes(w, old))
             b = decode_weight(w, after.planes(w, by_name))
-        if a.shape != b.shape or a.tobytes() != b.tobytes():
+        if a.shape != b.shape or not np.array_equal(_bits(a), _bits(b)):
             raise VerificationError(f"convert: weight {w.name} decodes differently after conversion")
     check_stored(out, entries, manifest.weights or [])
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """``a``'s bytes as uint8 (compared bit for bit: NaNs and signed zeros included)."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
 def convert(

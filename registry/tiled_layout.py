@@ -49,7 +49,7 @@ def to_tiled(
         band = matrix[r0 : r0 + row_block]
         for c0 in range(0, row_bytes, col_block):
             tile = band[:, c0 : c0 + col_block]
-            out[at : at + tile.size] = tile.reshape(-1)
+            out[at : at + tile.size].reshape(tile.shape)[...] = tile  # one strided copy, no temporary
             at += tile.size
     return out
 

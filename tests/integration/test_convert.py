@@ -6,11 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llama_artifacts import gptq_llama, ok, reassemble
+from llama_artifacts import cli, gptq_llama, ok, reassemble
 from safetensors.numpy import load_file
 
 from shardport.registry.manifest import Manifest
 from shardport.registry.session import Session
+from shardport.registry.store import blob_key
 
 TILES = ("--tile-min", "256", "--tile-size", "16384")
 WEIGHT = "model.layers.1.mlp.down_proj.weight"
@@ -62,6 +63,24 @@ def test_convert_local(tmp_path: Path, home: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.s3
+def test_convert_refuses_a_damaged_source_blob_and_publishes_nothing(tmp_path: Path, home: Path) -> None:
+    store = str(tmp_path / "store")
+    src = gptq_llama(tmp_path / "ck")
+    ok(store, "keygen")
+    digest = ok(store, "push", src, "acme/llama:q4", *TILES)["digest"]
+    manifest = Manifest.from_bytes(Session.open(store).store.read_blob(digest))
+    f = next(f for f in manifest.files if f.path.endswith(".safetensors"))
+    blob = Path(Session.open(store).store.path(blob_key(f.digest)))
+    blob.chmod(0o644)
+    data = bytearray(blob.read_bytes())
+    data[9] ^= 0xFF  # inside the header: no tile covers it, only the file digest does
+    blob.write_bytes(bytes(data))
+    code, out = cli(store, "convert", "acme/llama:q4", "acme/llama:q4-tiled", "--layout", "tiled")
+    assert code != 0 and out["error"]["type"] == "DigestMismatchError"
+    assert f.path in out["error"]["message"] and f.digest in out["error"]["message"]
+    assert cli(store, "inspect", "acme/llama:q4-tiled")[0] != 0  # nothing was published
+
+
 def test_convert_cuts_requests_on_seaweedfs(seaweed_store_url: str, tmp_path: Path, home: Path) -> None:
     store = seaweed_store_url
     src, source, _ = _push_and_convert(store, tmp_path)
