@@ -111,10 +111,6 @@ class _Target:
     c1: int
 
 
-def _whole(dest: Dest) -> _Target:
-    return _Target(dest.array(), 0, dest.width)
-
-
 class _Worker:
     """Per-worker buffers: a staging slot and a scratch buffer for gathering strided tiles."""
 
@@ -169,22 +165,27 @@ class _Runner:
         at = band.out_row * width + band.out_col
         return Dest(self.flat[band.direct], at, width, band.rows, band.width)
 
-    def _scatter(self, band: Band) -> list[_Target] | None:
+    def _tile_columns(self, band: Band) -> list[tuple[int, int]]:
+        """Each tile's byte columns ``[a, b)`` within ``band``."""
+        tiles = self.index.tensors[band.tensor]
+        cb, row_bytes = tiles.col_block, tiles.row_bytes
+        return [
+            (j * cb - band.col0, min((j + 1) * cb, row_bytes) - band.col0) for j in range(band.j0, band.j1)
+        ]
+
+    def _scatter(self, band: Band, columns: Sequence[tuple[int, int]]) -> list[_Target] | None:
         """A staged band's parts as targets, or None.
 
-        Only when each of its tiles lies inside exactly one part that spans all its rows (a node's
-        whole tile row split by columns among its ranks).
+        Only when each of its tiles (``columns``) lies inside exactly one part that spans all its rows
+        (a node's whole tile row split by columns among its ranks).
         """
         parts = sorted(band.parts, key=lambda p: p.col0)
         if not parts or any(p.row0 != 0 or p.row1 != band.rows for p in parts):
             return None
         if any(a.col1 > b.col0 for a, b in pairwise(parts)):
             return None  # overlapping parts (a tile several slices take whole): copy once, then out
-        cb, row_bytes = self.index.tensors[band.tensor].col_block, band.row_bytes
-        for j in range(band.j0, band.j1):
-            a, b = j * cb - band.col0, min((j + 1) * cb, row_bytes) - band.col0
-            if not any(p.col0 <= a and b <= p.col1 for p in parts):
-                return None
+        if not all(any(p.col0 <= a and b <= p.col1 for p in parts) for a, b in columns):
+            return None
         return [
             _Target(
                 self.outputs[p.request][
@@ -197,25 +198,26 @@ class _Runner:
         ]
 
     def _verify(
-        self, band: Band, targets: Sequence[_Target], worker: _Worker, src: U8Array | None = None
-    ) -> tuple[float, float]:
-        """Hash ``band``'s tiles in ``targets`` by chunks of rows; with ``src``, copy each chunk in first.
+        self, band: Band, dest: Dest, worker: _Worker, src: U8Array | None = None
+    ) -> tuple[float, float, bool]:
+        """Hash ``band``'s tiles by chunks of rows; with ``src``, copy each chunk in first.
 
-        ``targets`` hold the band's byte columns: its destination (one target: all columns), or, for
-        a staged band copied from the page cache, the result arrays its parts go to (:meth:`_scatter`,
-        no staging copy). ``src`` (mapped file bytes, page-cache path) is copied into the targets one
-        chunk of rows at a time (each tile's part about :data:`PART_BYTES`); while the chunk is in the
-        CPU cache, each tile's part of it is fed to that tile's streaming hasher (through the worker's
-        scratch buffer when the part is strided), so what is hashed is what we keep. The tiles are
-        checked, in order, when the band is complete. Returns (copy seconds, hash seconds).
+        ``src`` (mapped file bytes, page-cache path) is copied one chunk of rows at a time (each tile's
+        part about :data:`PART_BYTES`) into ``dest`` — or, for a staged band whose parts allow it
+        (:meth:`_scatter`), straight into the result arrays its parts go to, with no staging copy;
+        while the chunk is in the CPU cache, each tile's part of it is fed to that tile's streaming
+        hasher (through the worker's scratch buffer when the part is strided), so what is hashed is what
+        we keep. Without ``src`` the tiles are hashed in ``dest``. The tiles are checked, in order, when
+        the band is complete. Returns (copy seconds, hash seconds, whether the parts were filled).
         """
         tiles = self.index.tensors[band.tensor]
-        cb, row_bytes = tiles.col_block, tiles.row_bytes
+        columns = self._tile_columns(band)
+        scattered = self._scatter(band, columns) if src is not None and band.direct < 0 else None
+        targets = scattered or [_Target(dest.array(), 0, dest.width)]
         spans = []  # per tile: (the target array holding it, its columns there)
-        for j in range(band.j0, band.j1):
-            a, b = j * cb - band.col0, min((j + 1) * cb, row_bytes) - band.col0
-            t = next(k for k, tg in enumerate(targets) if tg.c0 <= a and b <= tg.c1)
-            spans.append((targets[t].array, a - targets[t].c0, b - targets[t].c0))
+        for a, b in columns:
+            tg = next(tg for tg in targets if tg.c0 <= a and b <= tg.c1)
+            spans.append((tg.array, a - tg.c0, b - tg.c0))
         hashers = [tile_hasher() for _ in spans]
         step = max(1, PART_BYTES // max(1, min(c1 - c0 for _, c0, c1 in spans)))
         copy = hashing = 0.0
@@ -235,7 +237,7 @@ class _Runner:
             copy, hashing = copy + t1 - t0, hashing + time.perf_counter() - t1
         for j, hasher in enumerate(hashers, start=band.j0):
             check_tile(tiles, band.i, j, hasher.hexdigest(), tensor=band.tensor)
-        return copy, hashing
+        return copy, hashing, scattered is not None
 
     def _prefetch(self, batch: Batch) -> None:
         """Advisory only: a failure here (a missing blob, say) is reported by that batch's own read."""
@@ -270,16 +272,15 @@ class _Runner:
                         if self.stop.is_set():
                             return
                         cached_bytes += band.nbytes  # cached: copy out of the mapping, hash as it lands
-                        targets = self._scatter(band) if band.direct < 0 else None
-                        if targets is not None:
-                            scattered.add(n)
                         try:
-                            c, h = self._verify(band, targets or [_whole(dest)], worker, src)
+                            c, h, filled = self._verify(band, dest, worker, src)
                         except BaseException as exc:  # its frames' locals would keep the mapping alive
                             traceback.clear_frames(exc.__traceback__)
                             src = None
                             raise
                         copied, hashed = copied + c, hashed + h
+                        if filled:
+                            scattered.add(n)
                         del src
                     if mapped is not None:
                         mapped.release(n)
@@ -299,7 +300,7 @@ class _Runner:
             for n in cold:
                 if self.stop.is_set():
                     return
-                self._verify(batch.bands[n], [_whole(dests[n])], worker)
+                self._verify(batch.bands[n], dests[n], worker)
             t2 = time.perf_counter()
             self._account(0, cached=0 if cold else 1, cached_bytes=cached_bytes)
             for n, (band, dest) in enumerate(zip(batch.bands, dests, strict=True)):

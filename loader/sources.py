@@ -12,8 +12,9 @@ kernel readahead reads nothing nobody asked for. When a band's bytes are all in 
 (``mincore`` over the pages its rows touch), the runner instead copies it out of a read-only mapping of
 its batch's extents (:meth:`LocalBlobSource.map_cached`, one mapping per run of nearby bands) chunk by
 chunk into memory it owns and hashes it there, while the chunk is still in the CPU cache (a warm strided
-band costs one strided copy instead of a ``preadv`` per row), then unmaps after the batch; the page
-cache keeps the pages, and the mapped file pages held at once stay within the batches in flight.
+band costs one strided copy instead of a ``preadv`` per row); each group is unmapped once its bands
+are done, so the page cache keeps the pages and the mapped file pages touched at once stay within one
+group per worker.
 S3 (:class:`S3BlobSource`): spans and rows become
 ``cat_ranges`` requests, at most ``concurrency`` at a time, and the responses are copied into the
 destinations. Storage errors are wrapped once here, naming the file, its blob and the byte range.
