@@ -198,16 +198,26 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--skip-s3", action="store_true")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="shardport-bench-"))
-    os.environ["SHARDPORT_HOME"] = str(tmp / "home")  # the tiled-layout section pushes with a fresh key
+    in_scratch(
+        "shardport-bench-",
+        lambda tmp: run(tmp, args.size_mib, args.tp, args.repeat, s3=not args.skip_s3),
+        args.out,
+    )
+
+
+def in_scratch(prefix: str, bench: Callable[[Path], dict[str, Any]], out: Path | None) -> None:
+    """Run ``bench`` in a fresh scratch folder (removed after; ``SHARDPORT_HOME`` inside it, so pushes
+    sign with a fresh key), print its report as JSON and write it to ``out`` if given."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    os.environ["SHARDPORT_HOME"] = str(tmp / "home")
     try:
-        report = run(tmp, args.size_mib, args.tp, args.repeat, s3=not args.skip_s3)
+        report = bench(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     text = json.dumps(report, indent=2)
     print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    if out:
+        out.write_text(text + "\n")
 
 
 def runai_load(path: Path | str, slices: list[PlaneSlice]) -> list[np.ndarray] | None:

@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from shardport.registry.session import Session
 from shardport.registry.store import blob_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_range_reads import cli, evict, resident, sequential_read
+from bench_range_reads import cli, evict, in_scratch, resident, sequential_read
 
 HIDDEN, INTER, KV, VOCAB = 4096, 14336, 1024, 32000
 
@@ -122,16 +121,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="shardport-pullbench-"))
-    os.environ["SHARDPORT_HOME"] = str(tmp / "home")
-    try:
-        report = run(tmp, args.layers, args.tp, args.repeat)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    in_scratch("shardport-pullbench-", lambda tmp: run(tmp, args.layers, args.tp, args.repeat), args.out)
 
 
 def run(tmp: Path, layers: int, tp: int, repeat: int) -> dict[str, Any]:
