@@ -307,16 +307,27 @@ def analyze(
 def check_stored(root: Path, tensors: Iterable[TensorEntry], weights: Iterable[LogicalWeight]) -> int:
     """Re-run the semantic gates and every witness against bytes on disk; return the weights checked."""
     by_name = {e.name: e for e in tensors}
-    inventory = {e.name: TensorInfo(e.name, e.dtype, e.shape) for e in by_name.values()}
+    inventory = stored_inventory(by_name.values())
     reader = PlaneReader(root)
     n = 0
     for w in weights:
-        planes = reader.planes(w, by_name)
-        run_gates(w, planes, inventory)
-        if w.witness is not None:
-            check_witness(w, planes)
+        check_weight(w, reader.planes(w, by_name), inventory)
         n += 1
     return n
+
+
+def stored_inventory(tensors: Iterable[TensorEntry]) -> dict[str, TensorInfo]:
+    """What the semantic gates know of stored tensors: name, dtype, shape."""
+    return {e.name: TensorInfo(e.name, e.dtype, e.shape) for e in tensors}
+
+
+def check_weight(
+    weight: LogicalWeight, planes: dict[str, npt.NDArray[Any]], inventory: Mapping[str, TensorInfo]
+) -> None:
+    """Run the semantic gates and the witness (if recorded) of one weight against its stored planes."""
+    run_gates(weight, planes, inventory)
+    if weight.witness is not None:
+        check_witness(weight, planes)
 
 
 def decode(

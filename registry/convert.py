@@ -16,15 +16,23 @@ naming the source manifest), signature and tag document.
 
 from __future__ import annotations
 
+import math
+import os
 import tempfile
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 import shardport
-from shardport.registry.analysis import PlaneReader, check_stored
-from shardport.registry.contracts import decode_weight
+from shardport.registry.analysis import PlaneReader, check_weight, stored_inventory
+from shardport.registry.contracts import LogicalWeight, TensorInfo, decode_weight
 from shardport.registry.errors import DigestMismatchError, StoreError, UsageError, VerificationError
 from shardport.registry.hashing import digest_bytes, digest_file
 from shardport.registry.manifest import (
@@ -48,14 +56,22 @@ from shardport.registry.tiled_layout import LAYOUT, LAYOUT_VERSION, tile_offset,
 from shardport.registry.tiles import TensorTiles, TileIndex, tile_hash
 
 SUFFIX = ".sptiled"
+WORKERS = max(1, min(4, os.cpu_count() or 1))
+"""Threads for hashing and decode checks (numpy and the hashes release the GIL)."""
+DECODE_BUDGET = 1 << 30
+"""Bytes of decodes in flight during validation (a larger weight is checked alone)."""
 
 
-def _fetch_all(session: Session, manifest: Manifest, folder: Path) -> None:
-    """Make ``folder/<path>`` hold every file of ``manifest``, each checked against its digest.
+def _fetch_all(
+    session: Session, manifest: Manifest, folder: Path, pool: ThreadPoolExecutor
+) -> list[tuple[FileEntry, Callable[[], tuple[str, int]]]]:
+    """Make ``folder/<path>`` hold every file of ``manifest``; return each file's digest check.
 
-    A local store's blobs are linked in place (symlinks, then hashed where they lie: no copy of the
-    checkpoint); a remote store's are downloaded.
+    A local store's blobs are linked in place (symlinks: no copy of the checkpoint) and hashed where
+    they lie on ``pool``, while the conversion goes on (:func:`_check_sources` waits for them); a remote
+    store's are downloaded and hashed as they arrive.
     """
+    checks: list[tuple[FileEntry, Callable[[], tuple[str, int]]]] = []
     for f in manifest.files:
         target = folder / f.path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -64,9 +80,20 @@ def _fetch_all(session: Session, manifest: Manifest, folder: Path) -> None:
             if not blob.is_file():
                 raise StoreError(f"file {f.path}: blob {f.digest} is missing from the store; run fsck")
             target.symlink_to(blob)
-            got, size = digest_file(target)
+            checks.append((f, pool.submit(digest_file, target).result))
         else:
-            got, size = session.store.fetch_blob(f.digest, target, max_size=f.size)
+            checks.append((f, partial(_fetched, session.store.fetch_blob(f.digest, target, max_size=f.size))))
+    return checks
+
+
+def _fetched(got: tuple[str, int]) -> tuple[str, int]:
+    return got
+
+
+def _check_sources(checks: list[tuple[FileEntry, Callable[[], tuple[str, int]]]]) -> None:
+    """Raise :class:`DigestMismatchError` for the first source file whose bytes are not its digest's."""
+    for f, result in checks:
+        got, size = result()
         if (got, size) != (f.digest, f.size):
             raise DigestMismatchError(
                 f"file {f.path} (blob {f.digest}): store returned bytes hashing to {got}"
@@ -109,29 +136,115 @@ def _write_tiled(
     return new_path, entries, tiles
 
 
-def _validate(manifest: Manifest, src: Path, out: Path, entries: list[TensorEntry], index: TileIndex) -> None:
-    """Reopen the written files: every tile hash and every weight's decode must match the source."""
+def _write_all(
+    m: Manifest, src: Path, out: Path, index: TileIndex
+) -> tuple[list[TensorEntry], dict[str, TensorTiles], list[str]]:
+    """Write every file of ``m`` under ``out``: tensor files tiled, the others copied."""
+    by_file: dict[str, list[TensorEntry]] = {}
+    for t in m.tensors or []:
+        by_file.setdefault(t.file, []).append(t)
+    entries: list[TensorEntry] = []
+    tiles: dict[str, TensorTiles] = {}
+    paths: list[str] = []
+    for f in m.files:
+        if f.path in by_file:
+            new_path, new_entries, new_tiles = _write_tiled(src, out, f.path, by_file[f.path], index)
+            entries += new_entries
+            tiles.update(new_tiles)
+            paths.append(new_path)
+        else:
+            (out / f.path).parent.mkdir(parents=True, exist_ok=True)
+            (out / f.path).write_bytes((src / f.path).read_bytes())
+            paths.append(f.path)
+    return entries, tiles, paths
+
+
+def _check_tiles(out: Path, name: str, tt: TensorTiles) -> None:
+    """Every tile of tensor ``name`` in the written file must hash to its recorded hash."""
+    mm = np.memmap(out / tt.file, dtype=np.uint8, mode="r")
+    for i in range(tt.grid_rows):
+        for j in range(tt.grid_cols):
+            r0, r1, c0, c1 = tt.tile_rect(i, j)
+            at = tt.start + tile_offset(tt.rows, tt.row_bytes, tt.row_block, tt.col_block, i, j)
+            if tile_hash(mm[at : at + (r1 - r0) * (c1 - c0)].data) != tt.hashes[i * tt.grid_cols + j]:
+                raise VerificationError(f"convert: {tt.file}: tensor {name} tile ({i}, {j}) does not verify")
+
+
+def _check_weight(
+    w: LogicalWeight,
+    before: Callable[[], dict[str, npt.NDArray[Any]]],
+    after: Callable[[], dict[str, npt.NDArray[Any]]],
+    inventory: Mapping[str, TensorInfo],
+) -> None:
+    """The weight decodes bit for bit as in the source, and its gates and witness pass on the new bytes."""
+    planes = after()
+    with np.errstate(all="ignore"):
+        a = decode_weight(w, before())
+        b = decode_weight(w, planes)
+    if a.shape != b.shape or not np.array_equal(_bits(a), _bits(b)):
+        raise VerificationError(f"convert: weight {w.name} decodes differently after conversion")
+    check_weight(w, planes, inventory)
+
+
+def _run_bounded(pool: ThreadPoolExecutor, jobs: list[tuple[int, Callable[[], None]]], budget: int) -> None:
+    """Run ``(cost, job)`` pairs on ``pool`` in order, at most ``budget`` cost in flight.
+
+    A job costlier than ``budget`` runs alone. Raises the first failure in job order; what is still
+    queued then is cancelled.
+    """
+    pending: deque[tuple[int, Future[None]]] = deque()
+    held = 0
+    try:
+        for cost, job in jobs:
+            while pending and held + cost > budget:
+                done_cost, done = pending.popleft()
+                done.result()
+                held -= done_cost
+            pending.append((cost, pool.submit(job)))
+            held += cost
+        while pending:
+            pending.popleft()[1].result()
+    finally:
+        for _, queued in pending:
+            queued.cancel()
+
+
+def _validate(
+    manifest: Manifest,
+    src: Path,
+    out: Path,
+    entries: list[TensorEntry],
+    index: TileIndex,
+    pool: ThreadPoolExecutor,
+) -> None:
+    """Reopen the written files: every tile hash and every weight's decode must match the source.
+
+    Tensors' tile checks and weights' decode comparisons run on ``pool``; the decodes in flight stay
+    within :data:`DECODE_BUDGET` bytes (estimated: both float32 decodes plus the de-tiled planes).
+    """
     by_name = {e.name: e for e in entries}
-    for name, tt in index.tensors.items():
-        mm = np.memmap(out / tt.file, dtype=np.uint8, mode="r")
-        for i in range(tt.grid_rows):
-            for j in range(tt.grid_cols):
-                r0, r1, c0, c1 = tt.tile_rect(i, j)
-                at = tt.start + tile_offset(tt.rows, tt.row_bytes, tt.row_block, tt.col_block, i, j)
-                found = tile_hash(mm[at : at + (r1 - r0) * (c1 - c0)].data)
-                if found != tt.hashes[i * tt.grid_cols + j]:
-                    raise VerificationError(
-                        f"convert: {tt.file}: tensor {name} tile ({i}, {j}) does not verify"
-                    )
     old = {e.name: e for e in manifest.tensors or []}
     before, after = PlaneReader(src), PlaneReader(out)
+    inventory = stored_inventory(entries)
+    jobs: list[tuple[int, Callable[[], None]]] = [
+        (0, partial(_check_tiles, out, name, tt)) for name, tt in index.tensors.items()
+    ]
     for w in manifest.weights or []:
-        with np.errstate(all="ignore"):
-            a = decode_weight(w, before.planes(w, old))
-            b = decode_weight(w, after.planes(w, by_name))
-        if a.shape != b.shape or not np.array_equal(_bits(a), _bits(b)):
-            raise VerificationError(f"convert: weight {w.name} decodes differently after conversion")
-    check_stored(out, entries, manifest.weights or [])
+        planes = sum(by_name[p.tensor].end - by_name[p.tensor].start for p in w.planes if p.tensor in by_name)
+        cost = 2 * 4 * math.prod(w.shape.extents) + planes
+        jobs.append(
+            (
+                cost,
+                partial(
+                    _check_weight,
+                    w,
+                    partial(before.planes, w, old),
+                    partial(after.planes, w, by_name),
+                    inventory,
+                ),
+            )
+        )
+    _run_bounded(pool, jobs, DECODE_BUDGET)
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -160,32 +273,27 @@ def convert(
     if m.container.kind == LAYOUT:
         raise UsageError(f"{ref}: already in the {LAYOUT} layout")
     index = TileIndex.from_bytes(session.store.read_blob(m.tile_index.digest))
-    with tempfile.TemporaryDirectory(prefix="shardport-convert-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="shardport-convert-") as tmp,
+        ThreadPoolExecutor(max_workers=WORKERS) as pool,
+    ):
         src, out = Path(tmp) / "src", Path(tmp) / "out"
-        _fetch_all(session, m, src)
-        by_file: dict[str, list[TensorEntry]] = {}
-        for t in m.tensors:
-            by_file.setdefault(t.file, []).append(t)
-        entries: list[TensorEntry] = []
-        tiles: dict[str, TensorTiles] = {}
-        paths: list[str] = []
-        for f in m.files:
-            if f.path in by_file:
-                new_path, new_entries, new_tiles = _write_tiled(src, out, f.path, by_file[f.path], index)
-                entries += new_entries
-                tiles.update(new_tiles)
-                paths.append(new_path)
-            else:
-                (out / f.path).parent.mkdir(parents=True, exist_ok=True)
-                (out / f.path).write_bytes((src / f.path).read_bytes())
-                paths.append(f.path)
-        new_index = TileIndex(tile_target=index.tile_target, tile_minimum=index.tile_minimum, tensors=tiles)
-        _validate(m, src, out, entries, new_index)
+        sources = _fetch_all(session, m, src, pool)
+        try:
+            entries, tiles, paths = _write_all(m, src, out, index)
+            new_index = TileIndex(
+                tile_target=index.tile_target, tile_minimum=index.tile_minimum, tensors=tiles
+            )
+            digests = [(p, pool.submit(digest_file, out / p)) for p in paths]  # beside the validation
+            _validate(m, src, out, entries, new_index, pool)
+        except Exception:
+            _check_sources(sources)  # a damaged source file is the cause: name it
+            raise
+        _check_sources(sources)
         files: list[tuple[Path, FileEntry, tuple[int, int, int, int] | None]] = []
-        for p in paths:
-            ident = file_identity(out / p)
-            digest, size = digest_file(out / p)
-            files.append((out / p, FileEntry(path=p, size=size, digest=digest), ident))
+        for p, pending in digests:
+            digest, size = pending.result()
+            files.append((out / p, FileEntry(path=p, size=size, digest=digest), file_identity(out / p)))
         index_bytes = new_index.to_bytes()
         manifest = m.model_copy(
             update={
