@@ -5,11 +5,11 @@ A band is ``rows`` runs of ``width`` bytes in its file, ``stride`` apart from ``
 tensor, a single row, or any single tile of a tiled tensor) is one file range. A narrow band (a column
 slice of several rows of a row-major tensor) is either read row by row, or, when its gap
 ``stride - width`` is at most ``max_gap`` and the budget allows, as one range with the gaps read and
-dropped. Contiguous ranges of different bands are then merged by :func:`shardport.placement.coalesce`
-(the project's one coalescer), bridging the gaps between them smallest first; touching ranges always
-merge, so the adjacent tiles of a tiled tensor that one batch reads become one request. Everything
-bridged in a batch stays within ``gap_budget x`` the batch's band bytes, so bridging alone never raises
-read amplification by more than ``gap_budget``.
+dropped. Contiguous ranges of different bands are then merged by
+:func:`shardport.placement.merge_spans` (the core of the project's one coalescer), bridging the gaps
+between them smallest first; touching ranges always merge, so the adjacent tiles of a tiled tensor
+that one batch reads become one request. Everything bridged in a batch stays within ``gap_budget x``
+the batch's band bytes, so bridging alone never raises read amplification by more than ``gap_budget``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from itertools import groupby, pairwise
 from typing import TYPE_CHECKING
 
-from shardport.placement import Piece, coalesce
+from shardport.placement import Piece, merge_spans
 
 if TYPE_CHECKING:
     from .schedule import Band
@@ -52,14 +52,13 @@ class FetchPlan:
 
 def gap_threshold(pieces: Sequence[Piece], *, max_gap: int, allowance: float) -> int:
     """The largest gap to bridge: all gaps ≤ it are bridged, each ≤ ``max_gap``, their sum ≤ ``allowance``."""
-    return _threshold(coalesce(pieces, 0).ranges, max_gap, allowance)
+    merged, _, _ = merge_spans([(p.file, p.offset, p.end) for p in pieces], 0)
+    return _threshold(merged, max_gap, allowance)
 
 
-def _threshold(merged: Sequence[Piece], max_gap: int, allowance: float) -> int:
-    """:func:`gap_threshold` from the pieces already merged at gap 0 (sorted, touching ones joined)."""
-    gaps = sorted(
-        b.offset - a.end for a, b in pairwise(merged) if a.file == b.file and 0 < b.offset - a.end <= max_gap
-    )
+def _threshold(merged: Sequence[tuple[str, int, int]], max_gap: int, allowance: float) -> int:
+    """:func:`gap_threshold` from ``(file, start, end)`` ranges merged at gap 0 (sorted, touching joined)."""
+    gaps = sorted(b[1] - a[2] for a, b in pairwise(merged) if a[0] == b[0] and 0 < b[1] - a[2] <= max_gap)
     bridged = threshold = 0
     for value, same in groupby(gaps):
         cost = value * sum(1 for _ in same)
@@ -72,12 +71,17 @@ def _threshold(merged: Sequence[Piece], max_gap: int, allowance: float) -> int:
 
 def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> FetchPlan:
     """Decide spans and row-by-row reads for ``bands`` (see the module docstring)."""
-    allowance = gap_budget * sum(b.nbytes for b in bands)
-    live = [k for k, b in enumerate(bands) if b.nbytes > 0]
-    spannable = [k for k in live if bands[k].contiguous]
-    narrow = sorted((bands[k].stride - bands[k].width, k) for k in live if not bands[k].contiguous)
+    allowance = gap_budget * sum(b.nbytes for b in bands) if gap_budget else 0.0
+    spannable: list[int] = []
+    narrow: list[tuple[int, int]] = []
+    for k, b in enumerate(bands):
+        if b.nbytes > 0:
+            if b.rows <= 1 or b.stride == b.width:
+                spannable.append(k)
+            else:
+                narrow.append((b.stride - b.width, k))
     rows_only = []
-    for gap, k in narrow:
+    for gap, k in sorted(narrow):
         cost = gap * (bands[k].rows - 1)
         if gap <= max_gap and cost <= allowance:
             allowance -= cost
@@ -85,19 +89,19 @@ def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> Fet
         else:
             rows_only.append(k)
     spannable.sort()
-    pieces = [Piece(bands[k].file, bands[k].offset, bands[k].extent) for k in spannable]
-    merged = coalesce(pieces, 0)  # touching pieces always merge; gaps are bridged only when affordable
-    threshold = _threshold(merged.ranges, max_gap, allowance) if len(merged.ranges) > 1 and max_gap > 0 else 0
+    pieces = [(bands[k].file, bands[k].origin, bands[k].origin + bands[k].extent) for k in spannable]
+    ranges, owner, _ = merge_spans(pieces, 0)  # touching pieces always merge; gaps bridged when affordable
+    threshold = _threshold(ranges, max_gap, allowance) if len(ranges) > 1 and max_gap > 0 else 0
     if threshold:
-        merged = coalesce(pieces, threshold)
-    members: list[list[tuple[int, int]]] = [[] for _ in merged.ranges]
-    for k, (r, at) in zip(spannable, merged.placements, strict=True):
-        members[r].append((k, at))
+        ranges, owner, _ = merge_spans(pieces, threshold)
+    members: list[list[tuple[int, int]]] = [[] for _ in ranges]
+    for k, r in zip(spannable, owner, strict=True):
+        members[r].append((k, bands[k].origin - ranges[r][1]))
     spans = tuple(
-        Span(r.file, r.offset, r.length, tuple(sorted(m, key=lambda x: x[1])))
-        for r, m in zip(merged.ranges, members, strict=True)
+        Span(file, start, end - start, tuple(sorted(m, key=lambda x: x[1])) if len(m) > 1 else tuple(m))
+        for (file, start, end), m in zip(ranges, members, strict=True)
     )
     row_bands = tuple(sorted(rows_only))
-    total = merged.fetched_bytes + sum(bands[k].nbytes for k in row_bands)
+    total = sum(s.length for s in spans) + sum(bands[k].nbytes for k in row_bands)
     requests = len(spans) + sum(bands[k].rows for k in row_bands)
     return FetchPlan(spans, row_bands, total, requests)

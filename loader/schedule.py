@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from shardport.registry.manifest import FileEntry, TensorEntry
+from shardport.registry.tiled_layout import tile_offset
 from shardport.registry.tiles import TensorTiles, TileGridError, TileIndex, plane_layout, tile_span
 
 from .errors import IndexMismatchError, SliceRequestError
@@ -61,8 +63,7 @@ class PlaneSlice:
         return (self.row1 - self.row0) * (self.col1 - self.col0)
 
 
-@dataclass(frozen=True, slots=True)
-class Part:
+class Part(NamedTuple):
     """What slice ``request`` takes from a staged band: band rows/cols → its array at (out_row, out_col)."""
 
     request: int
@@ -74,17 +75,17 @@ class Part:
     out_col: int
 
 
-@dataclass(frozen=True, slots=True)
-class Band:
+class Band(NamedTuple):
     """Tiles ``(i, j0..j1-1)`` of ``tensor``: matrix rows ``[row0, row1)`` x bytes ``[col0, col1)``.
 
     ``direct`` is the slice whose array receives the band in place at ``(out_row, out_col)``, or -1 for
     a staged band (then ``parts`` say who takes what after verification).
 
-    File geometry: the band's rows are ``width`` bytes each, the first at file offset ``origin`` and
-    ``stride`` bytes apart. Left at -1 they default to the row-major rectangle
-    (``start + row0 * row_bytes + col0`` and ``row_bytes``); a tiled tensor's single-tile band sets
-    them to the tile's offset and its width. ``start`` and ``row_bytes`` are the tensor's matrix.
+    File geometry: the band's ``rows`` rows are ``width`` bytes each, the first at file offset
+    ``origin`` and ``stride`` bytes apart: the row-major rectangle (``start + row0 * row_bytes + col0``
+    and ``row_bytes``, see :meth:`rect`), or a tiled tensor's single tile (its offset and its width).
+    ``start`` and ``row_bytes`` are the tensor's matrix. An immutable named tuple: a load plans hundreds
+    to thousands of bands, and a frozen dataclass cost six times as much to build.
     """
 
     tensor: str
@@ -102,24 +103,41 @@ class Band:
     out_row: int
     out_col: int
     parts: tuple[Part, ...]
-    origin: int = -1
-    stride: int = -1
-    rows: int = field(init=False)
+    origin: int
+    stride: int
+    rows: int
     """Rows of the band."""
-    width: int = field(init=False)
+    width: int
     """Bytes per band row."""
-    nbytes: int = field(init=False)
+    nbytes: int
     """Bytes of the band (of its tiles)."""
 
-    def __post_init__(self) -> None:
-        if self.origin < 0:
-            object.__setattr__(self, "origin", self.start + self.row0 * self.row_bytes + self.col0)
-        if self.stride < 0:
-            object.__setattr__(self, "stride", self.row_bytes)
-        rows, width = self.row1 - self.row0, self.col1 - self.col0
-        object.__setattr__(self, "rows", rows)
-        object.__setattr__(self, "width", width)
-        object.__setattr__(self, "nbytes", rows * width)
+    @classmethod
+    def rect(
+        cls,
+        tensor: str,
+        file: str,
+        start: int,
+        row_bytes: int,
+        i: int,
+        j0: int,
+        j1: int,
+        row0: int,
+        row1: int,
+        col0: int,
+        col1: int,
+        direct: int,
+        out_row: int,
+        out_col: int,
+        parts: tuple[Part, ...],
+    ) -> Band:
+        """The band of a row-major tensor's rectangle (origin, stride and sizes derived)."""
+        rows, width = row1 - row0, col1 - col0
+        origin = start + row0 * row_bytes + col0
+        return cls(
+            tensor, file, start, row_bytes, i, j0, j1, row0, row1, col0, col1, direct, out_row, out_col,
+            parts, origin, row_bytes, rows, width, rows * width,
+        )  # fmt: skip
 
     @property
     def offset(self) -> int:
@@ -246,73 +264,106 @@ def _wanted(
     return wanted
 
 
+@dataclass(frozen=True, slots=True)
+class _Grid:
+    """A tensor's tile grid, read off its :class:`TensorTiles` once per schedule."""
+
+    name: str
+    file: str
+    start: int
+    rows: int
+    row_bytes: int
+    rb: int
+    cb: int
+    grid_cols: int
+    tiled: bool
+
+    @classmethod
+    def of(cls, name: str, tiles: TensorTiles) -> _Grid:
+        return cls(
+            name,
+            tiles.file,
+            tiles.start,
+            tiles.rows,
+            tiles.row_bytes,
+            tiles.row_block,
+            tiles.col_block,
+            tiles.grid_cols,
+            tiles.layout == "tiled",
+        )
+
+
 def _band(
-    name: str,
-    tiles: TensorTiles,
+    g: _Grid,
     i: int,
+    r0: int,
+    r1: int,
     j0: int,
     j1: int,
     direct: int,
     slices: Sequence[PlaneSlice],
-    users: set[int],
+    users: Iterable[int],
 ) -> Band:
-    row0, row1 = i * tiles.row_block, min((i + 1) * tiles.row_block, tiles.rows)
-    col0, col1 = j0 * tiles.col_block, min(j1 * tiles.col_block, tiles.row_bytes)
-    if tiles.layout == "tiled":  # _bands makes single-tile bands: one contiguous run of the tile's rows
-        origin, stride = tiles.tile_start(i, j0), col1 - col0
+    """Tiles ``(i, j0..j1-1)`` (matrix rows ``[r0, r1)``) for slice ``direct``, or staged for ``users``."""
+    col0, col1 = j0 * g.cb, min(j1 * g.cb, g.row_bytes)
+    width = col1 - col0
+    if g.tiled:  # _bands makes single-tile bands: one contiguous run of the tile's rows
+        origin, stride = g.start + tile_offset(g.rows, g.row_bytes, g.rb, g.cb, i, j0), width
     else:
-        origin, stride = tiles.start + row0 * tiles.row_bytes + col0, tiles.row_bytes
+        origin, stride = g.start + r0 * g.row_bytes + col0, g.row_bytes
     parts: list[Part] = []
     out_row = out_col = 0
     if direct >= 0:
-        out_row, out_col = row0 - slices[direct].row0, col0 - slices[direct].col0
+        out_row, out_col = r0 - slices[direct].row0, col0 - slices[direct].col0
     else:
         for k in sorted(users):
             s = slices[k]
-            a, b, c, d = max(row0, s.row0), min(row1, s.row1), max(col0, s.col0), min(col1, s.col1)
+            a = r0 if r0 > s.row0 else s.row0
+            b = r1 if r1 < s.row1 else s.row1
+            c = col0 if col0 > s.col0 else s.col0
+            d = col1 if col1 < s.col1 else s.col1
             if a < b and c < d:
-                parts.append(Part(k, a - row0, b - row0, c - col0, d - col0, a - s.row0, c - s.col0))
+                parts.append(Part(k, a - r0, b - r0, c - col0, d - col0, a - s.row0, c - s.col0))
     return Band(
-        tensor=name,
-        file=tiles.file,
-        start=tiles.start,
-        row_bytes=tiles.row_bytes,
-        i=i,
-        j0=j0,
-        j1=j1,
-        row0=row0,
-        row1=row1,
-        col0=col0,
-        col1=col1,
-        direct=direct,
-        out_row=out_row,
-        out_col=out_col,
-        parts=tuple(parts),
-        origin=origin,
-        stride=stride,
-    )
+        g.name, g.file, g.start, g.row_bytes, i, j0, j1, r0, r1, col0, col1, direct, out_row, out_col,
+        tuple(parts), origin, stride, r1 - r0, width, (r1 - r0) * width,
+    )  # fmt: skip
 
 
-def _shared_rows(tiles: TensorTiles, columns: dict[int, list[int]]) -> bool:
+def _shared_rows(g: _Grid, columns: dict[int, list[int]]) -> bool:
     """Whether a row-major tile row is wanted whole, by more than one slice, in more than one column."""
     return (
-        tiles.layout == "row_major"
-        and tiles.grid_cols > 1
-        and len(columns) == tiles.grid_cols
+        not g.tiled
+        and g.grid_cols > 1
+        and len(columns) == g.grid_cols
         and len({k for ks in columns.values() for k in ks}) > 1
     )
 
 
-def _runs(tiles: TensorTiles, i: int, j0: int, j1: int, limit: int) -> list[tuple[int, int]]:
-    """``[j0, j1)`` cut into runs of at most ``limit`` bytes (a single tile may exceed it).
+def _covers(spans: list[tuple[int, int, int]], n: int) -> bool:
+    """Whether the column spans ``(j0, j1, k)`` together cover columns ``[0, n)``."""
+    reach = 0
+    for j0, j1, _ in sorted(spans):
+        if j0 > reach:
+            return False
+        reach = max(reach, j1)
+    return reach >= n
 
-    A tiled tensor's runs are single tiles (its tiles are contiguous runs, not rectangles of rows).
+
+def _runs(g: _Grid, r0: int, r1: int, j0: int, j1: int, limit: int) -> list[tuple[int, int]]:
+    """Tile columns ``[j0, j1)`` of a tile row (matrix rows ``[r0, r1)``) in runs of at most ``limit`` bytes.
+
+    A single tile may exceed ``limit``. A tiled tensor's runs are single tiles (its tiles are contiguous
+    runs, not rectangles of rows).
     """
-    if tiles.layout == "tiled":
+    if j1 - j0 == 1:
+        return [(j0, j1)]
+    if g.tiled:
         return [(j, j + 1) for j in range(j0, j1)]
-    r0, r1, _, _ = tiles.tile_rect(i, 0)
-    cb, row_bytes = tiles.col_block, tiles.row_bytes
+    cb, row_bytes = g.cb, g.row_bytes
     width = limit // (r1 - r0) if r1 > r0 else row_bytes
+    if min(j1 * cb, row_bytes) - j0 * cb <= width:
+        return [(j0, j1)]
     out = []
     while j0 < j1:
         end = j0 + 1
@@ -324,45 +375,45 @@ def _runs(tiles: TensorTiles, i: int, j0: int, j1: int, limit: int) -> list[tupl
 
 
 def _one_slice_bands(
-    name: str,
-    tiles: TensorTiles,
+    out: list[Band],
+    g: _Grid,
     i: int,
+    r0: int,
+    r1: int,
     span: tuple[int, int, int],
     slices: Sequence[PlaneSlice],
     limit: int,
-) -> list[Band]:
+) -> None:
     """Bands of a tile row that one slice alone touches: only its edge tiles can be cut (staged)."""
     j0, j1, k = span
     s = slices[k]
-    r0, r1, _, _ = tiles.tile_rect(i, 0)
     segments: list[tuple[int, int, int]] = []
     if not (s.row0 <= r0 and r1 <= s.row1):
         segments.append((j0, j1, -1))
     else:
-        first = j0 + (0 if s.col0 <= j0 * tiles.col_block else 1)
-        last = j1 - (0 if min(j1 * tiles.col_block, tiles.row_bytes) <= s.col1 else 1)
+        first = j0 + (0 if s.col0 <= j0 * g.cb else 1)
+        last = j1 - (0 if min(j1 * g.cb, g.row_bytes) <= s.col1 else 1)
         if first > j0:
             segments.append((j0, first, -1))
         if last > first:
             segments.append((first, last, k))
         if j1 > max(last, first):
             segments.append((max(last, first), j1, -1))
-    merged: list[tuple[int, int, int]] = []
-    for seg in segments:  # both edge tiles of a two-tile span may be cut: one staged run, as in _bands
-        if merged and merged[-1][2] == seg[2] == -1:
+    merged: list[tuple[int, int, int]] = segments[:1]
+    for seg in segments[1:]:  # both edge tiles of a two-tile span may be cut: one staged run, as in _bands
+        if merged[-1][2] == seg[2] == -1:
             merged[-1] = (merged[-1][0], seg[1], -1)
         else:
             merged.append(seg)
-    return [
-        _band(name, tiles, i, a, b, mode, slices, {k})
-        for start, stop, mode in merged
-        for a, b in _runs(tiles, i, start, stop, limit)
-    ]
+    users = (k,)
+    for start, stop, mode in merged:
+        for a, b in _runs(g, r0, r1, start, stop, limit):
+            out.append(_band(g, i, r0, r1, a, b, mode, slices, users))
 
 
 def _bands(
     wanted: dict[tuple[str, int], list[tuple[int, int, int]]],
-    index: TileIndex,
+    grids: dict[str, _Grid],
     slices: Sequence[PlaneSlice],
     limit: int,
 ) -> list[Band]:
@@ -372,17 +423,26 @@ def _bands(
     """
     out: list[Band] = []
     for (name, i), spans in wanted.items():
-        tiles = index.tensors[name]
+        g = grids[name]
+        r0 = i * g.rb
+        r1 = min(r0 + g.rb, g.rows)
         if len(spans) == 1:
-            out += _one_slice_bands(name, tiles, i, spans[0], slices, limit)
+            _one_slice_bands(out, g, i, r0, r1, spans[0], slices, limit)
             continue
+        cb, row_bytes = g.cb, g.row_bytes
+        if not g.tiled and g.grid_cols > 1:
+            sharing = {k for _, _, k in spans}
+            if len(sharing) > 1 and _covers(spans, g.grid_cols):  # the whole tile row, for several slices
+                runs = _runs(g, r0, r1, 0, g.grid_cols, limit)
+                if len(runs) == 1:  # one staged band of whole rows (a band inside one slice needs one user)
+                    out.append(_band(g, i, r0, r1, 0, g.grid_cols, -1, slices, sharing))
+                    continue
         columns: dict[int, list[int]] = {}
         for j0, j1, k in spans:
             for j in range(j0, j1):
                 columns.setdefault(j, []).append(k)
-        if _shared_rows(tiles, columns):  # whole rows, cut into runs of at most `limit` bytes
-            r0, r1, _, _ = tiles.tile_rect(i, 0)
-            for a, b in _runs(tiles, i, 0, tiles.grid_cols, limit):
+        if _shared_rows(g, columns):  # whole rows, cut into runs of at most `limit` bytes
+            for a, b in _runs(g, r0, r1, 0, g.grid_cols, limit):
                 users = {k for j in range(a, b) for k in columns[j]}
                 s = slices[next(iter(users))]
                 inside = (
@@ -390,14 +450,11 @@ def _bands(
                     and all(len(columns[j]) == 1 for j in range(a, b))
                     and s.row0 <= r0
                     and r1 <= s.row1
-                    and s.col0 <= a * tiles.col_block
-                    and min(b * tiles.col_block, tiles.row_bytes) <= s.col1
+                    and s.col0 <= a * cb
+                    and min(b * cb, row_bytes) <= s.col1
                 )
-                out.append(_band(name, tiles, i, a, b, next(iter(users)) if inside else -1, slices, users))
+                out.append(_band(g, i, r0, r1, a, b, next(iter(users)) if inside else -1, slices, users))
             continue
-        single = tiles.layout == "tiled"
-        cb, row_bytes = tiles.col_block, tiles.row_bytes
-        r0, r1, _, _ = tiles.tile_rect(i, 0)
         run: list[int] = []
         mode, users = -2, set[int]()
         for j in sorted(columns):
@@ -407,15 +464,16 @@ def _bands(
             inside = len(ks) == 1 and s.row0 <= r0 and r1 <= s.row1 and s.col0 <= c0 and c1 <= s.col1
             this = ks[0] if inside else -1
             too_big = bool(run) and (r1 - r0) * (c1 - run[0] * cb) > limit
-            if run and (single or this != mode or j != run[-1] + 1 or too_big):
-                out.append(_band(name, tiles, i, run[0], run[-1] + 1, mode, slices, users))
+            if run and (g.tiled or this != mode or j != run[-1] + 1 or too_big):
+                out.append(_band(g, i, r0, r1, run[0], run[-1] + 1, mode, slices, users))
                 run, users = [], set()
             run.append(j)
             users.update(ks)
             mode = this
         if run:
-            out.append(_band(name, tiles, i, run[0], run[-1] + 1, mode, slices, users))
-    return sorted(out, key=lambda b: (b.file, b.offset))
+            out.append(_band(g, i, r0, r1, run[0], run[-1] + 1, mode, slices, users))
+    out.sort(key=lambda b: (b.file, b.origin))
+    return out
 
 
 def schedule_reads(
@@ -434,9 +492,10 @@ def schedule_reads(
     batches: list[Batch] = []
     group: list[Band] = []
     size = largest = 0
-    for band in _bands(wanted, index, slices, batch_bytes):
-        t = index.tensors[band.tensor]
-        largest = max(largest, band.rows * min(t.col_block, t.row_bytes))
+    grids = {name: _Grid.of(name, index.tensors[name]) for name in {name for name, _ in wanted}}
+    for band in _bands(wanted, grids, slices, batch_bytes):
+        g = grids[band.tensor]
+        largest = max(largest, band.rows * min(g.cb, g.row_bytes))
         if group and size + band.nbytes > batch_bytes:
             batches.append(_batch(group, max_gap, gap_budget))
             group, size = [], 0

@@ -13,7 +13,7 @@ or refused (``refuse``, with the arithmetic). Pure: no torch, Ray or I/O.
 - errors: :class:`PlacementError` and its subclasses (:mod:`.errors` draws the tree).
 """
 
-from .coalesce import Coalesced, Piece, coalesce
+from .coalesce import Coalesced, Piece, coalesce, merge_spans
 from .errors import (
     InventoryError,
     PieceError,
@@ -53,6 +53,7 @@ __all__ = [
     "expert_owner",
     "experts_of",
     "layers_of",
+    "merge_spans",
     "plan",
     "stage_of_layer",
 ]

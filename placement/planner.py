@@ -186,7 +186,8 @@ class _Planner:
             if not _needs(item, at, self.topology, self.dims):
                 continue
             bounds = _bounds(item, at, self.topology, self.dims, self.splits)
-            logical = LogicalSlice(
+            # built from checked parts (tuples of ints, literal rules): constructed, not re-validated
+            logical = LogicalSlice.model_construct(
                 axes=item.weight.shape.axes, bounds=tuple(bounds[a] for a in item.weight.shape.axes)
             )
             for layout in item.layouts:
@@ -197,7 +198,7 @@ class _Planner:
                 runs = self._runs[key]
                 entry_index = layout.entry_index(index)
                 out.append(
-                    TensorRead(
+                    TensorRead.model_construct(
                         tensor=layout.tensor,
                         file=layout.file,
                         weight=item.weight.name,

@@ -212,7 +212,16 @@ class Manifest(BaseModel):
 
     @classmethod
     def from_bytes(cls, data: bytes, *, source: str = "manifest") -> Manifest:
-        """Parse and validate; errors name ``source`` and the failing field."""
+        """Parse and validate; errors name ``source`` and the failing field.
+
+        A valid document is parsed once; a failing one is parsed again to name the error.
+        """
+        try:
+            return cls.model_validate_json(data)
+        except SchemaVersionError:
+            raise
+        except ValidationError:
+            pass
         try:
             doc = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:

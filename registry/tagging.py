@@ -23,6 +23,8 @@ def read_raw_history(session: Session, name: str, tag: str) -> dict[int, bytes]:
     versions = [
         int(m.group(1)) for n in session.store.listdir(tag_dir(name, tag)) if (m := _DOC_NAME.match(n))
     ]
+    if session.store.is_local or len(versions) < 2:  # a pool pays off for object-store round trips only
+        return {v: session.store.read(tag_key(name, tag, v)) for v in versions}
     with ThreadPoolExecutor(max_workers=8) as pool:
         raws = pool.map(lambda v: session.store.read(tag_key(name, tag, v)), versions)
         return dict(zip(versions, raws, strict=True))
@@ -45,7 +47,7 @@ def history(session: Session, name: str, tag: str, *, remember: bool = True) -> 
         now=session.clock(),
         allow_unsigned=session.allow_unsigned,
     )
-    if entries and remember:
+    if entries and remember and (seen is None or seen.version < entries[-1].doc.version):
         session.state.advance(name, tag, SeenTag(version=entries[-1].doc.version, digest=entries[-1].digest))
     return entries
 

@@ -45,7 +45,9 @@ def bands(draw: st.DrawFn) -> list[Band]:
                     r0, r1 = i * rb, min((i + 1) * rb, rows)
                     c0, c1 = js[0] * cb, min((js[-1] + 1) * cb, row_bytes)
                     out.append(
-                        Band("t", file, at, row_bytes, i, js[0], js[-1] + 1, r0, r1, c0, c1, -1, 0, 0, ())
+                        Band.rect(
+                            "t", file, at, row_bytes, i, js[0], js[-1] + 1, r0, r1, c0, c1, -1, 0, 0, ()
+                        )
                     )
             at += rows * row_bytes + draw(st.integers(0, 40))
     return sorted(out, key=lambda b: (b.file, b.offset))
@@ -128,8 +130,8 @@ def test_mapped_groups_cover_every_band_once_within_the_limit_and_views_hold_the
 
 
 def test_a_band_inside_a_wide_band_does_not_stretch_its_group_past_the_limit() -> None:
-    wide = Band("t", "a", 0, 4000, 0, 0, 1, 0, 3, 0, 10, -1, 0, 0, ())  # 3 rows of 10 bytes: extent 8010
-    inside = Band("u", "a", 100, 10, 0, 0, 1, 0, 1, 0, 10, -1, 0, 0, ())  # one row at offset 100
+    wide = Band.rect("t", "a", 0, 4000, 0, 0, 1, 0, 3, 0, 10, -1, 0, 0, ())  # 3 rows of 10 bytes: extent 8010
+    inside = Band.rect("u", "a", 100, 10, 0, 0, 1, 0, 1, 0, 10, -1, 0, 0, ())  # one row at offset 100
     assert wide.extent == 8010 and inside.offset == 100
     assert map_groups([wide, inside], 5000) == [[0], [1]]
     assert map_groups([wide, inside], 9000) == [[0, 1]]
