@@ -27,8 +27,10 @@ and packed into :class:`Batch` es of at most ``batch_bytes`` band bytes, each wi
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import mmap
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -220,16 +222,15 @@ def check_tensor(entry: TensorEntry, tiles: TensorTiles, files: dict[str, FileEn
             "shardport-tiled"
         )
 
-    def describe(layout: str, rows: int | None, cols: int | None) -> str:
-        return f"tiled ({rows} rows x {cols} bytes per tile)" if layout == "tiled" else "row_major"
+    def describe(grid: tuple[int | None, int | None] | None) -> str:
+        return "row_major" if grid is None else f"tiled ({grid[0]} rows x {grid[1]} bytes per tile)"
 
-    tiled = entry.layout == "shardport-tiled"
-    found_layout = describe(tiles.layout, tiles.row_block, tiles.col_block)
-    wanted_layout = describe("tiled" if tiled else "row_major", entry.tile_rows, entry.tile_cols)
-    if found_layout != wanted_layout:
+    found_grid = (tiles.row_block, tiles.col_block) if tiles.layout == "tiled" else None
+    wanted_grid = (entry.tile_rows, entry.tile_cols) if entry.layout == "shardport-tiled" else None
+    if found_grid != wanted_grid:
         raise IndexMismatchError(
-            f"{where}: the manifest stores it {wanted_layout}, the tile index {found_layout}; "
-            "the tile index belongs to another artifact — re-resolve the manifest"
+            f"{where}: the manifest stores it {describe(wanted_grid)}, the tile index "
+            f"{describe(found_grid)}; the tile index belongs to another artifact — re-resolve the manifest"
         )
     file = files.get(entry.file)
     if file is None or entry.end > file.size:
@@ -374,21 +375,18 @@ def _runs(g: _Grid, r0: int, r1: int, j0: int, j1: int, limit: int) -> list[tupl
     return out
 
 
-def _one_slice_bands(
-    out: list[Band],
-    g: _Grid,
-    i: int,
-    r0: int,
-    r1: int,
-    span: tuple[int, int, int],
-    slices: Sequence[PlaneSlice],
-    limit: int,
-) -> None:
-    """Bands of a tile row that one slice alone touches: only its edge tiles can be cut (staged)."""
+def _one_slice_runs(
+    g: _Grid, r0: int, r1: int, span: tuple[int, int, int], covered: bool, s: PlaneSlice, limit: int
+) -> list[tuple[int, int, int]]:
+    """Band runs ``(j0, j1, mode)`` of a tile row that one slice ``s`` alone touches.
+
+    The tile row holds matrix rows ``[r0, r1)``; ``span`` gives the slice's tile columns, ``covered``
+    whether the slice holds all of the tile row's rows. Only the slice's edge tiles can be cut (staged,
+    mode -1); the others go to it directly (mode k).
+    """
     j0, j1, k = span
-    s = slices[k]
     segments: list[tuple[int, int, int]] = []
-    if not (s.row0 <= r0 and r1 <= s.row1):
+    if not covered:
         segments.append((j0, j1, -1))
     else:
         first = j0 + (0 if s.col0 <= j0 * g.cb else 1)
@@ -405,10 +403,7 @@ def _one_slice_bands(
             merged[-1] = (merged[-1][0], seg[1], -1)
         else:
             merged.append(seg)
-    users = (k,)
-    for start, stop, mode in merged:
-        for a, b in _runs(g, r0, r1, start, stop, limit):
-            out.append(_band(g, i, r0, r1, a, b, mode, slices, users))
+    return [(a, b, mode) for start, stop, mode in merged for a, b in _runs(g, r0, r1, start, stop, limit)]
 
 
 def _bands(
@@ -422,19 +417,28 @@ def _bands(
     A tiled tensor's bands are single tiles (its tiles are contiguous runs, not rectangles of rows).
     """
     out: list[Band] = []
+    alone: dict[tuple[int, bool, int], list[tuple[int, int, int]]] = {}  # the same for most tile rows
     for (name, i), spans in wanted.items():
         g = grids[name]
         r0 = i * g.rb
         r1 = min(r0 + g.rb, g.rows)
         if len(spans) == 1:
-            _one_slice_bands(out, g, i, r0, r1, spans[0], slices, limit)
+            k = spans[0][2]
+            s = slices[k]
+            covered = s.row0 <= r0 and r1 <= s.row1
+            planned = alone.get((k, covered, r1 - r0))
+            if planned is None:
+                planned = alone[k, covered, r1 - r0] = _one_slice_runs(g, r0, r1, spans[0], covered, s, limit)
+            only = (k,)
+            for a, b, mode in planned:
+                out.append(_band(g, i, r0, r1, a, b, mode, slices, only))
             continue
         cb, row_bytes = g.cb, g.row_bytes
         if not g.tiled and g.grid_cols > 1:
             sharing = {k for _, _, k in spans}
             if len(sharing) > 1 and _covers(spans, g.grid_cols):  # the whole tile row, for several slices
-                runs = _runs(g, r0, r1, 0, g.grid_cols, limit)
-                if len(runs) == 1:  # one staged band of whole rows (a band inside one slice needs one user)
+                # one staged band of whole rows (a band inside one slice needs one user)
+                if len(_runs(g, r0, r1, 0, g.grid_cols, limit)) == 1:
                     out.append(_band(g, i, r0, r1, 0, g.grid_cols, -1, slices, sharing))
                     continue
         columns: dict[int, list[int]] = {}
@@ -486,7 +490,36 @@ def schedule_reads(
     max_gap: int = 0,
     gap_budget: float = 0.0,
 ) -> ReadSchedule:
-    """Plan the reads for ``slices`` (see the module docstring). Raises the loader's named errors."""
+    """Plan the reads for ``slices`` (see the module docstring). Raises the loader's named errors.
+
+    The cyclic garbage collector is paused meanwhile: planning builds thousands of small acyclic
+    records, and the collections they triggered (each walking every live object) doubled its time.
+    """
+    with paused_gc():
+        return _schedule(slices, tensors, files, index, batch_bytes, max_gap, gap_budget)
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector (process-wide) for a burst of small acyclic allocations."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _schedule(
+    slices: Sequence[PlaneSlice],
+    tensors: Iterable[TensorEntry],
+    files: Iterable[FileEntry],
+    index: TileIndex,
+    batch_bytes: int,
+    max_gap: int,
+    gap_budget: float,
+) -> ReadSchedule:
     by_path = {f.path: f for f in files}
     wanted = _wanted(slices, {t.name: t for t in tensors}, by_path, index)
     batches: list[Batch] = []
