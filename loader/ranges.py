@@ -80,28 +80,35 @@ def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> Fet
                 spannable.append(k)
             else:
                 narrow.append((b.stride - b.width, k))
-    rows_only = []
-    for gap, k in sorted(narrow):
-        cost = gap * (bands[k].rows - 1)
-        if gap <= max_gap and cost <= allowance:
-            allowance -= cost
-            spannable.append(k)
-        else:
-            rows_only.append(k)
-    spannable.sort()
-    pieces = [(bands[k].file, bands[k].origin, bands[k].origin + bands[k].extent) for k in spannable]
-    ranges, owner, _ = merge_spans(pieces, 0)  # touching pieces always merge; gaps bridged when affordable
-    threshold = _threshold(ranges, max_gap, allowance) if len(ranges) > 1 and max_gap > 0 else 0
-    if threshold:
-        ranges, owner, _ = merge_spans(pieces, threshold)
-    members: list[list[tuple[int, int]]] = [[] for _ in ranges]
-    for k, r in zip(spannable, owner, strict=True):
-        members[r].append((k, bands[k].origin - ranges[r][1]))
-    spans = tuple(
-        Span(file, start, end - start, tuple(sorted(m, key=lambda x: x[1])) if len(m) > 1 else tuple(m))
-        for (file, start, end), m in zip(ranges, members, strict=True)
-    )
-    row_bands = tuple(sorted(rows_only))
-    total = sum(s.length for s in spans) + sum(bands[k].nbytes for k in row_bands)
-    requests = len(spans) + sum(bands[k].rows for k in row_bands)
-    return FetchPlan(spans, row_bands, total, requests)
+    rows_only: list[int] = []
+    if narrow:
+        for gap, k in sorted(narrow):
+            cost = gap * (bands[k].rows - 1)
+            if gap <= max_gap and cost <= allowance:
+                allowance -= cost
+                spannable.append(k)
+            else:
+                rows_only.append(k)
+        spannable.sort()
+        rows_only.sort()
+    spans: tuple[Span, ...] = ()
+    if spannable:
+        pieces = [(b.file, b.origin, b.origin + b.extent) for b in (bands[k] for k in spannable)]
+        ranges, owner, _ = merge_spans(pieces, 0)  # touching pieces always merge; gaps bridged if affordable
+        threshold = _threshold(ranges, max_gap, allowance) if len(ranges) > 1 and max_gap > 0 else 0
+        if threshold:
+            ranges, owner, _ = merge_spans(pieces, threshold)
+        members: list[list[tuple[int, int]]] = [[] for _ in ranges]
+        for k, r in zip(spannable, owner, strict=True):
+            members[r].append((k, bands[k].origin - ranges[r][1]))
+        spans = tuple(
+            Span(file, start, end - start, tuple(sorted(m, key=lambda x: x[1])) if len(m) > 1 else tuple(m))
+            for (file, start, end), m in zip(ranges, members, strict=True)
+        )
+    total = requests = 0
+    for s in spans:
+        total += s.length
+    for k in rows_only:
+        total += bands[k].nbytes
+        requests += bands[k].rows
+    return FetchPlan(spans, tuple(rows_only), total, len(spans) + requests)

@@ -243,18 +243,21 @@ def _wanted(
     tensors: dict[str, TensorEntry],
     files: dict[str, FileEntry],
     index: TileIndex,
+    grids: dict[str, _Grid],
 ) -> dict[tuple[str, int], list[tuple[int, int, int]]]:
-    """(tensor, tile row) → ``(j0, j1, k)``: slice ``k`` touches that tile row's columns ``[j0, j1)``."""
+    """(tensor, tile row) → ``(j0, j1, k)``: slice ``k`` touches that tile row's columns ``[j0, j1)``.
+
+    Each tensor is checked against its tile index once, and its grid put in ``grids``.
+    """
     wanted: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
-    checked: set[str] = set()
     for k, s in enumerate(slices):
         entry, tiles = tensors.get(s.tensor), index.tensors.get(s.tensor)
         if entry is None or tiles is None:
             lacks = "the manifest" if entry is None else "the tile index"
             raise SliceRequestError(f"slice {k}: tensor {s.tensor!r} is not in {lacks}")
-        if s.tensor not in checked:
+        if s.tensor not in grids:
             check_tensor(entry, tiles, files)
-            checked.add(s.tensor)
+            grids[s.tensor] = _Grid.of(s.tensor, tiles)
         try:
             i0, i1, j0, j1 = tile_span(tiles, s.row0, s.row1, s.col0, s.col1)
         except TileGridError as exc:
@@ -429,9 +432,17 @@ def _bands(
             planned = alone.get((k, covered, r1 - r0))
             if planned is None:
                 planned = alone[k, covered, r1 - r0] = _one_slice_runs(g, r0, r1, spans[0], covered, s, limit)
-            only = (k,)
             for a, b, mode in planned:
-                out.append(_band(g, i, r0, r1, a, b, mode, slices, only))
+                if mode < 0 or g.tiled:
+                    out.append(_band(g, i, r0, r1, a, b, mode, slices, (k,)))
+                    continue
+                col0, col1 = a * g.cb, min(b * g.cb, g.row_bytes)  # direct, row-major: as _band makes it
+                band = Band(
+                    name, g.file, g.start, g.row_bytes, i, a, b, r0, r1, col0, col1, k, r0 - s.row0,
+                    col0 - s.col0, (), g.start + r0 * g.row_bytes + col0, g.row_bytes, r1 - r0,
+                    col1 - col0, (r1 - r0) * (col1 - col0),
+                )  # fmt: skip
+                out.append(band)
             continue
         cb, row_bytes = g.cb, g.row_bytes
         if not g.tiled and g.grid_cols > 1:
@@ -521,11 +532,11 @@ def _schedule(
     gap_budget: float,
 ) -> ReadSchedule:
     by_path = {f.path: f for f in files}
-    wanted = _wanted(slices, {t.name: t for t in tensors}, by_path, index)
+    grids: dict[str, _Grid] = {}
+    wanted = _wanted(slices, {t.name: t for t in tensors}, by_path, index, grids)
     batches: list[Batch] = []
     group: list[Band] = []
     size = largest = 0
-    grids = {name: _Grid.of(name, index.tensors[name]) for name in {name for name, _ in wanted}}
     for band in _bands(wanted, grids, slices, batch_bytes):
         g = grids[band.tensor]
         largest = max(largest, band.rows * min(g.cb, g.row_bytes))

@@ -66,22 +66,30 @@ def merge_spans(
     """Merge ``(file, offset, end)`` spans; return ranges, each span's range index, union bytes."""
     if max_gap < 0:
         raise PieceError(f"max_gap {max_gap} must be >= 0")
-    order = sorted(range(len(spans)), key=lambda i: (spans[i][0], spans[i][1]))
+    n = len(spans)
+    in_order = all(spans[i][:2] <= spans[i + 1][:2] for i in range(n - 1))  # the usual case: no sort
+    order = range(n) if in_order else sorted(range(n), key=lambda i: (spans[i][0], spans[i][1]))
     ranges: list[tuple[str, int, int]] = []
-    owner = [0] * len(spans)
+    owner = [0] * n
     union = 0
-    covered = -1
+    file: str | None = None
+    first = last = covered = 0
     for i in order:
-        file, start, end = spans[i]
-        if ranges and ranges[-1][0] == file and start - ranges[-1][2] <= max_gap:
-            last = ranges[-1]
-            ranges[-1] = (file, last[1], max(last[2], end))
+        f, start, end = spans[i]
+        if f == file and start - last <= max_gap:
+            if end > last:
+                last = end
         else:
-            ranges.append((file, start, end))
-            covered = start
-        union += max(0, end - max(start, covered))
-        covered = max(covered, end)
-        owner[i] = len(ranges) - 1
+            if file is not None:
+                ranges.append((file, first, last))
+            file, first, last, covered = f, start, end, start
+        low = start if start > covered else covered
+        if end > low:
+            union += end - low
+            covered = end
+        owner[i] = len(ranges)
+    if file is not None:
+        ranges.append((file, first, last))
     return ranges, owner, union
 
 

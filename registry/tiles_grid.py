@@ -62,8 +62,23 @@ class GridChoice:
     col_align: int
 
 
+_LAYOUTS: dict[tuple[str, tuple[int, ...], int], PlaneLayout] = {}
+"""Layouts already computed, by (dtype, shape, bytes): all a layout depends on (models repeat shapes)."""
+_LAYOUTS_MAX = 4096
+
+
 def plane_layout(entry: TensorEntry) -> PlaneLayout:
     """Rows, row bytes and quantum of ``entry``; :class:`TileGridError` if its byte count is inconsistent."""
+    key = (entry.dtype, entry.shape, entry.end - entry.start)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        layout = _plane_layout(entry)
+        if len(_LAYOUTS) < _LAYOUTS_MAX:
+            _LAYOUTS[key] = layout
+    return layout
+
+
+def _plane_layout(entry: TensorEntry) -> PlaneLayout:
     nbytes = entry.end - entry.start
     elements = math.prod(entry.shape)
     if entry.dtype in DTYPE_BITS:
