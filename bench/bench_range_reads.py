@@ -566,6 +566,7 @@ def tiled_layout(
     store = str(tmp / "registry")
     cli("--store", store, "keygen")
     cli("--store", store, "push", str(path.parent), "bench/tiles:rowmajor")
+    os.sync()  # the pushed blob's writeback would otherwise compete with the conversion's writes
     t = time.perf_counter()
     cli("--store", store, "convert", "bench/tiles:rowmajor", "bench/tiles:tiled", "--layout", "tiled")
     convert_s = time.perf_counter() - t

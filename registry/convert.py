@@ -60,6 +60,9 @@ WORKERS = max(1, min(4, os.cpu_count() or 1))
 """Threads for hashing and decode checks (numpy and the hashes release the GIL)."""
 DECODE_BUDGET = 1 << 30
 """Bytes of decodes in flight during validation (a larger weight is checked alone)."""
+DECODE_BYTES_PER_ELEMENT = 32
+"""Peak bytes per logical element of checking one weight: both float32 decodes plus the decoders'
+intermediates (an affine 4-bit decode peaked at ~25 bytes per element, measured with tracemalloc)."""
 
 
 def _fetch_all(
@@ -68,21 +71,34 @@ def _fetch_all(
     """Make ``folder/<path>`` hold every file of ``manifest``; return each file's digest check.
 
     A local store's blobs are linked in place (symlinks: no copy of the checkpoint) and hashed where
-    they lie on ``pool``, while the conversion goes on (:func:`_check_sources` waits for them); a remote
-    store's are downloaded and hashed as they arrive.
+    they lie on ``pool``, while the conversion goes on (:func:`_check_sources` waits for them); a blob
+    whose size is not the manifest's is refused at once, so nothing reads more than the manifest says.
+    A remote store's are downloaded (at most the manifest's size) and hashed as they arrive. If a later
+    file cannot be had, the files already linked are checked first: a damaged one is named as the cause.
     """
     checks: list[tuple[FileEntry, Callable[[], tuple[str, int]]]] = []
-    for f in manifest.files:
-        target = folder / f.path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if session.store.is_local:
-            blob = Path(session.store.path(blob_key(f.digest)))
-            if not blob.is_file():
-                raise StoreError(f"file {f.path}: blob {f.digest} is missing from the store; run fsck")
-            target.symlink_to(blob)
-            checks.append((f, pool.submit(digest_file, target).result))
-        else:
-            checks.append((f, partial(_fetched, session.store.fetch_blob(f.digest, target, max_size=f.size))))
+    try:
+        for f in manifest.files:
+            target = folder / f.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if session.store.is_local:
+                blob = Path(session.store.path(blob_key(f.digest)))
+                if not blob.is_file():
+                    raise StoreError(f"file {f.path}: blob {f.digest} is missing from the store; run fsck")
+                size = blob.stat().st_size
+                if size != f.size:
+                    raise DigestMismatchError(
+                        f"file {f.path} (blob {f.digest}): the store holds {size} bytes, "
+                        f"the manifest {f.size}"
+                    )
+                target.symlink_to(blob)
+                checks.append((f, pool.submit(digest_file, target).result))
+            else:
+                got = session.store.fetch_blob(f.digest, target, max_size=f.size)
+                checks.append((f, partial(_fetched, got)))
+    except Exception:
+        _check_sources(checks)
+        raise
     return checks
 
 
@@ -220,7 +236,8 @@ def _validate(
     """Reopen the written files: every tile hash and every weight's decode must match the source.
 
     Tensors' tile checks and weights' decode comparisons run on ``pool``; the decodes in flight stay
-    within :data:`DECODE_BUDGET` bytes (estimated: both float32 decodes plus the de-tiled planes).
+    within :data:`DECODE_BUDGET` bytes (estimated: :data:`DECODE_BYTES_PER_ELEMENT` per logical element
+    plus the de-tiled planes).
     """
     by_name = {e.name: e for e in entries}
     old = {e.name: e for e in manifest.tensors or []}
@@ -231,7 +248,7 @@ def _validate(
     ]
     for w in manifest.weights or []:
         planes = sum(by_name[p.tensor].end - by_name[p.tensor].start for p in w.planes if p.tensor in by_name)
-        cost = 2 * 4 * math.prod(w.shape.extents) + planes
+        cost = DECODE_BYTES_PER_ELEMENT * math.prod(w.shape.extents) + planes
         jobs.append(
             (
                 cost,
@@ -279,14 +296,17 @@ def convert(
     ):
         src, out = Path(tmp) / "src", Path(tmp) / "out"
         sources = _fetch_all(session, m, src, pool)
+        digests: list[tuple[str, Future[tuple[str, int]]]] = []
         try:
             entries, tiles, paths = _write_all(m, src, out, index)
             new_index = TileIndex(
                 tile_target=index.tile_target, tile_minimum=index.tile_minimum, tensors=tiles
             )
-            digests = [(p, pool.submit(digest_file, out / p)) for p in paths]  # beside the validation
+            digests += [(p, pool.submit(digest_file, out / p)) for p in paths]  # beside the validation
             _validate(m, src, out, entries, new_index, pool)
         except Exception:
+            for _, pending in digests:
+                pending.cancel()
             _check_sources(sources)  # a damaged source file is the cause: name it
             raise
         _check_sources(sources)

@@ -186,8 +186,11 @@ class TileIndex(BaseModel):
         A valid document is parsed once; a failing one is parsed again for the specific error (not JSON,
         another version, another hash) before the first failing field is named.
         """
+        failure: ValidationError | None = None
         try:
-            return cls.model_validate_json(data)
+            index = cls.model_validate_json(data)
+            if {"version", "hash"} <= index.model_fields_set:  # both stated, not defaulted
+                return index
         except ValidationError as exc:
             failure = exc
         try:
@@ -203,6 +206,7 @@ class TileIndex(BaseModel):
             )
         if doc.get("hash") != HASH_NAME:
             raise TileIndexError(f"{source}: tile hash {doc.get('hash')!r}: expected {HASH_NAME!r}")
+        assert failure is not None  # a document stating version 1 and blake3 that validated returned
         first = failure.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise TileIndexError(f"{source}: field {where!r}: {first['msg']}") from failure

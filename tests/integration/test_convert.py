@@ -81,6 +81,44 @@ def test_convert_refuses_a_damaged_source_blob_and_publishes_nothing(tmp_path: P
     assert cli(store, "inspect", "acme/llama:q4-tiled")[0] != 0  # nothing was published
 
 
+def _blob_of(store: str, digest: str, suffix: str) -> tuple[str, Path]:
+    manifest = Manifest.from_bytes(Session.open(store).store.read_blob(digest))
+    f = next(f for f in manifest.files if f.path.endswith(suffix))
+    blob = Path(Session.open(store).store.path(blob_key(f.digest)))
+    blob.chmod(0o644)
+    return f.path, blob
+
+
+def test_convert_refuses_a_resized_source_blob_before_reading_it(tmp_path: Path, home: Path) -> None:
+    store = str(tmp_path / "store")
+    ok(store, "keygen")
+    digest = ok(store, "push", gptq_llama(tmp_path / "ck"), "acme/llama:q4", *TILES)["digest"]
+    path, blob = _blob_of(store, digest, "config.json")
+    size = blob.stat().st_size
+    with open(blob, "r+b") as fh:  # a swapped-in blob of 256 MiB (sparse): refused by its size alone
+        fh.truncate(256 << 20)
+    code, out = cli(store, "convert", "acme/llama:q4", "acme/llama:q4-tiled", "--layout", "tiled")
+    assert code != 0 and out["error"]["type"] == "DigestMismatchError"
+    assert path in out["error"]["message"] and f"the manifest {size}" in out["error"]["message"]
+    assert cli(store, "inspect", "acme/llama:q4-tiled")[0] != 0
+
+
+def test_convert_names_a_damaged_source_before_a_later_missing_blob(tmp_path: Path, home: Path) -> None:
+    store = str(tmp_path / "store")
+    ok(store, "keygen")
+    digest = ok(store, "push", gptq_llama(tmp_path / "ck"), "acme/llama:q4", *TILES)["digest"]
+    manifest = Manifest.from_bytes(Session.open(store).store.read_blob(digest))
+    first, last = manifest.files[0], manifest.files[-1]
+    _, damaged = _blob_of(store, digest, first.path)
+    data = bytearray(damaged.read_bytes())
+    data[0] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    _blob_of(store, digest, last.path)[1].unlink()  # a later file is missing altogether
+    code, out = cli(store, "convert", "acme/llama:q4", "acme/llama:q4-tiled", "--layout", "tiled")
+    assert code != 0 and out["error"]["type"] == "DigestMismatchError"
+    assert first.path in out["error"]["message"]
+
+
 def test_convert_cuts_requests_on_seaweedfs(seaweed_store_url: str, tmp_path: Path, home: Path) -> None:
     store = seaweed_store_url
     src, source, _ = _push_and_convert(store, tmp_path)

@@ -283,6 +283,10 @@ def _doc(**changes: object) -> bytes:
         (_doc(col_block="8"), TileIndexError, "col_block"),
         (_doc(extra=1), TileIndexError, "extra"),
         (_doc(tile_target=0), TileIndexError, "tile_target"),
+        (b'{"tensors": {}}', SchemaVersionError, "version None"),  # both must be stated, not defaulted
+        (b'{"version": 1, "tensors": {}}', TileIndexError, "tile hash None"),
+        (b'{"hash": "blake3", "tensors": {}}', SchemaVersionError, "version None"),
+        (b'{"version": 1, "hash": "blake3", "tensors": {"t": 1}}', TileIndexError, "field 'tensors.t'"),
     ],
 )
 def test_hostile_index_documents_are_refused(raw: bytes, error: type[Exception], match: str) -> None:
