@@ -16,11 +16,14 @@ naming the source manifest), signature and tag document.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
 import tempfile
+import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from functools import partial
@@ -45,7 +48,7 @@ from shardport.registry.manifest import (
     TileIndexRef,
 )
 from shardport.registry.progress import Quiet, Reporter
-from shardport.registry.push import PushResult, publish
+from shardport.registry.push import LEASE_TIME, PushResult, publish
 from shardport.registry.refs import Ref
 from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
@@ -100,6 +103,29 @@ def _fetch_all(
         _check_sources(checks)
         raise
     return checks
+
+
+@contextlib.contextmanager
+def _work_dir(session: Session) -> Iterator[Path]:
+    """A folder for the conversion's files, removed afterwards.
+
+    On a local store it is a leased upload folder of the store (``uploads/convert-<id>/lease.json``:
+    ``gc`` leaves a leased folder alone while the lease lives), so the tiled files are on the store's
+    file system and are renamed into place when published instead of copied. Elsewhere: a temporary
+    folder.
+    """
+    store = session.store
+    if not store.is_local:
+        with tempfile.TemporaryDirectory(prefix="shardport-convert-") as tmp:
+            yield Path(tmp)
+        return
+    folder = f"uploads/convert-{uuid.uuid4().hex}"
+    lease = {"expires": format_time(session.clock() + LEASE_TIME), "digests": []}
+    store.put(f"{folder}/lease.json", json.dumps(lease).encode())
+    try:
+        yield Path(store.path(folder))
+    finally:
+        store.delete_tree(folder)
 
 
 def _fetched(got: tuple[str, int]) -> tuple[str, int]:
@@ -291,29 +317,30 @@ def convert(
         raise UsageError(f"{ref}: already in the {LAYOUT} layout")
     index = TileIndex.from_bytes(session.store.read_blob(m.tile_index.digest))
     with (
-        tempfile.TemporaryDirectory(prefix="shardport-convert-") as tmp,
+        _work_dir(session) as tmp,
         ThreadPoolExecutor(max_workers=WORKERS) as pool,
     ):
         src, out = Path(tmp) / "src", Path(tmp) / "out"
         sources = _fetch_all(session, m, src, pool)
-        digests: list[tuple[str, Future[tuple[str, int]]]] = []
+        digests: list[tuple[str, tuple[int, int, int, int], Future[tuple[str, int]]]] = []
         try:
             entries, tiles, paths = _write_all(m, src, out, index)
             new_index = TileIndex(
                 tile_target=index.tile_target, tile_minimum=index.tile_minimum, tensors=tiles
             )
-            digests += [(p, pool.submit(digest_file, out / p)) for p in paths]  # beside the validation
+            for p in paths:  # hashed beside the validation; identity taken before hashing
+                digests.append((p, file_identity(out / p), pool.submit(digest_file, out / p)))
             _validate(m, src, out, entries, new_index, pool)
         except Exception:
-            for _, pending in digests:
+            for _, _, pending in digests:
                 pending.cancel()
             _check_sources(sources)  # a damaged source file is the cause: name it
             raise
         _check_sources(sources)
         files: list[tuple[Path, FileEntry, tuple[int, int, int, int] | None]] = []
-        for p, pending in digests:
+        for p, ident, pending in digests:
             digest, size = pending.result()
-            files.append((out / p, FileEntry(path=p, size=size, digest=digest), file_identity(out / p)))
+            files.append((out / p, FileEntry(path=p, size=size, digest=digest), ident))
         index_bytes = new_index.to_bytes()
         manifest = m.model_copy(
             update={
@@ -349,4 +376,5 @@ def convert(
             reporter=reporter or Quiet(),
             retries=retries,
             valid_for=valid_for,
+            move=True,  # the tiled files are ours: a local store renames them into place, no copy
         )

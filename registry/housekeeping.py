@@ -96,7 +96,9 @@ def gc(session: Session, *, dry_run: bool = False, grace: timedelta = GRACE) -> 
     now = session.clock()
     live: set[str] = set()
     report = GcReport(dry_run=dry_run)
-    for obj in store.walk("uploads"):
+    uploads = list(store.walk("uploads"))
+    leased: set[str] = set()  # folders of live leases: everything in them is in use (a push, a convert)
+    for obj in uploads:
         if obj.key.endswith("/lease.json"):
             folder = obj.key.rsplit("/", 1)[0]
             try:
@@ -107,9 +109,15 @@ def gc(session: Session, *, dry_run: bool = False, grace: timedelta = GRACE) -> 
                 expires, digests = obj.mtime + grace, []
             if expires > now:
                 live.update(digests)
+                leased.add(folder + "/")
             else:
                 report.removed_uploads.append(folder)
-        elif obj.mtime < now - grace and "/lease.json" not in obj.key:
+    for obj in uploads:
+        if (
+            not obj.key.endswith("/lease.json")
+            and obj.mtime < now - grace
+            and not any(obj.key.startswith(folder) for folder in leased)
+        ):
             report.removed_uploads.append(obj.key)
     for name in repositories(session):
         for tag in store.listdir(f"repos/{name}/tags"):

@@ -201,11 +201,13 @@ def publish(
     valid_for: timedelta = DEFAULT_VALIDITY,
     bundle: bytes | None = None,
     unchanged: bool = False,
+    move: bool = False,
 ) -> PushResult:
     """Store an artifact whose files are hashed and whose manifest is built, then tag it.
 
     Order: lease, missing file blobs (verified), ``extra_blobs`` (e.g. the tile index), manifest,
     signature(s), tag document. ``unchanged``: the tag already points at ``manifest`` (no new version).
+    ``move``: the files are the caller's work files; a local store may rename them into place.
     """
     store = session.store
     now = session.clock()
@@ -231,7 +233,7 @@ def publish(
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             moved = list(
                 pool.map(
-                    lambda kv: store.upload_blob(kv[1][0], kv[0], advance, identity=kv[1][2]),
+                    lambda kv: store.upload_blob(kv[1][0], kv[0], advance, identity=kv[1][2], move=move),
                     unique_missing.items(),
                 )
             )

@@ -15,6 +15,7 @@ streamed multipart upload that is aborted, never completed, when the bytes do no
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import uuid
@@ -224,9 +225,9 @@ class Store:
 
     # ---- writes --------------------------------------------------------------------------------
     def _local_temp(self) -> Path:
-        tmp = Path(self.root, "uploads", "tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
-        return tmp / uuid.uuid4().hex
+        folder = self.scratch_dir()
+        assert folder is not None
+        return folder / uuid.uuid4().hex
 
     def put(self, key: str, data: bytes) -> None:
         """Write a small object, replacing any previous one atomically."""
@@ -295,18 +296,56 @@ class Store:
         progress: Progress | None = None,
         *,
         identity: tuple[int, int, int, int] | None = None,
+        move: bool = False,
     ) -> int:
         """Publish file ``source`` as blob ``digest``, verifying the bytes stored are the bytes hashed.
 
         ``identity`` is the source's :func:`file_identity` taken before it was hashed; with it, a local
         upload is a kernel-side copy checked against that identity, without it the copy is re-hashed.
-        Returns the number of bytes moved. Nothing is published when verification fails.
+        ``move`` (with ``identity``; for files the caller wrote and no longer needs, e.g. a conversion's
+        output under :meth:`scratch_dir`): a local store renames ``source`` into place when it is on the
+        store's file system and unchanged since it was hashed, instead of copying it. Returns the number
+        of bytes moved. Nothing is published when verification fails.
         """
         key = blob_key(digest)
         with _io(f"{source} -> {key}"):
             if self.is_local:
+                if move and identity is not None and self._move_local(source, key, progress, identity):
+                    return identity[1]
                 return self._upload_local(source, digest, key, progress, identity)
             return self._upload_remote(source, digest, key, progress)
+
+    def scratch_dir(self) -> Path | None:
+        """A local store's folder for work files on its own file system (None for object stores).
+
+        Files written there can be published with ``upload_blob(..., move=True)`` without a copy;
+        ``gc`` removes what a crashed run left there once it is older than the grace period.
+        """
+        if not self.is_local:
+            return None
+        folder = Path(self.root, "uploads", "tmp")
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def _move_local(
+        self, source: Path, key: str, progress: Progress | None, identity: tuple[int, int, int, int]
+    ) -> bool:
+        """Rename ``source`` to ``key`` if it is unchanged since hashed; False when it cannot be renamed."""
+        if file_identity(source) != identity:
+            raise DigestMismatchError(
+                f"{source}: changed after it was hashed (its size or modification time moved); re-run"
+            )
+        target = Path(self.path(key))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(source, target)
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:  # another file system: copy instead
+                return False
+            raise
+        if progress:
+            progress(identity[1])
+        return True
 
     def _copy_hashing(
         self, src: IO[bytes], dst: IO[bytes], progress: Progress | None, limit: int | None = None

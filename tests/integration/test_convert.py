@@ -29,6 +29,7 @@ def _push_and_convert(store: str, tmp_path: Path) -> tuple[Path, str, str]:
 def test_convert_local(tmp_path: Path, home: Path) -> None:
     store = str(tmp_path / "store")
     src, source, _ = _push_and_convert(store, tmp_path)
+    assert not list(Session.open(store).store.walk("uploads"))  # tiled files moved in, work folder removed
     info = ok(store, "inspect", "acme/llama:q4-tiled")["manifest"]
     assert info["container"]["kind"] == "shardport-tiled"
     assert info["provenance"]["source_manifest"] == source

@@ -67,6 +67,23 @@ def test_gc_keeps_blobs_named_by_a_live_lease(pushed: tuple[Cli, Session, str]) 
     assert fsck(session).ok
 
 
+def test_gc_leaves_the_files_of_a_leased_work_folder_alone(pushed: tuple[Cli, Session, str]) -> None:
+    _, session, _ = pushed
+    now = session.clock()
+    lease = {"expires": format_time(now + timedelta(hours=1)), "digests": []}
+    session.store.put("uploads/convert-x/lease.json", json.dumps(lease).encode())
+    session.store.put("uploads/convert-x/out/model.safetensors.sptiled", b"a tile being written")
+    session.store.put("uploads/tmp/orphan", b"left by a crashed upload")
+    report = gc(session, grace=timedelta(0))  # every file is older than the grace window
+    assert report.removed_uploads == ["uploads/tmp/orphan"]
+    assert session.store.exists("uploads/convert-x/out/model.safetensors.sptiled")
+    expired = {"expires": format_time(now - timedelta(seconds=1)), "digests": []}
+    session.store.put("uploads/convert-x/lease.json", json.dumps(expired).encode())
+    report = gc(session, grace=timedelta(0))
+    assert "uploads/convert-x" in report.removed_uploads
+    assert not session.store.walk("uploads/convert-x")
+
+
 def test_progress_is_quiet_off_a_terminal() -> None:
     with reporter(json_mode=False) as rep:  # pytest's stderr is not a TTY
         assert isinstance(rep, Quiet)

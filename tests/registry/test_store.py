@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -93,6 +94,58 @@ def test_upload_refuses_changed_source(store: Store, tmp_path: Path) -> None:
     with pytest.raises(DigestMismatchError, match="changed while pushing"):
         store.upload_blob(src, right, identity=ident)
     assert not store.has_blob(wrong) and not store.has_blob(right)
+
+
+def test_a_local_store_moves_a_work_file_into_place_without_copying(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "store"))
+    scratch = store.scratch_dir()
+    assert scratch is not None and scratch.is_dir()
+    src = scratch / "out.bin"
+    src.write_bytes(os.urandom(1 << 20))
+    ident = file_identity(src)
+    digest, size = digest_file(src)
+    assert store.upload_blob(src, digest, identity=ident, move=True) == size
+    assert not src.exists()  # renamed, not copied
+    assert os.stat(store.path(blob_key(digest))).st_ino == ident[0]
+    assert digest_file(Path(store.path(blob_key(digest))))[0] == digest
+
+
+def test_a_moved_work_file_changed_after_hashing_is_refused(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "store"))
+    scratch = store.scratch_dir()
+    assert scratch is not None
+    src = scratch / "out.bin"
+    src.write_bytes(b"x" * 4096)
+    ident = file_identity(src)
+    digest, _ = digest_file(src)
+    src.write_bytes(b"y" * 4097)
+    with pytest.raises(DigestMismatchError, match="changed after it was hashed"):
+        store.upload_blob(src, digest, identity=ident, move=True)
+    assert not store.has_blob(digest) and src.exists()
+
+
+def test_a_work_file_on_another_file_system_is_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(str(tmp_path / "store"))
+    src = tmp_path / "elsewhere.bin"
+    src.write_bytes(os.urandom(70_000))
+    ident = file_identity(src)
+    digest, size = digest_file(src)
+    real = os.replace
+
+    def across_devices(a: str | Path, b: str | Path) -> None:  # what rename(2) says across file systems
+        if Path(a) == src:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        real(a, b)
+
+    monkeypatch.setattr(os, "replace", across_devices)
+    assert store.upload_blob(src, digest, identity=ident, move=True) == size
+    assert src.exists() and store.read_blob(digest) == src.read_bytes()  # copied instead
+
+
+def test_an_object_store_has_no_scratch_dir(store: Store) -> None:
+    assert (store.scratch_dir() is None) == (not store.is_local)
 
 
 def test_bad_url() -> None:
