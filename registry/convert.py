@@ -63,9 +63,11 @@ WORKERS = max(1, min(4, os.cpu_count() or 1))
 """Threads for hashing and decode checks (numpy and the hashes release the GIL)."""
 DECODE_BUDGET = 1 << 30
 """Bytes of decodes in flight during validation (a larger weight is checked alone)."""
-DECODE_BYTES_PER_ELEMENT = 32
-"""Peak bytes per logical element of checking one weight: both float32 decodes plus the decoders'
-intermediates (an affine 4-bit decode peaked at ~25 bytes per element, measured with tracemalloc)."""
+DECODE_BYTES_PER_ELEMENT = {"float": 16}
+"""Peak bytes per logical element of checking one weight, by contract family (tracemalloc): a float
+weight 14 (both float32 decodes, the de-tiled plane, the comparison), a quantized one up to ~29 (the
+decoders' intermediates); families not listed count :data:`DECODE_BYTES_DEFAULT`."""
+DECODE_BYTES_DEFAULT = 32
 
 
 def _fetch_all(
@@ -263,7 +265,7 @@ def _validate(
 
     Tensors' tile checks and weights' decode comparisons run on ``pool``; the decodes in flight stay
     within :data:`DECODE_BUDGET` bytes (estimated: :data:`DECODE_BYTES_PER_ELEMENT` per logical element
-    plus the de-tiled planes).
+    of the weight's family, plus its planes).
     """
     by_name = {e.name: e for e in entries}
     old = {e.name: e for e in manifest.tensors or []}
@@ -274,7 +276,8 @@ def _validate(
     ]
     for w in manifest.weights or []:
         planes = sum(by_name[p.tensor].end - by_name[p.tensor].start for p in w.planes if p.tensor in by_name)
-        cost = DECODE_BYTES_PER_ELEMENT * math.prod(w.shape.extents) + planes
+        per_element = DECODE_BYTES_PER_ELEMENT.get(w.contract.family, DECODE_BYTES_DEFAULT)
+        cost = per_element * math.prod(w.shape.extents) + planes
         jobs.append(
             (
                 cost,
