@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
 
+import numpy as np
 import pytest
+from llama_artifacts import gguf_llama, gptq_llama, ok
 
-from shardport.registry.convert import _run_bounded
+from shardport.registry.analysis import PlaneReader, stored_inventory
+from shardport.registry.contracts import LogicalWeight
+from shardport.registry.convert import (
+    DECODE_BYTES_DEFAULT,
+    DECODE_BYTES_PER_ELEMENT,
+    _check_weight,
+    _run_bounded,
+)
 from shardport.registry.errors import VerificationError
+from shardport.registry.manifest import Manifest
+from shardport.registry.session import Session
+from shardport.registry.store import blob_key
 
 
 class _Meter:
@@ -62,3 +78,45 @@ def test_the_first_failure_in_job_order_is_raised_and_queued_jobs_are_cancelled(
     with ThreadPoolExecutor(max_workers=2) as pool, pytest.raises(VerificationError, match="job 2 failed"):
         _run_bounded(pool, jobs, budget=100)
     assert len(meter.ran) < 200  # the jobs still queued behind the failure never ran
+
+
+@pytest.mark.parametrize(
+    ("make", "families"),
+    [(gptq_llama, {"float", "affine_int"}), (gguf_llama, {"gguf_block"})],
+    ids=["gptq", "gguf"],
+)
+def test_the_decode_budget_estimate_bounds_what_checking_a_weight_allocates(
+    make: Callable[[Path], Path], families: set[str], tmp_path: Path, home: Path
+) -> None:
+    store = str(tmp_path / "store")
+    ok(store, "keygen")
+    digest = ok(store, "push", make(tmp_path / "ck"), "acme/llama:x")["digest"]
+    session = Session.open(store)
+    manifest = Manifest.from_bytes(session.store.read_blob(digest))
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in manifest.files:
+        (src / f.path).symlink_to(session.store.path(blob_key(f.digest)))
+    reader = PlaneReader(src)
+    by_name = {e.name: e for e in manifest.tensors or []}
+    inventory = stored_inventory(by_name.values())
+    checked = set()
+    for w in manifest.weights or []:
+        elements = math.prod(w.shape.extents)
+        if elements < 1 << 18:  # small weights: fixed allocations dominate, and they do not matter
+            continue
+        planes = sum(by_name[p.tensor].end - by_name[p.tensor].start for p in w.planes)
+        estimate = DECODE_BYTES_PER_ELEMENT.get(w.contract.family, DECODE_BYTES_DEFAULT) * elements + planes
+
+        def after(w: LogicalWeight = w) -> dict[str, np.ndarray]:  # the de-tiled planes are new arrays
+            return {k: v.copy() for k, v in reader.planes(w, by_name).items()}
+
+        tracemalloc.start()
+        try:
+            _check_weight(w, partial(reader.planes, w, by_name), after, inventory)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak <= estimate, (w.name, w.contract.family, peak / elements)
+        checked.add(w.contract.family)
+    assert checked == families  # measured: affine ~29.6 bytes per element, float 14.0, gguf blocks 16.8
