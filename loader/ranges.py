@@ -76,7 +76,7 @@ def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> Fet
     narrow: list[tuple[int, int]] = []
     for k, b in enumerate(bands):
         if b.nbytes > 0:
-            if b.rows <= 1 or b.stride == b.width:
+            if b.contiguous:
                 spannable.append(k)
             else:
                 narrow.append((b.stride - b.width, k))

@@ -315,33 +315,30 @@ def _band(
         origin, stride = g.start + tile_offset(g.rows, g.row_bytes, g.rb, g.cb, i, j0), width
     else:
         origin, stride = g.start + r0 * g.row_bytes + col0, g.row_bytes
-    parts: list[Part] = []
     out_row = out_col = 0
+    parts: tuple[Part, ...] = ()
     if direct >= 0:
         out_row, out_col = r0 - slices[direct].row0, col0 - slices[direct].col0
     else:
-        for k in sorted(users):
-            s = slices[k]
-            a = r0 if r0 > s.row0 else s.row0
-            b = r1 if r1 < s.row1 else s.row1
-            c = col0 if col0 > s.col0 else s.col0
-            d = col1 if col1 < s.col1 else s.col1
-            if a < b and c < d:
-                parts.append(Part(k, a - r0, b - r0, c - col0, d - col0, a - s.row0, c - s.col0))
+        parts = tuple(_parts(r0, r1, col0, col1, slices, users))
     return Band(
         g.name, g.file, g.start, g.row_bytes, i, j0, j1, r0, r1, col0, col1, direct, out_row, out_col,
-        tuple(parts), origin, stride, r1 - r0, width, (r1 - r0) * width,
+        parts, origin, stride, r1 - r0, width, (r1 - r0) * width,
     )  # fmt: skip
 
 
-def _shared_rows(g: _Grid, columns: dict[int, list[int]]) -> bool:
-    """Whether a row-major tile row is wanted whole, by more than one slice, in more than one column."""
-    return (
-        not g.tiled
-        and g.grid_cols > 1
-        and len(columns) == g.grid_cols
-        and len({k for ks in columns.values() for k in ks}) > 1
-    )
+def _parts(
+    r0: int, r1: int, col0: int, col1: int, slices: Sequence[PlaneSlice], users: Iterable[int]
+) -> Iterator[Part]:
+    """What each of ``users`` takes from the staged rectangle rows ``[r0, r1)`` x bytes ``[col0, col1)``."""
+    for k in sorted(users):
+        s = slices[k]
+        a = r0 if r0 > s.row0 else s.row0
+        b = r1 if r1 < s.row1 else s.row1
+        c = col0 if col0 > s.col0 else s.col0
+        d = col1 if col1 < s.col1 else s.col1
+        if a < b and c < d:
+            yield Part(k, a - r0, b - r0, c - col0, d - col0, a - s.row0, c - s.col0)
 
 
 def _covers(spans: list[tuple[int, int, int]], n: int) -> bool:
@@ -432,32 +429,22 @@ def _bands(
             planned = alone.get((k, covered, r1 - r0))
             if planned is None:
                 planned = alone[k, covered, r1 - r0] = _one_slice_runs(g, r0, r1, spans[0], covered, s, limit)
-            for a, b, mode in planned:
-                if mode < 0 or g.tiled:
-                    out.append(_band(g, i, r0, r1, a, b, mode, slices, (k,)))
-                    continue
-                col0, col1 = a * g.cb, min(b * g.cb, g.row_bytes)  # direct, row-major: as _band makes it
-                band = Band(
-                    name, g.file, g.start, g.row_bytes, i, a, b, r0, r1, col0, col1, k, r0 - s.row0,
-                    col0 - s.col0, (), g.start + r0 * g.row_bytes + col0, g.row_bytes, r1 - r0,
-                    col1 - col0, (r1 - r0) * (col1 - col0),
-                )  # fmt: skip
-                out.append(band)
+            only = (k,)
+            out += [_band(g, i, r0, r1, a, b, mode, slices, only) for a, b, mode in planned]
             continue
         cb, row_bytes = g.cb, g.row_bytes
-        if not g.tiled and g.grid_cols > 1:
-            sharing = {k for _, _, k in spans}
-            if len(sharing) > 1 and _covers(spans, g.grid_cols):  # the whole tile row, for several slices
-                # one staged band of whole rows (a band inside one slice needs one user)
-                if len(_runs(g, r0, r1, 0, g.grid_cols, limit)) == 1:
-                    out.append(_band(g, i, r0, r1, 0, g.grid_cols, -1, slices, sharing))
-                    continue
-        columns: dict[int, list[int]] = {}
-        for j0, j1, k in spans:
-            for j in range(j0, j1):
-                columns.setdefault(j, []).append(k)
-        if _shared_rows(g, columns):  # whole rows, cut into runs of at most `limit` bytes
-            for a, b in _runs(g, r0, r1, 0, g.grid_cols, limit):
+        sharing = {k for _, _, k in spans}
+        if not g.tiled and g.grid_cols > 1 and len(sharing) > 1 and _covers(spans, g.grid_cols):
+            # a row-major tile row wanted whole by several slices: whole rows, in runs of at most `limit`
+            runs = _runs(g, r0, r1, 0, g.grid_cols, limit)
+            if len(runs) == 1:  # one staged band (a band inside one slice would need one user)
+                out.append(_band(g, i, r0, r1, 0, g.grid_cols, -1, slices, sharing))
+                continue
+            columns: dict[int, list[int]] = {}
+            for j0, j1, k in spans:
+                for j in range(j0, j1):
+                    columns.setdefault(j, []).append(k)
+            for a, b in runs:
                 users = {k for j in range(a, b) for k in columns[j]}
                 s = slices[next(iter(users))]
                 inside = (
@@ -470,6 +457,10 @@ def _bands(
                 )
                 out.append(_band(g, i, r0, r1, a, b, next(iter(users)) if inside else -1, slices, users))
             continue
+        columns = {}
+        for j0, j1, k in spans:
+            for j in range(j0, j1):
+                columns.setdefault(j, []).append(k)
         run: list[int] = []
         mode, users = -2, set[int]()
         for j in sorted(columns):
@@ -506,12 +497,12 @@ def schedule_reads(
     The cyclic garbage collector is paused meanwhile: planning builds thousands of small acyclic
     records, and the collections they triggered (each walking every live object) doubled its time.
     """
-    with paused_gc():
+    with _paused_gc():
         return _schedule(slices, tensors, files, index, batch_bytes, max_gap, gap_budget)
 
 
 @contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
+def _paused_gc() -> Iterator[None]:
     """Pause the cyclic garbage collector (process-wide) for a burst of small acyclic allocations."""
     enabled = gc.isenabled()
     gc.disable()

@@ -225,9 +225,9 @@ class Store:
 
     # ---- writes --------------------------------------------------------------------------------
     def _local_temp(self) -> Path:
-        folder = self.scratch_dir()
-        assert folder is not None
-        return folder / uuid.uuid4().hex
+        tmp = Path(self.root, "uploads", "tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        return tmp / uuid.uuid4().hex
 
     def put(self, key: str, data: bytes) -> None:
         """Write a small object, replacing any previous one atomically."""
@@ -303,9 +303,9 @@ class Store:
         ``identity`` is the source's :func:`file_identity` taken before it was hashed; with it, a local
         upload is a kernel-side copy checked against that identity, without it the copy is re-hashed.
         ``move`` (with ``identity``; for files the caller wrote and no longer needs, e.g. a conversion's
-        output under :meth:`scratch_dir`): a local store renames ``source`` into place when it is on the
-        store's file system and unchanged since it was hashed, instead of copying it. Returns the number
-        of bytes moved. Nothing is published when verification fails.
+        output in a leased upload folder of the store): a local store renames ``source`` into place when
+        it is on the store's file system and unchanged since it was hashed, instead of copying it.
+        Returns the number of bytes moved. Nothing is published when verification fails.
         """
         key = blob_key(digest)
         with _io(f"{source} -> {key}"):
@@ -314,18 +314,6 @@ class Store:
                     return identity[1]
                 return self._upload_local(source, digest, key, progress, identity)
             return self._upload_remote(source, digest, key, progress)
-
-    def scratch_dir(self) -> Path | None:
-        """A local store's folder for work files on its own file system (None for object stores).
-
-        Files written there can be published with ``upload_blob(..., move=True)`` without a copy;
-        ``gc`` removes what a crashed run left there once it is older than the grace period.
-        """
-        if not self.is_local:
-            return None
-        folder = Path(self.root, "uploads", "tmp")
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
 
     def _move_local(
         self, source: Path, key: str, progress: Progress | None, identity: tuple[int, int, int, int]

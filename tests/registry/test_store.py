@@ -98,9 +98,7 @@ def test_upload_refuses_changed_source(store: Store, tmp_path: Path) -> None:
 
 def test_a_local_store_moves_a_work_file_into_place_without_copying(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "store"))
-    scratch = store.scratch_dir()
-    assert scratch is not None and scratch.is_dir()
-    src = scratch / "out.bin"
+    src = tmp_path / "out.bin"  # on the store's file system
     src.write_bytes(os.urandom(1 << 20))
     ident = file_identity(src)
     digest, size = digest_file(src)
@@ -112,9 +110,7 @@ def test_a_local_store_moves_a_work_file_into_place_without_copying(tmp_path: Pa
 
 def test_a_moved_work_file_changed_after_hashing_is_refused(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "store"))
-    scratch = store.scratch_dir()
-    assert scratch is not None
-    src = scratch / "out.bin"
+    src = tmp_path / "out.bin"
     src.write_bytes(b"x" * 4096)
     ident = file_identity(src)
     digest, _ = digest_file(src)
@@ -142,10 +138,6 @@ def test_a_work_file_on_another_file_system_is_copied(
     monkeypatch.setattr(os, "replace", across_devices)
     assert store.upload_blob(src, digest, identity=ident, move=True) == size
     assert src.exists() and store.read_blob(digest) == src.read_bytes()  # copied instead
-
-
-def test_an_object_store_has_no_scratch_dir(store: Store) -> None:
-    assert (store.scratch_dir() is None) == (not store.is_local)
 
 
 def test_bad_url() -> None:
