@@ -472,6 +472,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
             "plan_share_max": max(
                 r["ledger"]["seconds"]["plan"] / r["ledger"]["seconds"]["total"] for r in rows
             ),
+            "node_plan_share": node["ledger"]["seconds"]["plan"] / node["ledger"]["seconds"]["total"],
         }
     tiled = report.get("tiled")
     if tiled:
@@ -484,6 +485,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
                 "amplification_max_warm": max(r["read_amplification"] for r in rows),
                 "page_amplification_max_rank": max(r["page_amplification"] for r in rows),
                 "requests_max_rank": max(r["requests"] for r in rows),
+                "plan_share_max": max(r["plan_share"] for r in rows),
                 "cold_device_amplification_rank0": tiled["cold"][axis]["device_amplification"],
                 "cold_rank0_vs_disk": tiled["cold"][axis]["vs_disk"],
             }
@@ -600,6 +602,7 @@ def tiled_layout(
                     "page_amplification": ledger.page_amplification,
                     "requests": ledger.requests,
                     "tiles_verified": ledger.tiles_verified,
+                    "plan_share": ledger.seconds.plan / ledger.seconds.total,
                 }
             )
             del res, exact

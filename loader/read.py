@@ -207,8 +207,9 @@ class _Runner:
         (:meth:`_scatter`), straight into the result arrays its parts go to, with no staging copy;
         while the chunk is in the CPU cache, each tile's part of it is fed to that tile's streaming
         hasher (through the worker's scratch buffer when the part is strided), so what is hashed is what
-        we keep. Without ``src`` the tiles are hashed in ``dest``. The tiles are checked, in order, when
-        the band is complete. Returns (copy seconds, hash seconds, whether the parts were filled).
+        we keep. Without ``src`` the tiles are hashed in ``dest``. A band of several tile rows is done
+        tile row by tile row (no chunk crosses one), each row's tiles checked, in order, once complete.
+        Returns (copy seconds, hash seconds, whether the parts were filled).
         """
         tiles = self.index.tensors[band.tensor]
         columns = self._tile_columns(band)
@@ -218,25 +219,28 @@ class _Runner:
         for a, b in columns:
             tg = next(tg for tg in targets if tg.c0 <= a and b <= tg.c1)
             spans.append((tg.array, a - tg.c0, b - tg.c0))
-        hashers = [tile_hasher() for _ in spans]
         step = max(1, PART_BYTES // max(1, min(c1 - c0 for _, c0, c1 in spans)))
         copy = hashing = 0.0
-        for r in range(0, band.rows, step):
-            t0 = time.perf_counter()
-            if src is not None:
-                for tg in targets:  # item assignment releases the GIL (copyto did not)
-                    tg.array[r : r + step] = src[r : r + step, tg.c0 : tg.c1]
-            t1 = time.perf_counter()
-            for hasher, (rows, c0, c1) in zip(hashers, spans, strict=True):
-                part = rows[r : r + step, c0:c1]
-                if not part.flags.c_contiguous:
-                    gathered = worker.scratch[: part.size].reshape(part.shape)
-                    gathered[...] = part
-                    part = gathered
-                hasher.update(part.reshape(-1).data)
-            copy, hashing = copy + t1 - t0, hashing + time.perf_counter() - t1
-        for j, hasher in enumerate(hashers, start=band.j0):
-            check_tile(tiles, band.i, j, hasher.hexdigest(), tensor=band.tensor)
+        for i in range(band.i, band.i1):  # tile row by tile row; each row's tiles checked once complete
+            t0, t1 = i * tiles.row_block - band.row0, min((i + 1) * tiles.row_block, band.row1) - band.row0
+            hashers = [tile_hasher() for _ in spans]
+            for r in range(t0, t1, step):
+                e = min(r + step, t1)
+                start = time.perf_counter()
+                if src is not None:
+                    for tg in targets:  # item assignment releases the GIL (copyto did not)
+                        tg.array[r:e] = src[r:e, tg.c0 : tg.c1]
+                copied = time.perf_counter()
+                for hasher, (rows, a, b) in zip(hashers, spans, strict=True):
+                    part = rows[r:e, a:b]
+                    if not part.flags.c_contiguous:
+                        gathered = worker.scratch[: part.size].reshape(part.shape)
+                        gathered[...] = part
+                        part = gathered
+                    hasher.update(part.reshape(-1).data)
+                copy, hashing = copy + copied - start, hashing + time.perf_counter() - copied
+            for j, hasher in enumerate(hashers, start=band.j0):
+                check_tile(tiles, i, j, hasher.hexdigest(), tensor=band.tensor)
         return copy, hashing, scattered is not None
 
     def _prefetch(self, batch: Batch) -> None:
@@ -403,7 +407,9 @@ def _ledger(
     for batch in schedule.batches:
         for band in batch.bands:
             cols = runner.index.tensors[band.tensor].grid_cols
-            tiles.setdefault(band.tensor, []).extend(band.i * cols + j for j in range(band.j0, band.j1))
+            tiles.setdefault(band.tensor, []).extend(
+                i * cols + j for i in range(band.i, band.i1) for j in range(band.j0, band.j1)
+            )
         ranges += [FetchedRange(s.file, s.offset, s.length) for s in batch.fetch.spans]
         for k in batch.fetch.row_bands:
             b = batch.bands[k]

@@ -78,7 +78,10 @@ class Part(NamedTuple):
 
 
 class Band(NamedTuple):
-    """Tiles ``(i, j0..j1-1)`` of ``tensor``: matrix rows ``[row0, row1)`` x bytes ``[col0, col1)``.
+    """Tiles ``(i..i1-1, j0..j1-1)`` of ``tensor``: matrix rows ``[row0, row1)`` x bytes ``[col0, col1)``.
+
+    Most bands hold one tile row (``i1 = i + 1``); adjacent tile rows of a row-major tensor that go the
+    same way (same tile columns, same destination) are one band, verified tile row by tile row.
 
     ``direct`` is the slice whose array receives the band in place at ``(out_row, out_col)``, or -1 for
     a staged band (then ``parts`` say who takes what after verification).
@@ -95,6 +98,7 @@ class Band(NamedTuple):
     start: int
     row_bytes: int
     i: int
+    i1: int
     j0: int
     j1: int
     row0: int
@@ -133,12 +137,12 @@ class Band(NamedTuple):
         out_col: int,
         parts: tuple[Part, ...],
     ) -> Band:
-        """The band of a row-major tensor's rectangle (origin, stride and sizes derived)."""
+        """Tile row ``i`` of a row-major tensor's rectangle as a band (origin, stride and sizes derived)."""
         rows, width = row1 - row0, col1 - col0
         origin = start + row0 * row_bytes + col0
         return cls(
-            tensor, file, start, row_bytes, i, j0, j1, row0, row1, col0, col1, direct, out_row, out_col,
-            parts, origin, row_bytes, rows, width, rows * width,
+            tensor, file, start, row_bytes, i, i + 1, j0, j1, row0, row1, col0, col1, direct, out_row,
+            out_col, parts, origin, row_bytes, rows, width, rows * width,
         )  # fmt: skip
 
     @property
@@ -195,7 +199,7 @@ class ReadSchedule:
     @property
     def tiles(self) -> int:
         """Tiles read and verified."""
-        return sum(band.j1 - band.j0 for b in self.batches for band in b.bands)
+        return sum((band.i1 - band.i) * (band.j1 - band.j0) for b in self.batches for band in b.bands)
 
 
 def _round_page(n: int) -> int:
@@ -300,6 +304,7 @@ class _Grid:
 def _band(
     g: _Grid,
     i: int,
+    i1: int,
     r0: int,
     r1: int,
     j0: int,
@@ -308,7 +313,7 @@ def _band(
     slices: Sequence[PlaneSlice],
     users: Iterable[int],
 ) -> Band:
-    """Tiles ``(i, j0..j1-1)`` (matrix rows ``[r0, r1)``) for slice ``direct``, or staged for ``users``."""
+    """Tiles ``(i..i1-1, j0..j1-1)`` (rows ``[r0, r1)``) for slice ``direct``, or staged for ``users``."""
     col0, col1 = j0 * g.cb, min(j1 * g.cb, g.row_bytes)
     width = col1 - col0
     if g.tiled:  # _bands makes single-tile bands: one contiguous run of the tile's rows
@@ -322,7 +327,7 @@ def _band(
     else:
         parts = tuple(_parts(r0, r1, col0, col1, slices, users))
     return Band(
-        g.name, g.file, g.start, g.row_bytes, i, j0, j1, r0, r1, col0, col1, direct, out_row, out_col,
+        g.name, g.file, g.start, g.row_bytes, i, i1, j0, j1, r0, r1, col0, col1, direct, out_row, out_col,
         parts, origin, stride, r1 - r0, width, (r1 - r0) * width,
     )  # fmt: skip
 
@@ -406,80 +411,142 @@ def _one_slice_runs(
     return [(a, b, mode) for start, stop, mode in merged for a, b in _runs(g, r0, r1, start, stop, limit)]
 
 
+class _Stack:
+    """Tile rows ``[i0, i1)`` (matrix rows ``[r0, r1)``) of one tensor that share one plan of band runs."""
+
+    __slots__ = ("g", "i0", "i1", "key", "r0", "r1", "runs", "users")
+
+    def __init__(
+        self,
+        g: _Grid,
+        i: int,
+        r0: int,
+        r1: int,
+        key: object,
+        runs: list[tuple[int, int, int]],
+        users: Iterable[int],
+    ) -> None:
+        self.g, self.i0, self.i1, self.r0, self.r1, self.key, self.runs, self.users = (
+            g, i, i + 1, r0, r1, key, runs, users,
+        )  # fmt: skip
+
+    def extends(self, g: _Grid, i: int, r1: int, key: object, limit: int) -> bool:
+        """Take tile row ``i`` (ending at matrix row ``r1``) if it is the next one and plans the same.
+
+        The stack's rows may span at most ``limit`` bytes of the file (whole matrix rows), so that a
+        stacked band's extent — what a page-cache mapping of it covers — stays within one batch.
+        """
+        if g is not self.g or i != self.i1 or key != self.key or (r1 - self.r0) * g.row_bytes > limit:
+            return False
+        self.i1, self.r1 = i + 1, r1
+        return True
+
+    def bands(self, slices: Sequence[PlaneSlice]) -> Iterator[Band]:
+        for a, b, mode in self.runs:
+            yield _band(self.g, self.i0, self.i1, self.r0, self.r1, a, b, mode, slices, self.users)
+
+
 def _bands(
     wanted: dict[tuple[str, int], list[tuple[int, int, int]]],
     grids: dict[str, _Grid],
     slices: Sequence[PlaneSlice],
     limit: int,
 ) -> list[Band]:
-    """Runs of adjacent tiles of one tile row with the same destination, at most ``limit`` bytes each.
+    """Runs of adjacent tiles with the same destination, at most ``limit`` bytes each.
 
     A tiled tensor's bands are single tiles (its tiles are contiguous runs, not rectangles of rows).
+    Adjacent tile rows of a row-major tensor planned alike (the common case: a slice holding whole tile
+    rows, or a node's ranks sharing whole tile rows) are stacked into one band of several tile rows.
     """
     out: list[Band] = []
     alone: dict[tuple[int, bool, int], list[tuple[int, int, int]]] = {}  # the same for most tile rows
+    stack: _Stack | None = None
     for (name, i), spans in wanted.items():
         g = grids[name]
         r0 = i * g.rb
         r1 = min(r0 + g.rb, g.rows)
+        key: object
         if len(spans) == 1:
             k = spans[0][2]
             s = slices[k]
             covered = s.row0 <= r0 and r1 <= s.row1
-            planned = alone.get((k, covered, r1 - r0))
+            shape = (k, covered, r1 - r0)
+            planned = alone.get(shape)
             if planned is None:
-                planned = alone[k, covered, r1 - r0] = _one_slice_runs(g, r0, r1, spans[0], covered, s, limit)
-            only = (k,)
-            out += [_band(g, i, r0, r1, a, b, mode, slices, only) for a, b, mode in planned]
-            continue
-        cb, row_bytes = g.cb, g.row_bytes
-        sharing = {k for _, _, k in spans}
-        if not g.tiled and g.grid_cols > 1 and len(sharing) > 1 and _covers(spans, g.grid_cols):
-            # a row-major tile row wanted whole by several slices: whole rows, in runs of at most `limit`
-            runs = _runs(g, r0, r1, 0, g.grid_cols, limit)
-            if len(runs) == 1:  # one staged band (a band inside one slice would need one user)
-                out.append(_band(g, i, r0, r1, 0, g.grid_cols, -1, slices, sharing))
+                planned = alone[shape] = _one_slice_runs(g, r0, r1, spans[0], covered, s, limit)
+            key = shape
+            users: Iterable[int] = (k,)
+        else:
+            sharing = {k for _, _, k in spans}
+            whole = not g.tiled and g.grid_cols > 1 and len(sharing) > 1 and _covers(spans, g.grid_cols)
+            runs = _runs(g, r0, r1, 0, g.grid_cols, limit) if whole else []
+            if len(runs) != 1:  # planned tile row by tile row
+                if stack is not None:
+                    out += stack.bands(slices)
+                    stack = None
+                out += _shared_bands(g, i, r0, r1, spans, sharing, runs, slices, limit)
                 continue
-            columns: dict[int, list[int]] = {}
-            for j0, j1, k in spans:
-                for j in range(j0, j1):
-                    columns.setdefault(j, []).append(k)
-            for a, b in runs:
-                users = {k for j in range(a, b) for k in columns[j]}
-                s = slices[next(iter(users))]
-                inside = (
-                    len(users) == 1
-                    and all(len(columns[j]) == 1 for j in range(a, b))
-                    and s.row0 <= r0
-                    and r1 <= s.row1
-                    and s.col0 <= a * cb
-                    and min(b * cb, row_bytes) <= s.col1
-                )
-                out.append(_band(g, i, r0, r1, a, b, next(iter(users)) if inside else -1, slices, users))
+            # a row-major tile row wanted whole by several slices: one staged band of whole rows
+            key, planned, users = (tuple(spans), r1 - r0), [(0, g.grid_cols, -1)], sharing
+        if stack is not None and not g.tiled and stack.extends(g, i, r1, key, limit):
             continue
-        columns = {}
-        for j0, j1, k in spans:
-            for j in range(j0, j1):
-                columns.setdefault(j, []).append(k)
-        run: list[int] = []
-        mode, users = -2, set[int]()
-        for j in sorted(columns):
-            c0, c1 = j * cb, min((j + 1) * cb, row_bytes)
-            ks = columns[j]
-            s = slices[ks[0]]
-            inside = len(ks) == 1 and s.row0 <= r0 and r1 <= s.row1 and s.col0 <= c0 and c1 <= s.col1
-            this = ks[0] if inside else -1
-            too_big = bool(run) and (r1 - r0) * (c1 - run[0] * cb) > limit
-            if run and (g.tiled or this != mode or j != run[-1] + 1 or too_big):
-                out.append(_band(g, i, r0, r1, run[0], run[-1] + 1, mode, slices, users))
-                run, users = [], set()
-            run.append(j)
-            users.update(ks)
-            mode = this
-        if run:
-            out.append(_band(g, i, r0, r1, run[0], run[-1] + 1, mode, slices, users))
+        if stack is not None:
+            out += stack.bands(slices)
+        stack = _Stack(g, i, r0, r1, key, planned, users)
+    if stack is not None:
+        out += stack.bands(slices)
     out.sort(key=lambda b: (b.file, b.origin))
     return out
+
+
+def _shared_bands(
+    g: _Grid,
+    i: int,
+    r0: int,
+    r1: int,
+    spans: list[tuple[int, int, int]],
+    sharing: set[int],
+    runs: list[tuple[int, int]],
+    slices: Sequence[PlaneSlice],
+    limit: int,
+) -> Iterator[Band]:
+    """Bands of tile row ``i``, which several slices touch (``runs``: its whole rows, if read whole)."""
+    cb, row_bytes = g.cb, g.row_bytes
+    columns: dict[int, list[int]] = {}
+    for j0, j1, k in spans:
+        for j in range(j0, j1):
+            columns.setdefault(j, []).append(k)
+    if runs:  # a row-major tile row wanted whole by several slices: whole rows, in runs of at most `limit`
+        for a, b in runs:
+            users = {k for j in range(a, b) for k in columns[j]}
+            s = slices[next(iter(users))]
+            inside = (
+                len(users) == 1
+                and all(len(columns[j]) == 1 for j in range(a, b))
+                and s.row0 <= r0
+                and r1 <= s.row1
+                and s.col0 <= a * cb
+                and min(b * cb, row_bytes) <= s.col1
+            )
+            yield _band(g, i, i + 1, r0, r1, a, b, next(iter(users)) if inside else -1, slices, users)
+        return
+    run: list[int] = []
+    mode, users = -2, set[int]()
+    for j in sorted(columns):
+        c0, c1 = j * cb, min((j + 1) * cb, row_bytes)
+        ks = columns[j]
+        s = slices[ks[0]]
+        inside = len(ks) == 1 and s.row0 <= r0 and r1 <= s.row1 and s.col0 <= c0 and c1 <= s.col1
+        this = ks[0] if inside else -1
+        too_big = bool(run) and (r1 - r0) * (c1 - run[0] * cb) > limit
+        if run and (g.tiled or this != mode or j != run[-1] + 1 or too_big):
+            yield _band(g, i, i + 1, r0, r1, run[0], run[-1] + 1, mode, slices, users)
+            run, users = [], set()
+        run.append(j)
+        users.update(ks)
+        mode = this
+    if run:
+        yield _band(g, i, i + 1, r0, r1, run[0], run[-1] + 1, mode, slices, users)
 
 
 def schedule_reads(
@@ -530,7 +597,7 @@ def _schedule(
     size = largest = 0
     for band in _bands(wanted, grids, slices, batch_bytes):
         g = grids[band.tensor]
-        largest = max(largest, band.rows * min(g.cb, g.row_bytes))
+        largest = max(largest, min(band.rows, g.rb) * min(g.cb, g.row_bytes))
         if group and size + band.nbytes > batch_bytes:
             batches.append(_batch(group, max_gap, gap_budget))
             group, size = [], 0

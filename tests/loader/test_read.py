@@ -200,6 +200,40 @@ def test_node_read_of_column_slices_reads_whole_rows_within_the_batch_bound(
         assert result.ledger.requests < 4 * alone.ledger.requests
 
 
+@pytest.mark.parametrize("page_cache", [True, False], ids=["mapped", "preadv"])
+@pytest.mark.parametrize("who", ["rank", "node"])
+def test_tile_rows_planned_alike_are_one_band_checked_tile_row_by_tile_row(
+    tmp_path: Path, page_cache: bool, who: str
+) -> None:
+    art = publish(write_safetensors(tmp_path / "ckpt"), str(tmp_path / "store"), minimum=2 << 10)
+    name = "model.layers.0.mlp.down_proj.weight"
+    tiles = art.index.tensors[name]
+    assert tiles.grid_rows >= 4 and tiles.grid_cols >= 2
+    half = tiles.row_bytes // 2
+    if who == "rank":  # one column half: whole tile rows of it go to one slice
+        slices = [PlaneSlice(name, 0, tiles.rows, half, tiles.row_bytes)]
+    else:  # both halves read together: whole rows, staged, each half a part
+        slices = [PlaneSlice(name, 0, tiles.rows, c, c + half) for c in (0, half)]
+    limit = 2 * tiles.row_block * tiles.row_bytes  # two tile rows of whole matrix rows per band at most
+    schedule = schedule_reads(slices, art.entries, art.files, art.index, batch_bytes=limit)
+    bands = [b for batch in schedule.batches for b in batch.bands]
+    assert max(b.i1 - b.i for b in bands) == 2  # stacked, and no further than the limit allows
+    assert all(b.extent <= limit for b in bands)
+    assert schedule.tiles == tiles.grid_rows * (tiles.grid_cols // (2 if who == "rank" else 1))
+    result = load(art, slices, batch_bytes=limit, page_cache=page_cache)
+    for s, got in zip(slices, result.arrays, strict=True):
+        assert np.array_equal(got, art.expected(s))
+    listed = result.ledger.tiles[name]
+    assert len(listed) == len(set(listed)) == schedule.tiles
+    stacked = next(b for b in bands if b.i1 - b.i == 2)
+    at = _tile_offset(tiles, stacked.i + 1, stacked.j1 - 1) + 7  # the band's second tile row, last tile
+    art.flip(at)
+    with pytest.raises(TileDigestMismatchError) as caught:
+        load(art, slices, batch_bytes=limit, page_cache=page_cache)
+    assert caught.value.tile == (stacked.i + 1, stacked.j1 - 1)
+    assert caught.value.byte_range[0] <= at < caught.value.byte_range[1]
+
+
 def test_a_blob_that_cannot_be_mapped_is_read_with_preadv(
     st_art: Artifact, monkeypatch: pytest.MonkeyPatch
 ) -> None:
