@@ -1,15 +1,16 @@
 """Fetch plans: how a batch's bands become reads, with small gaps bridged within a budget.
 
-A band is ``rows`` runs of ``width`` bytes in its file, ``stride`` apart from ``origin``
-(:class:`~.schedule.Band`). A *contiguous* band (``stride == width``: whole matrix rows of a row-major
-tensor, a single row, or any single tile of a tiled tensor) is one file range. A narrow band (a column
-slice of several rows of a row-major tensor) is either read row by row, or, when its gap
-``stride - width`` is at most ``max_gap`` and the budget allows, as one range with the gaps read and
-dropped. Contiguous ranges of different bands are then merged by
-:func:`shardport.placement.merge_spans` (the core of the project's one coalescer), bridging the gaps
-between them smallest first; touching ranges always merge, so the adjacent tiles of a tiled tensor
-that one batch reads become one request. Everything bridged in a batch stays within ``gap_budget x``
-the batch's band bytes, so bridging alone never raises read amplification by more than ``gap_budget``.
+A band is ``runs`` runs of ``run_bytes`` bytes in its file, ``stride`` apart from ``origin``
+(:class:`~.schedule.Band`). A *contiguous* band (``stride == run_bytes``: whole matrix rows of a
+row-major tensor, a single row, or whole tile rows or a single tile row's tiles of a tiled tensor) is
+one file range. A narrow band (a column slice of several rows of a row-major tensor, or of several tile
+rows of a tiled one) is either read run by run, or, when its gap ``stride - run_bytes`` is at most
+``max_gap`` and the budget allows, as one range with the gaps read and dropped. Contiguous ranges of
+different bands are then merged by :func:`shardport.placement.merge_spans` (the core of the project's
+one coalescer), bridging the gaps between them smallest first; touching ranges always merge, so the
+adjacent tiles of a tiled tensor that one batch reads become one request. Everything bridged in a
+batch stays within ``gap_budget x`` the batch's band bytes, so bridging alone never raises read
+amplification by more than ``gap_budget``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Span:
 
 @dataclass(frozen=True, slots=True)
 class FetchPlan:
-    """A batch's reads: ``spans``, and the bands read one row per request (``row_bands``)."""
+    """A batch's reads: ``spans``, and the bands read one run per request (``row_bands``)."""
 
     spans: tuple[Span, ...]
     row_bands: tuple[int, ...]
@@ -79,11 +80,11 @@ def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> Fet
             if b.contiguous:
                 spannable.append(k)
             else:
-                narrow.append((b.stride - b.width, k))
+                narrow.append((b.stride - b.run_bytes, k))
     rows_only: list[int] = []
     if narrow:
         for gap, k in sorted(narrow):
-            cost = gap * (bands[k].rows - 1)
+            cost = gap * (bands[k].runs - 1)
             if gap <= max_gap and cost <= allowance:
                 allowance -= cost
                 spannable.append(k)
@@ -110,5 +111,5 @@ def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> Fet
         total += s.length
     for k in rows_only:
         total += bands[k].nbytes
-        requests += bands[k].rows
+        requests += bands[k].runs
     return FetchPlan(spans, tuple(rows_only), total, len(spans) + requests)

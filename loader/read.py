@@ -59,7 +59,7 @@ from .errors import LoaderError
 from .ledger import FetchedRange, ReadLedger, StageSeconds, merge_ranges, paged_bytes
 from .ranges import plan_fetch
 from .schedule import Band, Batch, PlaneSlice, ReadSchedule, schedule_reads
-from .sources import SINK_BYTES, BlobSource, Dest, group_extent, map_groups, open_source
+from .sources import SINK_BYTES, BlobSource, Dest, group_extent, map_groups, open_source, tile_columns
 
 U8Array = npt.NDArray[np.uint8]
 LOCAL_MAX_GAP = 4096
@@ -227,9 +227,14 @@ class _Runner:
             for r in range(t0, t1, step):
                 e = min(r + step, t1)
                 start = time.perf_counter()
-                if src is not None:
+                if src is not None and not band.tile_width:
                     for tg in targets:  # item assignment releases the GIL (copyto did not)
                         tg.array[r:e] = src[r:e, tg.c0 : tg.c1]
+                elif src is not None:  # de-tile: tile row i's tiles, rows r..e of each, side by side
+                    tw, q = band.tile_width, i - band.i
+                    for tg in targets:
+                        run = src[q, tg.c0 // tw : tg.c1 // tw, r - t0 : e - t0]
+                        tile_columns(tg.array[r:e], tw)[...] = run.transpose(1, 0, 2)
                 copied = time.perf_counter()
                 for hasher, (rows, a, b) in zip(hashers, spans, strict=True):
                     part = rows[r:e, a:b]
@@ -413,7 +418,7 @@ def _ledger(
         ranges += [FetchedRange(s.file, s.offset, s.length) for s in batch.fetch.spans]
         for k in batch.fetch.row_bands:
             b = batch.bands[k]
-            ranges.append(FetchedRange(b.file, b.offset, b.width, b.stride, b.rows))
+            ranges.append(FetchedRange(b.file, b.offset, b.run_bytes, b.stride, b.runs))
     per_batch = max((b.fetch.bytes for b in schedule.batches), default=0) if source.holds_responses else 0
     workers = min(runner.depth, len(schedule.batches))
     bound = workers * (max(schedule.slot_bytes, mmap.PAGESIZE) + per_batch)

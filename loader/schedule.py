@@ -4,14 +4,16 @@ A :class:`PlaneSlice` asks for rows ``[row0, row1)`` x byte columns ``[col0, col
 physical byte matrix (the tile index's ``rows`` x ``row_bytes``). Every tile it touches is read whole,
 so that it can be verified; a tile several slices touch is read once.
 
-A :class:`Band` is a run of adjacent tiles ``(i, j0..j1-1)`` of one tile row, read and verified together.
-In its file a band is ``rows`` runs of ``width`` bytes, the first at ``origin``, ``stride`` bytes apart.
-For a row-major tensor (``layout="row_major"``) that is the band's rectangle of the byte matrix
-(``origin = start + row0·row_bytes + col0``, ``stride = row_bytes``). For a tensor in the
-``shardport-tiled`` layout (:mod:`shardport.registry.tiled_layout`) every band is a single tile: one
-contiguous run (``origin`` = the tile's offset, ``stride = width``) that holds exactly the tile's rows.
-Adjacent tiles of a tile row are adjacent in the file (whole tile rows too), so the fetch planner merges
-a rank's tiles of one tile row into one read.
+A :class:`Band` is a block of tiles ``(i..i1-1, j0..j1-1)`` of one tensor, read and verified together.
+In its file a band is ``runs`` runs of ``run_bytes`` bytes, the first at ``origin``, ``stride`` bytes
+apart. For a row-major tensor (``layout="row_major"``) the runs are the rows of the band's rectangle of
+the byte matrix (``origin = start + row0·row_bytes + col0``, ``stride = row_bytes``). For a tensor in
+the ``shardport-tiled`` layout (:mod:`shardport.registry.tiled_layout`) tiles are contiguous and the
+tiles of a tile row follow each other, so each of the band's tile rows is one run: its tiles
+``j0..j1-1`` one after the other (``tile_width`` bytes wide each, all of one width), ``stride`` = a whole
+tile row's bytes apart; the loader de-tiles them into the band's rows. (A single tile of a single tile
+row is written as rows of its own width, like a row-major band.) The fetch planner merges runs that
+touch, so a rank's whole tile rows are one read.
 
 A band whose tiles all lie inside one slice is *direct*: its bytes are read straight into that slice's
 result array (no staging, no second copy). Any other band (a tile cut by a slice edge, or shared) is
@@ -86,10 +88,12 @@ class Band(NamedTuple):
     ``direct`` is the slice whose array receives the band in place at ``(out_row, out_col)``, or -1 for
     a staged band (then ``parts`` say who takes what after verification).
 
-    File geometry: the band's ``rows`` rows are ``width`` bytes each, the first at file offset
-    ``origin`` and ``stride`` bytes apart: the row-major rectangle (``start + row0 * row_bytes + col0``
-    and ``row_bytes``, see :meth:`rect`), or a tiled tensor's single tile (its offset and its width).
-    ``start`` and ``row_bytes`` are the tensor's matrix. An immutable named tuple: a load plans hundreds
+    The band's matrix is ``rows`` x ``width`` bytes. File geometry (see the module docstring): with
+    ``tile_width`` 0, its rows are the runs, the first at file offset ``origin``, ``stride`` bytes apart
+    (the row-major rectangle: ``start + row0 * row_bytes + col0`` and ``row_bytes``, see :meth:`rect`; or
+    a tiled tensor's single tile: its offset and its width); with ``tile_width`` > 0, a tiled tensor's
+    tile rows are the runs, each its tiles of ``tile_width`` bytes one after the other. ``start`` and
+    ``row_bytes`` are the tensor's matrix. An immutable named tuple: a load plans hundreds
     to thousands of bands, and a frozen dataclass cost six times as much to build.
     """
 
@@ -117,6 +121,8 @@ class Band(NamedTuple):
     """Bytes per band row."""
     nbytes: int
     """Bytes of the band (of its tiles)."""
+    tile_width: int = 0
+    """0: the file holds the band's rows; > 0: its tile rows, as tiles this many bytes wide."""
 
     @classmethod
     def rect(
@@ -151,14 +157,25 @@ class Band(NamedTuple):
         return self.origin
 
     @property
+    def runs(self) -> int:
+        """Runs of bytes in the file: the rows, or the tile rows of a band with ``tile_width``."""
+        return self.i1 - self.i if self.tile_width else self.rows
+
+    @property
+    def run_bytes(self) -> int:
+        """Bytes per run."""
+        return self.nbytes // (self.i1 - self.i) if self.tile_width else self.width
+
+    @property
     def contiguous(self) -> bool:
-        """Whether the band's rows follow each other in the file (one run of ``nbytes`` bytes)."""
-        return self.rows <= 1 or self.stride == self.width
+        """Whether the band's runs follow each other in the file (one run of ``nbytes`` bytes)."""
+        return self.runs <= 1 or self.stride == self.run_bytes
 
     @property
     def extent(self) -> int:
         """Bytes from the first to one past the last byte of the band in its file."""
-        return (self.rows - 1) * self.stride + self.width if self.rows else 0
+        runs = self.runs
+        return (runs - 1) * self.stride + self.run_bytes if runs else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,10 +333,15 @@ def _band(
     """Tiles ``(i..i1-1, j0..j1-1)`` (rows ``[r0, r1)``) for slice ``direct``, or staged for ``users``."""
     col0, col1 = j0 * g.cb, min(j1 * g.cb, g.row_bytes)
     width = col1 - col0
-    if g.tiled:  # _bands makes single-tile bands: one contiguous run of the tile's rows
-        origin, stride = g.start + tile_offset(g.rows, g.row_bytes, g.rb, g.cb, i, j0), width
-    else:
+    tile_width = 0
+    if not g.tiled:
         origin, stride = g.start + r0 * g.row_bytes + col0, g.row_bytes
+    else:  # tile rows of tiles of one width (_runs), or a single tile written as its rows
+        origin = g.start + tile_offset(g.rows, g.row_bytes, g.rb, g.cb, i, j0)
+        if i1 - i == 1 and j1 - j0 == 1:
+            stride = width
+        else:
+            stride, tile_width = g.rb * g.row_bytes, width // (j1 - j0)
     out_row = out_col = 0
     parts: tuple[Part, ...] = ()
     if direct >= 0:
@@ -328,7 +350,7 @@ def _band(
         parts = tuple(_parts(r0, r1, col0, col1, slices, users))
     return Band(
         g.name, g.file, g.start, g.row_bytes, i, i1, j0, j1, r0, r1, col0, col1, direct, out_row, out_col,
-        parts, origin, stride, r1 - r0, width, (r1 - r0) * width,
+        parts, origin, stride, r1 - r0, width, (r1 - r0) * width, tile_width,
     )  # fmt: skip
 
 
@@ -359,14 +381,14 @@ def _covers(spans: list[tuple[int, int, int]], n: int) -> bool:
 def _runs(g: _Grid, r0: int, r1: int, j0: int, j1: int, limit: int) -> list[tuple[int, int]]:
     """Tile columns ``[j0, j1)`` of a tile row (matrix rows ``[r0, r1)``) in runs of at most ``limit`` bytes.
 
-    A single tile may exceed ``limit``. A tiled tensor's runs are single tiles (its tiles are contiguous
-    runs, not rectangles of rows).
+    A single tile may exceed ``limit``. A tiled tensor's narrower last tile column is a run of its own
+    (a run's tiles share one width).
     """
     if j1 - j0 == 1:
         return [(j0, j1)]
-    if g.tiled:
-        return [(j, j + 1) for j in range(j0, j1)]
     cb, row_bytes = g.cb, g.row_bytes
+    if g.tiled and j1 == g.grid_cols and row_bytes % cb:
+        return [*_runs(g, r0, r1, j0, j1 - 1, limit), (j1 - 1, j1)]
     width = limit // (r1 - r0) if r1 > r0 else row_bytes
     if min(j1 * cb, row_bytes) - j0 * cb <= width:
         return [(j0, j1)]
@@ -454,9 +476,8 @@ def _bands(
 ) -> list[Band]:
     """Runs of adjacent tiles with the same destination, at most ``limit`` bytes each.
 
-    A tiled tensor's bands are single tiles (its tiles are contiguous runs, not rectangles of rows).
-    Adjacent tile rows of a row-major tensor planned alike (the common case: a slice holding whole tile
-    rows, or a node's ranks sharing whole tile rows) are stacked into one band of several tile rows.
+    Adjacent tile rows planned alike (the common case: a slice holding whole tile rows, or a node's
+    ranks sharing whole tile rows of a row-major tensor) are stacked into one band of several tile rows.
     """
     out: list[Band] = []
     alone: dict[tuple[int, bool, int], list[tuple[int, int, int]]] = {}  # the same for most tile rows
@@ -488,7 +509,7 @@ def _bands(
                 continue
             # a row-major tile row wanted whole by several slices: one staged band of whole rows
             key, planned, users = (tuple(spans), r1 - r0), [(0, g.grid_cols, -1)], sharing
-        if stack is not None and not g.tiled and stack.extends(g, i, r1, key, limit):
+        if stack is not None and stack.extends(g, i, r1, key, limit):
             continue
         if stack is not None:
             out += stack.bands(slices)
@@ -539,7 +560,8 @@ def _shared_bands(
         inside = len(ks) == 1 and s.row0 <= r0 and r1 <= s.row1 and s.col0 <= c0 and c1 <= s.col1
         this = ks[0] if inside else -1
         too_big = bool(run) and (r1 - r0) * (c1 - run[0] * cb) > limit
-        if run and (g.tiled or this != mode or j != run[-1] + 1 or too_big):
+        narrow = g.tiled and c1 - c0 < cb  # a tiled band's tiles share one width
+        if run and (this != mode or j != run[-1] + 1 or too_big or narrow):
             yield _band(g, i, i + 1, r0, r1, run[0], run[-1] + 1, mode, slices, users)
             run, users = [], set()
         run.append(j)

@@ -95,7 +95,7 @@ class Dest:
 class MappedBands:
     """A batch's band extents mapped read-only, in groups (:func:`map_groups`), one mapping each.
 
-    ``arrays[k]`` is band ``k``'s ``uint8[rows, width]`` view when every page its rows touch was in the
+    ``arrays[k]`` is band ``k``'s :func:`file_view` when every page its runs touch was in the
     page cache when mapped, else None (that band goes through ``preadv``). :meth:`release` after each
     band unmaps its group once all of the group's bands are done; :meth:`close` unmaps what is left.
     """
@@ -185,6 +185,76 @@ def _rows_resident(resident: npt.NDArray[np.int64], skip: int, rows: int, width:
     firsts = skip + np.arange(rows, dtype=np.int64) * stride
     starts, ends = firsts // PAGE, (firsts + width - 1) // PAGE
     return bool(((resident[ends + 1] - resident[starts]) == ends - starts + 1).all())
+
+
+def tile_columns(rows: npt.NDArray[np.uint8], tile_width: int) -> npt.NDArray[np.uint8]:
+    """A ``rows x (n * tile_width)`` array (any row stride) as a view ``rows x n x tile_width``."""
+    height, width = rows.shape
+    s0, s1 = rows.strides
+    return np.lib.stride_tricks.as_strided(
+        rows,
+        (height, width // tile_width, tile_width),
+        (s0, tile_width * s1, s1),
+        writeable=rows.flags.writeable,
+    )
+
+
+def file_view(
+    buf: bytes | memoryview | npt.NDArray[np.uint8], offset: int, band: Band
+) -> npt.NDArray[np.uint8]:
+    """``band``'s bytes in ``buf`` from ``offset``, as its file lays them out.
+
+    ``rows x width`` (rows ``stride`` apart) for a band without ``tile_width``; else ``runs x tiles x
+    height x tile_width`` (tile rows ``stride`` apart, each its tiles one after the other).
+    """
+    if not band.tile_width:
+        return np.ndarray(
+            (band.rows, band.width), np.uint8, buffer=buf, offset=offset, strides=(band.stride, 1)
+        )
+    runs, tw = band.runs, band.tile_width
+    height, tiles = band.rows // runs, band.width // tw
+    return np.ndarray(
+        (runs, tiles, height, tw),
+        np.uint8,
+        buffer=buf,
+        offset=offset,
+        strides=(band.stride, height * tw, tw, 1),
+    )
+
+
+def place(rows: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8], band: Band) -> None:
+    """Copy ``src`` (:func:`file_view` of ``band``, or of one of its runs) into ``rows`` (band rows)."""
+    if not band.tile_width:
+        rows[...] = src
+        return
+    if src.ndim == 3:  # one run: tiles x height x tile_width
+        src = src[np.newaxis]
+    runs, _, height, tw = src.shape
+    out = tile_columns(rows, tw)  # rows x tiles x tw
+    for q in range(runs):
+        out[q * height : (q + 1) * height] = src[q].transpose(1, 0, 2)
+
+
+def band_pieces(band: Band, dest: Dest, at: int) -> list[tuple[int, memoryview]]:
+    """(file offset - band offset + ``at``, destination view) for each piece of ``band`` in ``dest``.
+
+    One piece when both are contiguous and the band holds rows; else a piece per row, or per tile row
+    of each tile of a band with ``tile_width`` (its tiles land side by side in the destination rows).
+    """
+    if not band.tile_width:
+        if dest.contiguous and band.contiguous:
+            return [(at, dest.whole())]
+        return [(at + r * band.stride, dest.row(r)) for r in range(band.rows)]
+    runs, tw = band.runs, band.tile_width
+    height = band.rows // runs
+    tile = height * tw
+    out = []
+    for q in range(runs):
+        first = at + q * band.stride
+        for t in range(band.width // tw):
+            c = t * tw
+            out += [(first + t * tile + r * tw, dest.row(q * height + r)[c : c + tw]) for r in range(height)]
+    return out
 
 
 class BlobSource(Protocol):
@@ -296,10 +366,8 @@ class LocalBlobSource:
         for k in group:
             band = bands[k]
             skip = band.offset - first
-            if _rows_resident(resident, skip, band.rows, band.width, band.stride):
-                out.arrays[k] = np.ndarray(
-                    (band.rows, band.width), np.uint8, buffer=whole, offset=skip, strides=(band.stride, 1)
-                )
+            if _rows_resident(resident, skip, band.runs, band.run_bytes, band.stride):
+                out.arrays[k] = file_view(whole, skip, band)
 
     def prefetch(self, plan: FetchPlan) -> None:
         """``POSIX_FADV_WILLNEED`` on each span: the device reads exactly those bytes ahead, in parallel.
@@ -340,12 +408,8 @@ class LocalBlobSource:
         """Spans: one scatter read each; row bands: one read per row."""
         for span in plan.spans:
             pieces: list[tuple[int, memoryview]] = []  # (offset in span, destination); bands may interleave
-            for k, at in span.members:
-                band, dest = bands[k], dests[k]
-                if dest.contiguous and band.contiguous:
-                    pieces.append((at, dest.whole()))
-                else:  # rows scattered into a strided destination, or a bridged narrow band's rows
-                    pieces += [(at + r * band.stride, dest.row(r)) for r in range(band.rows)]
+            for k, at in span.members:  # rows scattered into a strided destination, tiles de-tiled
+                pieces += band_pieces(bands[k], dests[k], at)
             pieces.sort(key=lambda p: p[0])
             views: list[memoryview] = []
             pos = 0
@@ -366,6 +430,15 @@ class LocalBlobSource:
         rest is read normally.
         """
         fd, buf, width = self._fd(band.file), dest.buf, band.width
+        if band.tile_width:  # tile rows (each at least a tile): announced at once, then read one by one
+            for q in range(band.runs):
+                os.posix_fadvise(fd, band.offset + q * band.stride, band.run_bytes, os.POSIX_FADV_WILLNEED)
+            pieces = band_pieces(band, dest, 0)
+            per_run = len(pieces) // band.runs
+            for q in range(band.runs):
+                views = [view for _, view in pieces[q * per_run : (q + 1) * per_run]]
+                self._read(fd, views, band.offset + q * band.stride, band.file, band.run_bytes)
+            return
         src, dst = band.offset, dest.offset
         flags = _NOWAIT
         for r in range(band.rows):
@@ -410,7 +483,7 @@ class S3BlobSource:
         ranges = [(s.file, s.offset, s.length) for s in plan.spans]
         for k in plan.row_bands:
             b = bands[k]
-            ranges += [(b.file, b.offset + r * b.stride, b.width) for r in range(b.rows)]
+            ranges += [(b.file, b.offset + r * b.stride, b.run_bytes) for r in range(b.runs)]
         if not ranges:
             return
         try:
@@ -433,14 +506,18 @@ class S3BlobSource:
                 raise RangeReadError(f"{where}: got {len(data)} bytes (blob truncated; run fsck)")
         for span, data in zip(plan.spans, results, strict=False):
             for k, at in span.members:
-                b = bands[k]
-                src = np.ndarray((b.rows, b.width), np.uint8, buffer=data, offset=at, strides=(b.stride, 1))
-                dests[k].array()[...] = src
-        rows = iter(results[len(plan.spans) :])
+                place(dests[k].array(), file_view(data, at, bands[k]), bands[k])
+        runs = iter(results[len(plan.spans) :])
         for k in plan.row_bands:
-            dest = dests[k]
-            for r in range(bands[k].rows):
-                dest.row(r)[:] = next(rows)
+            b, rows = bands[k], dests[k].array()
+            height = b.rows // b.runs
+            for r in range(b.runs):
+                data = next(runs)
+                if b.tile_width:
+                    one = np.frombuffer(data, np.uint8).reshape(b.width // b.tile_width, height, b.tile_width)
+                    place(rows[r * height : (r + 1) * height], one, b)
+                else:
+                    rows[r] = np.frombuffer(data, np.uint8)
 
     def map_cached(self, bands: Sequence[Band], limit: int) -> MappedBands:
         """Nothing: every byte comes over the network."""

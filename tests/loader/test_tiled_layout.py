@@ -135,15 +135,20 @@ def test_tiled_copy_keeps_every_hash_and_tile_pieces_follow_the_layout(
     assert b'"layout"' not in legacy and TileIndex.from_bytes(legacy) == art.index
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"page_cache": False}, {"page_cache": False, "max_gap": 0}],
+    ids=["mapped", "preadv", "runs"],
+)
 @pytest.mark.parametrize("axis", ["row", "col"])
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_tiled_reads_equal_row_major_reads(
-    local_twins: tuple[Artifact, Artifact], axis: str, tp: int
+    local_twins: tuple[Artifact, Artifact], axis: str, tp: int, options: dict[str, bool | int]
 ) -> None:
     art, tiled = local_twins
     for rank in range(tp):
         slices = rank_slices(art, tp, rank, axis)
-        want, got = load(art, slices), load(tiled, slices)
+        want, got = load(art, slices), load(tiled, slices, **options)
         for s, a, b in zip(slices, want.arrays, got.arrays, strict=True):
             assert np.array_equal(a, art.expected(s)) and np.array_equal(b, a), s
         ledger = got.ledger
@@ -188,7 +193,14 @@ def test_arbitrary_rectangles_and_overlapping_requests(
         c1 = data.draw(st.integers(c0, t.row_bytes))
         slices.append(PlaneSlice(name, r0, r1, c0, c1))
     batch = data.draw(st.sampled_from([4096, 64 << 10, 16 << 20]))
-    result = load(tiled, slices, batch_bytes=batch, depth=data.draw(st.integers(1, 4)))
+    result = load(
+        tiled,
+        slices,
+        batch_bytes=batch,
+        depth=data.draw(st.integers(1, 4)),
+        page_cache=data.draw(st.booleans()),
+        max_gap=data.draw(st.sampled_from([0, 4096])),
+    )
     for s, got in zip(slices, result.arrays, strict=True):
         assert np.array_equal(got, art.expected(s))
     assert result.ledger.peak_staging_bytes <= result.ledger.staging_bound_bytes
