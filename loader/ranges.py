@@ -5,12 +5,13 @@ A band is ``runs`` runs of ``run_bytes`` bytes in its file, ``stride`` apart fro
 row-major tensor, a single row, or whole tile rows or a single tile row's tiles of a tiled tensor) is
 one file range. A narrow band (a column slice of several rows of a row-major tensor, or of several tile
 rows of a tiled one) is either read run by run, or, when its gap ``stride - run_bytes`` is at most
-``max_gap`` and the budget allows, as one range with the gaps read and dropped. Contiguous ranges of
-different bands are then merged by :func:`shardport.placement.merge_spans` (the core of the project's
-one coalescer), bridging the gaps between them smallest first; touching ranges always merge, so the
-adjacent tiles of a tiled tensor that one batch reads become one request. Everything bridged in a
-batch stays within ``gap_budget x`` the batch's band bytes, so bridging alone never raises read
-amplification by more than ``gap_budget``.
+``max_gap`` and the budget allows, as one range with the gaps read and dropped; narrow bands whose
+runs interleave into one region (a node's ranks splitting the same rows by columns) are one range.
+Contiguous ranges of different bands are then merged by :func:`shardport.placement.merge_spans` (the
+core of the project's one coalescer), bridging the gaps between them smallest first; touching ranges
+always merge, so the adjacent tiles of a tiled tensor that one batch reads become one request.
+Everything bridged in a batch stays within ``gap_budget x`` the batch's band bytes, so bridging alone
+never raises read amplification by more than ``gap_budget``.
 """
 
 from __future__ import annotations
@@ -70,6 +71,41 @@ def _threshold(merged: Sequence[tuple[str, int, int]], max_gap: int, allowance: 
     return threshold
 
 
+def _interleaved(
+    bands: Sequence[Band], narrow: list[tuple[int, int]], spannable: list[int]
+) -> list[tuple[int, int]]:
+    """Move narrow bands whose runs interleave into one contiguous region to ``spannable``; return the rest.
+
+    Bands of one file with the same stride and run count whose runs sit side by side and together fill
+    each stride (the stacked tile rows of a tiled tensor split by columns among a node's ranks) read as
+    one range with no gap: each band's gaps are the others' runs.
+    """
+    groups: dict[tuple[str, int, int], list[int]] = {}
+    for _, k in narrow:
+        b = bands[k]
+        groups.setdefault((b.file, b.stride, b.runs), []).append(k)
+    moved: set[int] = set()
+    for (_, stride, _), members in groups.items():
+        if len(members) < 2:
+            continue
+        members.sort(key=lambda k: bands[k].origin)
+        chain: list[int] = []
+        end = -1
+        for k in [*members, -1]:  # chains of bands whose first runs follow each other
+            if k >= 0 and bands[k].origin == end:
+                chain.append(k)
+                end += bands[k].run_bytes
+                continue
+            if len(chain) > 1 and end - bands[chain[0]].origin == stride:
+                moved.update(chain)
+            if k >= 0:
+                chain, end = [k], bands[k].origin + bands[k].run_bytes
+    if not moved:
+        return narrow
+    spannable.extend(sorted(moved))
+    return [(gap, k) for gap, k in narrow if k not in moved]
+
+
 def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> FetchPlan:
     """Decide spans and row-by-row reads for ``bands`` (see the module docstring)."""
     allowance = gap_budget * sum(b.nbytes for b in bands) if gap_budget else 0.0
@@ -83,6 +119,7 @@ def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> Fet
                 narrow.append((b.stride - b.run_bytes, k))
     rows_only: list[int] = []
     if narrow:
+        narrow = _interleaved(bands, narrow, spannable)
         for gap, k in sorted(narrow):
             cost = gap * (bands[k].runs - 1)
             if gap <= max_gap and cost <= allowance:

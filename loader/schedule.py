@@ -433,24 +433,17 @@ def _one_slice_runs(
     return [(a, b, mode) for start, stop, mode in merged for a, b in _runs(g, r0, r1, start, stop, limit)]
 
 
+Run = tuple[int, int, int, Iterable[int]]
+"""A band's tile columns ``[j0, j1)``, its mode (the slice it goes to directly, or -1: staged) and users."""
+
+
 class _Stack:
     """Tile rows ``[i0, i1)`` (matrix rows ``[r0, r1)``) of one tensor that share one plan of band runs."""
 
-    __slots__ = ("g", "i0", "i1", "key", "r0", "r1", "runs", "users")
+    __slots__ = ("g", "i0", "i1", "key", "r0", "r1", "runs")
 
-    def __init__(
-        self,
-        g: _Grid,
-        i: int,
-        r0: int,
-        r1: int,
-        key: object,
-        runs: list[tuple[int, int, int]],
-        users: Iterable[int],
-    ) -> None:
-        self.g, self.i0, self.i1, self.r0, self.r1, self.key, self.runs, self.users = (
-            g, i, i + 1, r0, r1, key, runs, users,
-        )  # fmt: skip
+    def __init__(self, g: _Grid, i: int, r0: int, r1: int, key: object, runs: list[Run]) -> None:
+        self.g, self.i0, self.i1, self.r0, self.r1, self.key, self.runs = g, i, i + 1, r0, r1, key, runs
 
     def extends(self, g: _Grid, i: int, r1: int, key: object, limit: int) -> bool:
         """Take tile row ``i`` (ending at matrix row ``r1``) if it is the next one and plans the same.
@@ -464,8 +457,8 @@ class _Stack:
         return True
 
     def bands(self, slices: Sequence[PlaneSlice]) -> Iterator[Band]:
-        for a, b, mode in self.runs:
-            yield _band(self.g, self.i0, self.i1, self.r0, self.r1, a, b, mode, slices, self.users)
+        for a, b, mode, users in self.runs:
+            yield _band(self.g, self.i0, self.i1, self.r0, self.r1, a, b, mode, slices, users)
 
 
 def _bands(
@@ -476,11 +469,12 @@ def _bands(
 ) -> list[Band]:
     """Runs of adjacent tiles with the same destination, at most ``limit`` bytes each.
 
-    Adjacent tile rows planned alike (the common case: a slice holding whole tile rows, or a node's
-    ranks sharing whole tile rows of a row-major tensor) are stacked into one band of several tile rows.
+    A tile row's runs depend only on which slices touch which of its tile columns and whether each
+    holds all of its rows; adjacent tile rows planned alike (the common case: slices holding whole tile
+    rows) are stacked into one band of several tile rows, and a plan is made once per distinct shape.
     """
     out: list[Band] = []
-    alone: dict[tuple[int, bool, int], list[tuple[int, int, int]]] = {}  # the same for most tile rows
+    plans: dict[object, list[Run]] = {}  # the same for most tile rows
     stack: _Stack | None = None
     for (name, i), spans in wanted.items():
         g = grids[name]
@@ -491,54 +485,52 @@ def _bands(
             k = spans[0][2]
             s = slices[k]
             covered = s.row0 <= r0 and r1 <= s.row1
-            shape = (k, covered, r1 - r0)
-            planned = alone.get(shape)
+            key = (name, k, covered, r1 - r0)
+            planned = plans.get(key)
             if planned is None:
-                planned = alone[shape] = _one_slice_runs(g, r0, r1, spans[0], covered, s, limit)
-            key = shape
-            users: Iterable[int] = (k,)
+                only = (k,)
+                runs = _one_slice_runs(g, r0, r1, spans[0], covered, s, limit)
+                planned = plans[key] = [(a, b, mode, only) for a, b, mode in runs]
         else:
-            sharing = {k for _, _, k in spans}
-            whole = not g.tiled and g.grid_cols > 1 and len(sharing) > 1 and _covers(spans, g.grid_cols)
-            runs = _runs(g, r0, r1, 0, g.grid_cols, limit) if whole else []
-            if len(runs) != 1:  # planned tile row by tile row
-                if stack is not None:
-                    out += stack.bands(slices)
-                    stack = None
-                out += _shared_bands(g, i, r0, r1, spans, sharing, runs, slices, limit)
-                continue
-            # a row-major tile row wanted whole by several slices: one staged band of whole rows
-            key, planned, users = (tuple(spans), r1 - r0), [(0, g.grid_cols, -1)], sharing
+            covers = tuple(slices[k].row0 <= r0 and r1 <= slices[k].row1 for _, _, k in spans)
+            key = (name, tuple(spans), covers, r1 - r0)
+            planned = plans.get(key)
+            if planned is None:
+                planned = plans[key] = _shared_runs(g, r0, r1, spans, slices, limit)
         if stack is not None and stack.extends(g, i, r1, key, limit):
             continue
         if stack is not None:
             out += stack.bands(slices)
-        stack = _Stack(g, i, r0, r1, key, planned, users)
+        stack = _Stack(g, i, r0, r1, key, planned)
     if stack is not None:
         out += stack.bands(slices)
     out.sort(key=lambda b: (b.file, b.origin))
     return out
 
 
-def _shared_bands(
-    g: _Grid,
-    i: int,
-    r0: int,
-    r1: int,
-    spans: list[tuple[int, int, int]],
-    sharing: set[int],
-    runs: list[tuple[int, int]],
-    slices: Sequence[PlaneSlice],
-    limit: int,
-) -> Iterator[Band]:
-    """Bands of tile row ``i``, which several slices touch (``runs``: its whole rows, if read whole)."""
+def _shared_runs(
+    g: _Grid, r0: int, r1: int, spans: list[tuple[int, int, int]], slices: Sequence[PlaneSlice], limit: int
+) -> list[Run]:
+    """Runs of a tile row (matrix rows ``[r0, r1)``) that several slices touch (``spans``).
+
+    A row-major tile row wanted whole by several slices is read as whole rows (one staged band when
+    it fits ``limit``); otherwise runs of adjacent tiles with the same destination.
+    """
     cb, row_bytes = g.cb, g.row_bytes
+    sharing = {k for _, _, k in spans}
+    if not g.tiled and g.grid_cols > 1 and len(sharing) > 1 and _covers(spans, g.grid_cols):
+        whole = _runs(g, r0, r1, 0, g.grid_cols, limit)
+        if len(whole) == 1:  # one staged band (a band inside one slice would need one user)
+            return [(0, g.grid_cols, -1, sharing)]
+    else:
+        whole = []
     columns: dict[int, list[int]] = {}
     for j0, j1, k in spans:
         for j in range(j0, j1):
             columns.setdefault(j, []).append(k)
-    if runs:  # a row-major tile row wanted whole by several slices: whole rows, in runs of at most `limit`
-        for a, b in runs:
+    out: list[Run] = []
+    if whole:  # whole rows, in runs of at most `limit`
+        for a, b in whole:
             users = {k for j in range(a, b) for k in columns[j]}
             s = slices[next(iter(users))]
             inside = (
@@ -549,8 +541,8 @@ def _shared_bands(
                 and s.col0 <= a * cb
                 and min(b * cb, row_bytes) <= s.col1
             )
-            yield _band(g, i, i + 1, r0, r1, a, b, next(iter(users)) if inside else -1, slices, users)
-        return
+            out.append((a, b, next(iter(users)) if inside else -1, users))
+        return out
     run: list[int] = []
     mode, users = -2, set[int]()
     for j in sorted(columns):
@@ -562,13 +554,14 @@ def _shared_bands(
         too_big = bool(run) and (r1 - r0) * (c1 - run[0] * cb) > limit
         narrow = g.tiled and c1 - c0 < cb  # a tiled band's tiles share one width
         if run and (this != mode or j != run[-1] + 1 or too_big or narrow):
-            yield _band(g, i, i + 1, r0, r1, run[0], run[-1] + 1, mode, slices, users)
+            out.append((run[0], run[-1] + 1, mode, users))
             run, users = [], set()
         run.append(j)
         users.update(ks)
         mode = this
     if run:
-        yield _band(g, i, i + 1, r0, r1, run[0], run[-1] + 1, mode, slices, users)
+        out.append((run[0], run[-1] + 1, mode, users))
+    return out
 
 
 def schedule_reads(

@@ -43,12 +43,11 @@ def bands(draw: st.DrawFn) -> list[Band]:
                 for _, run in itertools.groupby(enumerate(picked), key=lambda x: x[1] - x[0]):
                     js = [j for _, j in run]
                     r0, r1 = i * rb, min((i + 1) * rb, rows)
-                    c0, c1 = js[0] * cb, min((js[-1] + 1) * cb, row_bytes)
-                    out.append(
-                        Band.rect(
-                            "t", file, at, row_bytes, i, js[0], js[-1] + 1, r0, r1, c0, c1, -1, 0, 0, ()
-                        )
-                    )
+                    # a run may go to several slices (a node's ranks): side-by-side bands of one tile row
+                    cuts = sorted(set(draw(st.lists(st.sampled_from(js), max_size=2))) - {js[0]})
+                    for a, b in itertools.pairwise([js[0], *cuts, js[-1] + 1]):
+                        c0, c1 = a * cb, min(b * cb, row_bytes)
+                        out.append(Band.rect("t", file, at, row_bytes, i, a, b, r0, r1, c0, c1, -1, 0, 0, ()))
             at += rows * row_bytes + draw(st.integers(0, 40))
     return sorted(out, key=lambda b: (b.file, b.offset))
 
@@ -135,3 +134,29 @@ def test_a_band_inside_a_wide_band_does_not_stretch_its_group_past_the_limit() -
     assert wide.extent == 8010 and inside.offset == 100
     assert map_groups([wide, inside], 5000) == [[0], [1]]
     assert map_groups([wide, inside], 9000) == [[0, 1]]
+
+
+def test_narrow_bands_whose_runs_interleave_into_one_region_are_one_range(store: Store) -> None:
+    # four column quarters of the same 3 rows (40 bytes each), as a node's ranks read a tensor together
+    quarters = [
+        Band.rect("t", "a", 100, 40, 0, k, k + 1, 0, 3, 10 * k, 10 * (k + 1), k, 0, 0, ()) for k in range(4)
+    ]
+    plan = plan_fetch(quarters, max_gap=0, gap_budget=0.0)
+    assert plan.row_bands == () and plan.requests == 1 and plan.bytes == 120
+    assert [(s.offset, s.length) for s in plan.spans] == [(100, 120)]
+    outs = [np.zeros((3, 10), np.uint8) for _ in quarters]
+    dests = [Dest(out.reshape(-1).data, 0, 10, 3, 10) for out in outs]
+    source = LocalBlobSource(store, DIGESTS)
+    try:
+        source.fetch(plan, quarters, dests)
+    finally:
+        source.close()
+    matrix = np.frombuffer(FILES["a"], np.uint8)[100:220].reshape(3, 40)
+    for k, out in enumerate(outs):
+        assert np.array_equal(out, matrix[:, 10 * k : 10 * (k + 1)])
+    # three of the four leave a gap in every row: read row by row as before (no gap allowed here)
+    partial = plan_fetch(quarters[:3], max_gap=0, gap_budget=0.0)
+    assert partial.row_bands == (0, 1, 2) and partial.requests == 9
+    # runs side by side that do not fill the stride are not one region either
+    spaced = [quarters[0], quarters[2]]
+    assert plan_fetch(spaced, max_gap=0, gap_budget=0.0).requests == 6

@@ -163,6 +163,25 @@ def test_tiled_reads_equal_row_major_reads(
             assert requests_for(tiled, s) <= tiled.index.tensors[s.tensor].grid_rows
 
 
+@pytest.mark.parametrize("page_cache", [True, False], ids=["mapped", "preadv"])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_node_read_of_tiled_column_slices_stacks_tile_rows_and_reads_each_region_once(
+    local_twins: tuple[Artifact, Artifact], tp: int, page_cache: bool
+) -> None:
+    art, tiled = local_twins
+    union = [s for rank in range(tp) for s in rank_slices(art, tp, rank, "col")]
+    schedule = schedule_reads(union, tiled.entries, tiled.files, tiled.index, max_gap=4096, gap_budget=0.02)
+    bands = [b for batch in schedule.batches for b in batch.bands]
+    assert any(b.i1 - b.i > 1 and b.tile_width for b in bands)  # tile rows stacked, tiles side by side
+    result = load(tiled, union, page_cache=page_cache)
+    for s, got in zip(union, result.arrays, strict=True):
+        assert np.array_equal(got, art.expected(s)), s
+    ledger = result.ledger
+    assert ledger.read_amplification <= 1.05
+    # the ranks' interleaved tile rows are one read per batch region, never one per tile row per rank
+    assert ledger.requests <= sum(t.grid_rows for t in tiled.index.tensors.values())
+
+
 def test_column_slice_requests_row_major_vs_tiled(local_twins: tuple[Artifact, Artifact]) -> None:
     art, tiled = local_twins
     for tp in (2, 4, 8):
