@@ -448,7 +448,7 @@ def _ledger(
         if source.kind == "local" and opts.page_cache and schedule.batches
         else 0,
         scratch_bytes=workers * max(schedule.largest_tile, mmap.PAGESIZE)
-        + (SINK_BYTES if source.kind == "local" else 0),
+        + (SINK_BYTES + workers * _round_up(schedule.bounce_bytes) if source.kind == "local" else 0),
         seconds=StageSeconds(
             plan=planned - start,
             fetch=runner.seconds["fetch"],

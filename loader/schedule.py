@@ -89,10 +89,10 @@ class Band(NamedTuple):
     a staged band (then ``parts`` say who takes what after verification).
 
     The band's matrix is ``rows`` x ``width`` bytes. File geometry (see the module docstring): with
-    ``tile_width`` 0, its rows are the runs, the first at file offset ``origin``, ``stride`` bytes apart
-    (the row-major rectangle: ``start + row0 * row_bytes + col0`` and ``row_bytes``, see :meth:`rect`; or
-    a tiled tensor's single tile: its offset and its width); with ``tile_width`` > 0, a tiled tensor's
-    tile rows are the runs, each its tiles of ``tile_width`` bytes one after the other. ``start`` and
+    ``tile_width`` 0 (a row-major tensor), its rows are the runs, the first at file offset ``origin``,
+    ``stride`` bytes apart (``start + row0 * row_bytes + col0`` and ``row_bytes``, see :meth:`rect`);
+    with ``tile_width`` > 0 (a tiled tensor), its tile rows are the runs, each its tiles of
+    ``tile_width`` bytes one after the other. ``start`` and
     ``row_bytes`` are the tensor's matrix. An immutable named tuple: a load plans hundreds
     to thousands of bands, and a frozen dataclass cost six times as much to build.
     """
@@ -190,13 +190,18 @@ class Batch:
 
 @dataclass(frozen=True, slots=True)
 class ReadSchedule:
-    """Everything a load reads, in order; ``slot_bytes`` is the staging one batch needs at most."""
+    """Everything a load reads, in order.
+
+    ``slot_bytes`` is the staging one batch needs at most; ``bounce_bytes`` the largest read holding a
+    tiled band (a span, or one tile row run), which a local read takes through a bounce buffer.
+    """
 
     slices: tuple[PlaneSlice, ...]
     batches: tuple[Batch, ...]
     blobs: dict[str, str]
     slot_bytes: int
     largest_tile: int
+    bounce_bytes: int = 0
 
     @property
     def bytes_assigned(self) -> int:
@@ -259,18 +264,22 @@ def check_tensor(entry: TensorEntry, tiles: TensorTiles, files: dict[str, FileEn
         raise IndexMismatchError(f"{where}: lies in {entry.file} ({size} in the manifest's files)")
 
 
+Touch = tuple[int, int, int, int, int]
+"""Slice ``k`` touches tile rows ``[i0, i1)`` x tile columns ``[j0, j1)``: ``(i0, i1, j0, j1, k)``."""
+
+
 def _wanted(
     slices: Sequence[PlaneSlice],
     tensors: dict[str, TensorEntry],
     files: dict[str, FileEntry],
     index: TileIndex,
     grids: dict[str, _Grid],
-) -> dict[tuple[str, int], list[tuple[int, int, int]]]:
-    """(tensor, tile row) → ``(j0, j1, k)``: slice ``k`` touches that tile row's columns ``[j0, j1)``.
+) -> dict[str, list[Touch]]:
+    """Tensor → the tiles each slice touches, in slice order (slices touching no tile left out).
 
     Each tensor is checked against its tile index once, and its grid put in ``grids``.
     """
-    wanted: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+    wanted: dict[str, list[Touch]] = {}
     for k, s in enumerate(slices):
         entry, tiles = tensors.get(s.tensor), index.tensors.get(s.tensor)
         if entry is None or tiles is None:
@@ -283,9 +292,8 @@ def _wanted(
             i0, i1, j0, j1 = tile_span(tiles, s.row0, s.row1, s.col0, s.col1)
         except TileGridError as exc:
             raise SliceRequestError(f"slice {k} of tensor {s.tensor!r}: {exc}") from exc
-        if j0 < j1:
-            for i in range(i0, i1):
-                wanted.setdefault((s.tensor, i), []).append((j0, j1, k))
+        if j0 < j1 and i0 < i1:
+            wanted.setdefault(s.tensor, []).append((i0, i1, j0, j1, k))
     return wanted
 
 
@@ -336,12 +344,9 @@ def _band(
     tile_width = 0
     if not g.tiled:
         origin, stride = g.start + r0 * g.row_bytes + col0, g.row_bytes
-    else:  # tile rows of tiles of one width (_runs), or a single tile written as its rows
+    else:  # tile rows, each its tiles of one width (_runs) one after the other, a tile row apart
         origin = g.start + tile_offset(g.rows, g.row_bytes, g.rb, g.cb, i, j0)
-        if i1 - i == 1 and j1 - j0 == 1:
-            stride = width
-        else:
-            stride, tile_width = g.rb * g.row_bytes, width // (j1 - j0)
+        stride, tile_width = g.rb * g.row_bytes, width // (j1 - j0)
     out_row = out_col = 0
     parts: tuple[Part, ...] = ()
     if direct >= 0:
@@ -462,7 +467,7 @@ class _Stack:
 
 
 def _bands(
-    wanted: dict[tuple[str, int], list[tuple[int, int, int]]],
+    wanted: dict[str, list[Touch]],
     grids: dict[str, _Grid],
     slices: Sequence[PlaneSlice],
     limit: int,
@@ -474,10 +479,57 @@ def _bands(
     rows) are stacked into one band of several tile rows, and a plan is made once per distinct shape.
     """
     out: list[Band] = []
+    for name, touches in wanted.items():
+        g = grids[name]
+        if len(touches) == 1:
+            out += _one_slice_bands(g, touches[0], slices, limit)
+        else:
+            out += _shared_bands(g, touches, slices, limit)
+    out.sort(key=lambda b: (b.file, b.origin))
+    return out
+
+
+def _one_slice_bands(g: _Grid, touch: Touch, slices: Sequence[PlaneSlice], limit: int) -> Iterator[Band]:
+    """Bands of a tensor that one slice alone touches.
+
+    Only its first and last tile rows can be cut by the slice (or be the tensor's short last tile row),
+    so its tile rows fall into at most three classes, each planned once and stacked.
+    """
+    i0, i1, j0, j1, k = touch
+    s = slices[k]
+    only = (k,)
+    rb, rows = g.rb, g.rows
+    segments: list[list[int]] = []  # [first, end, covered, height]
+    for a, b in ((i0, i0 + 1), (i0 + 1, i1 - 1), (i1 - 1, i1)) if i1 - i0 > 1 else ((i0, i1),):
+        if a >= b:
+            continue
+        r0, r1 = a * rb, min(a * rb + rb, rows)
+        covered, height = int(s.row0 <= r0 and r1 <= s.row1), r1 - r0
+        if segments and segments[-1][2:] == [covered, height]:
+            segments[-1][1] = b
+        else:
+            segments.append([a, b, covered, height])
+    depth = max(1, limit // (rb * g.row_bytes))  # tile rows a stack may hold (whole matrix rows ≤ limit)
+    for a, b, covered, height in segments:
+        runs = _one_slice_runs(g, a * rb, a * rb + height, (j0, j1, k), bool(covered), s, limit)
+        for ia in range(a, b, depth):
+            ib = min(ia + depth, b)
+            r0, r1 = ia * rb, min(ib * rb, rows)
+            for x, y, mode in runs:
+                yield _band(g, ia, ib, r0, r1, x, y, mode, slices, only)
+
+
+def _shared_bands(g: _Grid, touches: list[Touch], slices: Sequence[PlaneSlice], limit: int) -> list[Band]:
+    """Bands of a tensor that several slices touch: planned tile row by tile row, alike rows stacked."""
+    spans_of: dict[int, list[tuple[int, int, int]]] = {}
+    for i0, i1, j0, j1, k in touches:
+        for i in range(i0, i1):
+            spans_of.setdefault(i, []).append((j0, j1, k))
+    out: list[Band] = []
     plans: dict[object, list[Run]] = {}  # the same for most tile rows
     stack: _Stack | None = None
-    for (name, i), spans in wanted.items():
-        g = grids[name]
+    for i in sorted(spans_of):
+        spans = spans_of[i]
         r0 = i * g.rb
         r1 = min(r0 + g.rb, g.rows)
         key: object
@@ -485,7 +537,7 @@ def _bands(
             k = spans[0][2]
             s = slices[k]
             covered = s.row0 <= r0 and r1 <= s.row1
-            key = (name, k, covered, r1 - r0)
+            key = (k, covered, r1 - r0)
             planned = plans.get(key)
             if planned is None:
                 only = (k,)
@@ -493,7 +545,7 @@ def _bands(
                 planned = plans[key] = [(a, b, mode, only) for a, b, mode in runs]
         else:
             covers = tuple(slices[k].row0 <= r0 and r1 <= slices[k].row1 for _, _, k in spans)
-            key = (name, tuple(spans), covers, r1 - r0)
+            key = (tuple(spans), covers, r1 - r0)
             planned = plans.get(key)
             if planned is None:
                 planned = plans[key] = _shared_runs(g, r0, r1, spans, slices, limit)
@@ -504,7 +556,6 @@ def _bands(
         stack = _Stack(g, i, r0, r1, key, planned)
     if stack is not None:
         out += stack.bands(slices)
-    out.sort(key=lambda b: (b.file, b.origin))
     return out
 
 
@@ -622,7 +673,14 @@ def _schedule(
         batches.append(_batch(group, max_gap, gap_budget))
     blobs = {band.file: by_path[band.file].digest for b in batches for band in b.bands}
     slot = max((b.staging_bytes for b in batches), default=0)
-    return ReadSchedule(tuple(slices), tuple(batches), blobs, slot, largest)
+    bounce = 0  # a span with a tiled band is read whole into a bounce buffer; a tiled row band run by run
+    for b in batches:
+        for span in b.fetch.spans:
+            if any(b.bands[k].tile_width for k, _ in span.members):
+                bounce = max(bounce, span.length)
+        for k in b.fetch.row_bands:
+            bounce = max(bounce, b.bands[k].run_bytes if b.bands[k].tile_width else 0)
+    return ReadSchedule(tuple(slices), tuple(batches), blobs, slot, largest, bounce)
 
 
 def _batch(bands: list[Band], max_gap: int, gap_budget: float) -> Batch:

@@ -16,7 +16,8 @@ from shardport.registry.formats import parse_gguf, parse_safetensors
 from shardport.registry.hashing import digest_file
 from shardport.registry.manifest import FileEntry, TensorEntry
 from shardport.registry.store import Store, blob_key
-from shardport.registry.tiles import CheckpointReader, TileIndex, build_tile_index, plane_layout
+from shardport.registry.tiled_layout import LAYOUT, to_tiled
+from shardport.registry.tiles import CheckpointReader, TensorTiles, TileIndex, build_tile_index, plane_layout
 
 
 @dataclass
@@ -176,3 +177,45 @@ def load(art: Artifact, slices: list[PlaneSlice], **options: int | float | bool)
         store=art.store,
         options=ReadOptions(**options),  # type: ignore[arg-type]
     )
+
+
+TILED_FILE = "model.tiled.bin"
+HEADER = 1000 + 7
+"""Bytes before the first tensor of the tiled copy (so every tensor moves, to unaligned offsets)."""
+
+
+def tiled_copy(art: Artifact, root: Path, store_url: str) -> Artifact:
+    """``art``'s tensors in the tiled layout, in reverse order, in a new file put into ``store_url``."""
+    root.mkdir(parents=True, exist_ok=True)
+    out = bytearray(b"\x5a" * HEADER)
+    entries: list[TensorEntry] = []
+    tensors: dict[str, TensorTiles] = {}
+    for e in sorted(art.entries, key=lambda e: e.start, reverse=True):
+        t = art.index.tensors[e.name]
+        region = to_tiled(art.matrix(e.name).reshape(-1), t.rows, t.row_bytes, t.row_block, t.col_block)
+        start = len(out)
+        out += region.tobytes() + b"\xa5" * 9
+        update = {"file": TILED_FILE, "start": start, "end": start + t.nbytes}
+        entries.append(
+            TensorEntry.model_validate(
+                {
+                    **e.model_dump(),
+                    **update,
+                    "layout": LAYOUT,
+                    "tile_rows": t.row_block,
+                    "tile_cols": t.col_block,
+                }
+            )
+        )
+        tensors[e.name] = TensorTiles.model_validate(
+            {**t.model_dump(), "file": TILED_FILE, "start": start, "layout": "tiled"}
+        )
+    path = root / TILED_FILE
+    path.write_bytes(bytes(out))
+    digest, size = digest_file(path)
+    store = Store(store_url)
+    store.upload_blob(path, digest)
+    index = TileIndex(tile_target=art.index.tile_target, tile_minimum=art.index.tile_minimum, tensors=tensors)
+    index = TileIndex.from_bytes(index.to_bytes())  # what a reader gets from the blob
+    files = [FileEntry(path=TILED_FILE, size=size, digest=digest)]
+    return Artifact(path, entries, files, index, store, bytes(out))

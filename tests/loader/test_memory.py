@@ -12,16 +12,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from loader_artifacts import publish
+from loader_artifacts import publish, tiled_copy
 from rss_probe import measure
 from safetensors.numpy import save_file
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page_cache", [True, False], ids=["mapped", "preadv"])
+@pytest.mark.parametrize(
+    ("layout", "page_cache"),
+    [("row_major", True), ("row_major", False), ("tiled", False)],
+    ids=["mapped", "preadv", "tiled-bounced"],
+)
 @pytest.mark.parametrize("axis", ["row", "col"])
 def test_rank_load_peak_rss_is_assigned_bytes_plus_the_stated_bounds(
-    tmp_path: Path, axis: str, page_cache: bool
+    tmp_path: Path, axis: str, layout: str, page_cache: bool
 ) -> None:
     rng = np.random.default_rng(3)
     ckpt = tmp_path / "ckpt"
@@ -29,6 +33,8 @@ def test_rank_load_peak_rss_is_assigned_bytes_plus_the_stated_bounds(
     arrays = {f"w{k}": rng.integers(0, 1 << 16, (2048, 4096), dtype=np.uint16) for k in range(4)}
     save_file(arrays, str(ckpt / "model.safetensors"))  # 64 MiB
     art = publish(ckpt / "model.safetensors", str(tmp_path / "store"), target=1 << 20, minimum=64 << 10)
+    if layout == "tiled":  # its tile rows are read whole into a bounce buffer, then de-tiled
+        art = tiled_copy(art, tmp_path / "tiled", str(tmp_path / "store"))
     slices = []
     for e in art.entries:
         t = art.index.tensors[e.name]

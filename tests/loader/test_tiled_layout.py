@@ -14,62 +14,17 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loader_artifacts import Artifact, load, publish, rank_slices, write_safetensors
+from loader_artifacts import TILED_FILE, Artifact, load, publish, rank_slices, tiled_copy, write_safetensors
 
 from shardport.loader import PlaneSlice, schedule_reads
-from shardport.registry.hashing import digest_file
-from shardport.registry.manifest import FileEntry, TensorEntry
-from shardport.registry.store import Store
-from shardport.registry.tiled_layout import LAYOUT, from_tiled, to_tiled
+from shardport.registry.tiled_layout import from_tiled
 from shardport.registry.tiles import (
-    TensorTiles,
     TileDigestMismatchError,
     TileIndex,
     tile_nbytes,
     tile_pieces,
     verify_tile,
 )
-
-TILED_FILE = "model.tiled.bin"
-HEADER = 1000 + 7
-"""Bytes before the first tensor of the tiled copy (so every tensor moves, to unaligned offsets)."""
-
-
-def tiled_copy(art: Artifact, root: Path, store_url: str) -> Artifact:
-    """``art``'s tensors in the tiled layout, in reverse order, in a new file put into ``store_url``."""
-    root.mkdir(parents=True, exist_ok=True)
-    out = bytearray(b"\x5a" * HEADER)
-    entries: list[TensorEntry] = []
-    tensors: dict[str, TensorTiles] = {}
-    for e in sorted(art.entries, key=lambda e: e.start, reverse=True):
-        t = art.index.tensors[e.name]
-        region = to_tiled(art.matrix(e.name).reshape(-1), t.rows, t.row_bytes, t.row_block, t.col_block)
-        start = len(out)
-        out += region.tobytes() + b"\xa5" * 9
-        update = {"file": TILED_FILE, "start": start, "end": start + t.nbytes}
-        entries.append(
-            TensorEntry.model_validate(
-                {
-                    **e.model_dump(),
-                    **update,
-                    "layout": LAYOUT,
-                    "tile_rows": t.row_block,
-                    "tile_cols": t.col_block,
-                }
-            )
-        )
-        tensors[e.name] = TensorTiles.model_validate(
-            {**t.model_dump(), "file": TILED_FILE, "start": start, "layout": "tiled"}
-        )
-    path = root / TILED_FILE
-    path.write_bytes(bytes(out))
-    digest, size = digest_file(path)
-    store = Store(store_url)
-    store.upload_blob(path, digest)
-    index = TileIndex(tile_target=art.index.tile_target, tile_minimum=art.index.tile_minimum, tensors=tensors)
-    index = TileIndex.from_bytes(index.to_bytes())  # what a reader gets from the blob
-    files = [FileEntry(path=TILED_FILE, size=size, digest=digest)]
-    return Artifact(path, entries, files, index, store, bytes(out))
 
 
 def twins(root: Path, store_url: str, **shape: int) -> tuple[Artifact, Artifact]:
