@@ -249,9 +249,9 @@ def band_pieces(band: Band, dest: Dest, at: int) -> list[tuple[int, memoryview]]
     One piece when both are contiguous and the band holds rows; else a piece per row, or per tile row
     of each tile of a band with ``tile_width`` (its tiles land side by side in the destination rows).
     """
+    if dest.contiguous and band.contiguous and (not band.tile_width or band.width == band.tile_width):
+        return [(at, dest.whole())]  # the band's rows (or its one tile) land as they lie in the file
     if not band.tile_width:
-        if dest.contiguous and band.contiguous:
-            return [(at, dest.whole())]
         return [(at + r * band.stride, dest.row(r)) for r in range(band.rows)]
     runs, tw = band.runs, band.tile_width
     height = band.rows // runs
