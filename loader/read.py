@@ -12,8 +12,8 @@ Pipeline per call of :func:`read_slices`:
    working without readahead past them). A *direct* band (all its tiles inside one slice) is read
    straight into that slice's preallocated result array, with no second copy; a *staged* band goes to
    the worker's reused, page-aligned staging slot (``mmap``). Row-major tensors are read as rectangles
-   of their byte matrix; tensors in the ``shardport-tiled`` layout tile by tile, each tile one
-   contiguous run, adjacent tiles merged into one read;
+   of their byte matrix; tensors in the ``shardport-tiled`` layout as runs of whole tiles (a tile row's
+   tiles are adjacent in the file), de-tiled into the band's rows, adjacent runs merged into one read;
 3. *verify*: as soon as a batch's bytes are in, every tile is hashed chunk of rows by chunk of rows
    (streaming BLAKE3; a tile part not contiguous in its destination is first gathered into the worker's
    small scratch buffer) and compared
