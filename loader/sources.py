@@ -9,8 +9,8 @@ row-major rectangle, or a tiled tensor's tile rows, each a run of its tiles (:fu
 Local (:class:`LocalBlobSource`): one ``os.preadv`` per span scatters the file bytes straight into the
 destinations (bridged gap bytes land in a scratch page), at most ``IOV_MAX`` buffers per call; a band
 read row by row costs one ``preadv`` per row. A span holding a tiled band is read whole into the
-thread's bounce buffer and de-tiled from there (a tiled band read run by run: each run likewise). Each blob is opened once with ``POSIX_FADV_RANDOM`` so
-kernel readahead reads nothing nobody asked for. When a band's bytes are all in the page cache
+thread's bounce buffer and de-tiled from there (a tiled band read run by run: each run likewise).
+Each blob is opened once with ``POSIX_FADV_RANDOM`` so kernel readahead reads nothing nobody asked for. When a band's bytes are all in the page cache
 (``mincore`` over the pages its rows touch), the runner instead copies it out of a read-only mapping of
 its batch's extents (:meth:`LocalBlobSource.map_cached`, one mapping per run of nearby bands) chunk by
 chunk into memory it owns and hashes it there, while the chunk is still in the CPU cache (a warm strided
