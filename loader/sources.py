@@ -9,17 +9,17 @@ row-major rectangle, or a tiled tensor's tile rows, each a run of its tiles (:fu
 Local (:class:`LocalBlobSource`): one ``os.preadv`` per span scatters the file bytes straight into the
 destinations (bridged gap bytes land in a scratch page), at most ``IOV_MAX`` buffers per call; a band
 read row by row costs one ``preadv`` per row. A span holding a tiled band is read whole into the
-thread's bounce buffer and de-tiled from there (a tiled band read run by run: each run likewise).
-Each blob is opened once with ``POSIX_FADV_RANDOM`` so kernel readahead reads nothing nobody asked for. When a band's bytes are all in the page cache
-(``mincore`` over the pages its rows touch), the runner instead copies it out of a read-only mapping of
-its batch's extents (:meth:`LocalBlobSource.map_cached`, one mapping per run of nearby bands) chunk by
-chunk into memory it owns and hashes it there, while the chunk is still in the CPU cache (a warm strided
-band costs one strided copy instead of a ``preadv`` per row); each group is unmapped once its bands
-are done, so the page cache keeps the pages and the mapped file pages touched at once stay within one
-group per worker.
-S3 (:class:`S3BlobSource`): spans and rows become
-``cat_ranges`` requests, at most ``concurrency`` at a time, and the responses are copied into the
-destinations. Storage errors are wrapped once here, naming the file, its blob and the byte range.
+thread's bounce buffer and de-tiled from there (a tiled band read run by run: each run likewise). Each
+blob is opened once with ``POSIX_FADV_RANDOM`` so kernel readahead reads nothing nobody asked for. When
+a band's bytes are all in the page cache (``mincore`` over the pages its rows touch), the runner instead
+copies it out of a read-only mapping of its batch's extents (:meth:`LocalBlobSource.map_cached`, one
+mapping per run of nearby bands) chunk by chunk into memory it owns and hashes it there, while the chunk
+is still in the CPU cache (a warm strided band costs one strided copy instead of a ``preadv`` per row);
+each group is unmapped once its bands are done, so the page cache keeps the pages and the mapped file
+pages touched at once stay within one group per worker.
+
+S3 (:class:`S3BlobSource`): spans and runs become ``cat_ranges`` requests, at most ``concurrency`` at a
+time, and the responses are copied (de-tiled for tiled bands) into the destinations. Storage errors are wrapped once here, naming the file, its blob and the byte range.
 """
 
 from __future__ import annotations
