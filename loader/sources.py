@@ -19,7 +19,8 @@ each group is unmapped once its bands are done, so the page cache keeps the page
 pages touched at once stay within one group per worker.
 
 S3 (:class:`S3BlobSource`): spans and runs become ``cat_ranges`` requests, at most ``concurrency`` at a
-time, and the responses are copied (de-tiled for tiled bands) into the destinations. Storage errors are wrapped once here, naming the file, its blob and the byte range.
+time, and the responses are copied (de-tiled for tiled bands) into the destinations. Storage errors are
+wrapped once here, naming the file, its blob and the byte range.
 """
 
 from __future__ import annotations
