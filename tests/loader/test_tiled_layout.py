@@ -224,6 +224,13 @@ def test_s3_tiled_reads_requests_and_tamper_detection(moto_store_url: str, tmp_p
             limit = sum(tiled.index.tensors[s.tensor].grid_rows for s in slices)
             assert result.ledger.requests <= (len(slices) if axis == "row" else limit)
     assert bounded >= 4
+    # a node's ranks splitting tile rows by columns: the interleaved runs are one request per region
+    union = [s for rank in range(2) for s in rank_slices(art, 2, rank, "col")]
+    node = load(tiled, union)
+    for s, got in zip(union, node.arrays, strict=True):
+        assert np.array_equal(got, art.expected(s)), s
+    assert node.ledger.requests <= sum(t.grid_rows for t in tiled.index.tensors.values())
+    assert node.ledger.read_amplification <= 1.05
     # a column slice of one tensor: a request per matrix row row-major, at most one per tile row tiled
     name = "model.layers.0.self_attn.q_proj.weight"
     t = tiled.index.tensors[name]
