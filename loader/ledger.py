@@ -51,8 +51,9 @@ class ReadLedger:
     assigned); ``requests``: reads issued (planned; a batch served from the page cache through a mapping,
     counted in ``page_cache_batches``, issues none; ``page_cache_bytes`` counts every band so served);
     ``peak_staging_bytes``: most staging (and, on S3, response) bytes held at once, never above
-    ``staging_bound_bytes``; ``scratch_bytes``: the fixed per-worker gather buffers (and the local gap
-    sink); ``tiles``: per tensor, the flat indices ``i * grid_cols + j`` of the tiles read and verified;
+    ``staging_bound_bytes``; ``scratch_bytes``: the fixed per-worker gather buffers (and, locally, the
+    gap sink and the per-worker bounce buffers of tiled reads); ``tiles``: per tensor, the flat indices
+    ``i * grid_cols + j`` of the tiles read and verified;
     ``fetched``: the ranges read, adjacent ones merged, a band read row by row as one strided record
     (empty unless recorded);
     ``mapped_bound_bytes``: the most page-cache pages the page-cache path has touched and still mapped

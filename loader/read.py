@@ -29,10 +29,11 @@ Pipeline per call of :func:`read_slices`:
 Memory bound: the result arrays (exactly the assigned bytes) plus, per worker (``depth``), the file
 pages of the mapping group it copies from the page cache (nearby bands spanning at most ``batch_bytes``,
 unmapped once its bands are done: shared page-cache pages, counted in RSS), a staging slot
-(at most ``batch_bytes``, or the largest single tile if larger, rounded to pages) and a scratch buffer
-of the largest tile; plus a 64 KiB sink for bridged gaps locally. On S3 each batch in flight also holds
-its responses (at most ``batch_bytes x (1 + gap_budget)``). The ledger states the bound and the peak
-held.
+(at most ``batch_bytes``, or the largest single tile if larger, rounded to pages), a scratch buffer
+of the largest tile and, locally, for tiled tensors, a bounce buffer (at most a batch's band bytes
+plus its bridged gaps: ``ReadSchedule.bounce_bytes``); plus a 64 KiB sink for bridged gaps locally. On
+S3 each batch in flight also holds its responses (at most ``batch_bytes x (1 + gap_budget)``). The
+ledger states the bound and the peak held.
 """
 
 from __future__ import annotations

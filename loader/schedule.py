@@ -11,9 +11,10 @@ the byte matrix (``origin = start + row0·row_bytes + col0``, ``stride = row_byt
 the ``shardport-tiled`` layout (:mod:`shardport.registry.tiled_layout`) tiles are contiguous and the
 tiles of a tile row follow each other, so each of the band's tile rows is one run: its tiles
 ``j0..j1-1`` one after the other (``tile_width`` bytes wide each, all of one width), ``stride`` = a whole
-tile row's bytes apart; the loader de-tiles them into the band's rows. (A single tile of a single tile
-row is written as rows of its own width, like a row-major band.) The fetch planner merges runs that
-touch, so a rank's whole tile rows are one read.
+tile row's bytes apart; the loader de-tiles them into the band's rows. The fetch planner merges runs
+that touch, so a rank's whole tile rows are one read. Adjacent tile rows that plan alike (a slice
+holding whole tile rows; a node's ranks sharing them) are stacked into one band of several tile rows,
+in either layout, as long as the stack spans at most ``batch_bytes`` of whole matrix rows.
 
 A band whose tiles all lie inside one slice is *direct*: its bytes are read straight into that slice's
 result array (no staging, no second copy). Any other band (a tile cut by a slice edge, or shared) is
@@ -192,8 +193,9 @@ class Batch:
 class ReadSchedule:
     """Everything a load reads, in order.
 
-    ``slot_bytes`` is the staging one batch needs at most; ``bounce_bytes`` the largest read holding a
-    tiled band (a span, or one tile row run), which a local read takes through a bounce buffer.
+    ``slot_bytes`` is the staging one batch needs at most; ``bounce_bytes`` bounds a read holding a
+    tiled band (a span, or one tile row run), which a local read takes through a bounce buffer: a batch's
+    band bytes plus what its gap budget may bridge.
     """
 
     slices: tuple[PlaneSlice, ...]
@@ -673,13 +675,13 @@ def _schedule(
         batches.append(_batch(group, max_gap, gap_budget))
     blobs = {band.file: by_path[band.file].digest for b in batches for band in b.bands}
     slot = max((b.staging_bytes for b in batches), default=0)
-    bounce = 0  # a span with a tiled band is read whole into a bounce buffer; a tiled row band run by run
+    # A local read takes a span holding a tiled band whole into a bounce buffer (a narrow tiled band run
+    # by run). The loader may re-plan part of a batch (bands not in the page cache): any span of any
+    # subset stays within the batch's band bytes plus what the gap budget lets it bridge.
+    bounce = 0
     for b in batches:
-        for span in b.fetch.spans:
-            if any(b.bands[k].tile_width for k, _ in span.members):
-                bounce = max(bounce, span.length)
-        for k in b.fetch.row_bands:
-            bounce = max(bounce, b.bands[k].run_bytes if b.bands[k].tile_width else 0)
+        if any(band.tile_width for band in b.bands):
+            bounce = max(bounce, int(sum(band.nbytes for band in b.bands) * (1 + gap_budget)))
     return ReadSchedule(tuple(slices), tuple(batches), blobs, slot, largest, bounce)
 
 

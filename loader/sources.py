@@ -249,23 +249,16 @@ def _bounces(band: Band, dest: Dest) -> bool:
 def band_pieces(band: Band, dest: Dest, at: int) -> list[tuple[int, memoryview]]:
     """(file offset - band offset + ``at``, destination view) for each piece of ``band`` in ``dest``.
 
-    One piece when both are contiguous and the band holds rows; else a piece per row, or per tile row
-    of each tile of a band with ``tile_width`` (its tiles land side by side in the destination rows).
+    One piece when both are contiguous (a tiled band only as a single tile column, whose tile rows lie
+    as matrix rows), else a piece per row. Other tiled bands are read through the bounce buffer.
     """
     if dest.contiguous and band.contiguous and (not band.tile_width or band.width == band.tile_width):
-        return [(at, dest.whole())]  # the band's rows (or its one tile) land as they lie in the file
-    if not band.tile_width:
-        return [(at + r * band.stride, dest.row(r)) for r in range(band.rows)]
-    runs, tw = band.runs, band.tile_width
-    height = band.rows // runs
-    tile = height * tw
-    out = []
-    for q in range(runs):
-        first = at + q * band.stride
-        for t in range(band.width // tw):
-            c = t * tw
-            out += [(first + t * tile + r * tw, dest.row(q * height + r)[c : c + tw]) for r in range(height)]
-    return out
+        return [(at, dest.whole())]
+    if band.tile_width:
+        raise RangeReadError(
+            f"{band.file}: tensor {band.tensor!r}: tiled bands are read through a bounce buffer"
+        )
+    return [(at + r * band.stride, dest.row(r)) for r in range(band.rows)]
 
 
 class BlobSource(Protocol):
@@ -418,13 +411,26 @@ class LocalBlobSource:
                     views[k], n = views[k][n:], 0
 
     def _bounce(self, nbytes: int) -> memoryview:
-        """The calling thread's bounce buffer, at least ``nbytes`` (page-aligned, reused, grown if needed)."""
+        """The calling thread's bounce buffer, at least ``nbytes`` (page-aligned, reused).
+
+        A buffer too small is replaced (unmapped first), so a thread holds one buffer at a time.
+        """
         buf: memoryview | None = getattr(self._local, "buf", None)
-        if buf is None or buf.nbytes < nbytes:
-            mapping = mmap.mmap(-1, max(PAGE, -(-nbytes // PAGE) * PAGE))
+        if buf is not None and buf.nbytes >= nbytes:
+            return buf
+        old: mmap.mmap | None = getattr(self._local, "mapping", None)
+        if buf is not None and old is not None:
+            with contextlib.suppress(BufferError):
+                buf.release()
             with self._lock:
-                self._bounce_maps.append(mapping)
-            buf = self._local.buf = memoryview(mapping)
+                self._bounce_maps.remove(old)
+            with contextlib.suppress(BufferError):  # a view still held: unmapped when it goes
+                old.close()
+        mapping = mmap.mmap(-1, max(PAGE, -(-nbytes // PAGE) * PAGE))
+        with self._lock:
+            self._bounce_maps.append(mapping)
+        self._local.mapping = mapping
+        buf = self._local.buf = memoryview(mapping)
         return buf
 
     def fetch(self, plan: FetchPlan, bands: Sequence[Band], dests: Sequence[Dest]) -> None:

@@ -90,6 +90,22 @@ def test_fetch_plan_reads_every_band_once_and_bridges_within_budget(
         assert np.array_equal(d.array(), expected)
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    bs=bands(), max_gap=st.integers(0, 200), budget=st.sampled_from([0.0, 0.02, 0.3, 10.0]), data=st.data()
+)
+def test_a_read_of_any_part_of_a_batch_stays_within_its_bytes_plus_the_gap_budget(
+    bs: list[Band], max_gap: int, budget: float, data: st.DataObject
+) -> None:
+    # the loader re-plans the bands of a batch that are not in the page cache; the bounce buffer for
+    # tiled reads is sized by this bound (ReadSchedule.bounce_bytes), not by the whole batch's plan
+    part = [b for b in bs if data.draw(st.booleans())]
+    plan = plan_fetch(part, max_gap=max_gap, gap_budget=budget)
+    bound = sum(b.nbytes for b in bs) * (1 + budget)
+    assert all(s.length <= bound for s in plan.spans)
+    assert all(part[k].nbytes <= bound for k in plan.row_bands)
+
+
 def test_gap_threshold_bridges_smallest_gaps_first() -> None:
     pieces = [Piece("f", o, 100) for o in (0, 110, 300, 1000)]  # gaps 10, 90, 600
     assert gap_threshold(pieces, max_gap=10_000, allowance=0) == 0
@@ -160,3 +176,17 @@ def test_narrow_bands_whose_runs_interleave_into_one_region_are_one_range(store:
     # runs side by side that do not fill the stride are not one region either
     spaced = [quarters[0], quarters[2]]
     assert plan_fetch(spaced, max_gap=0, gap_budget=0.0).requests == 6
+
+
+def test_a_thread_keeps_one_bounce_buffer_replacing_it_when_it_must_grow(store: Store) -> None:
+    source = LocalBlobSource(store, DIGESTS)
+    try:
+        small = source._bounce(10_000)
+        assert small.nbytes >= 10_000 and source._bounce(5_000) is small  # reused while large enough
+        big = source._bounce(100_000)
+        assert big.nbytes >= 100_000 and len(source._bounce_maps) == 1  # the small one was unmapped
+        with pytest.raises(ValueError):
+            small[0]  # released
+    finally:
+        source.close()
+    assert source._bounce_maps == []
