@@ -452,13 +452,13 @@ class _Stack:
     def __init__(self, g: _Grid, i: int, r0: int, r1: int, key: object, runs: list[Run]) -> None:
         self.g, self.i0, self.i1, self.r0, self.r1, self.key, self.runs = g, i, i + 1, r0, r1, key, runs
 
-    def extends(self, g: _Grid, i: int, r1: int, key: object, limit: int) -> bool:
+    def extends(self, i: int, r1: int, key: object, limit: int) -> bool:
         """Take tile row ``i`` (ending at matrix row ``r1``) if it is the next one and plans the same.
 
         The stack's rows may span at most ``limit`` bytes of the file (whole matrix rows), so that a
         stacked band's extent — what a page-cache mapping of it covers — stays within one batch.
         """
-        if g is not self.g or i != self.i1 or key != self.key or (r1 - self.r0) * g.row_bytes > limit:
+        if i != self.i1 or key != self.key or (r1 - self.r0) * self.g.row_bytes > limit:
             return False
         self.i1, self.r1 = i + 1, r1
         return True
@@ -551,7 +551,7 @@ def _shared_bands(g: _Grid, touches: list[Touch], slices: Sequence[PlaneSlice], 
             planned = plans.get(key)
             if planned is None:
                 planned = plans[key] = _shared_runs(g, r0, r1, spans, slices, limit)
-        if stack is not None and stack.extends(g, i, r1, key, limit):
+        if stack is not None and stack.extends(i, r1, key, limit):
             continue
         if stack is not None:
             out += stack.bands(slices)

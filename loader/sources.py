@@ -227,32 +227,49 @@ def file_view(
 
 
 def place(rows: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8], band: Band) -> None:
-    """Copy ``src`` (:func:`file_view` of ``band``, or of one of its runs) into ``rows`` (band rows)."""
+    """Copy ``src`` (:func:`file_view` of ``band``) into ``rows`` (the band's rows), de-tiling if tiled."""
     if not band.tile_width:
         rows[...] = src
         return
-    if src.ndim == 3:  # one run: tiles x height x tile_width
-        src = src[np.newaxis]
-    runs, _, height, tw = src.shape
-    out = tile_columns(rows, tw)  # rows x tiles x tw
-    for q in range(runs):
+    height = band.rows // band.runs
+    out = tile_columns(rows, band.tile_width)  # rows x tiles x tile_width
+    for q in range(band.runs):
         out[q * height : (q + 1) * height] = src[q].transpose(1, 0, 2)
 
 
+def place_run(rows: npt.NDArray[np.uint8], data: bytes | memoryview, band: Band, q: int) -> None:
+    """Copy run ``q`` of ``band`` (its ``run_bytes`` at the start of ``data``) into ``rows``.
+
+    A run is one row of a row-major band, or one tile row (its tiles one after the other) of a tiled one.
+    """
+    run = np.frombuffer(data, np.uint8, band.run_bytes)
+    if not band.tile_width:
+        rows[q] = run
+        return
+    height, tw = band.rows // band.runs, band.tile_width
+    tiles = run.reshape(band.width // tw, height, tw)
+    tile_columns(rows[q * height : (q + 1) * height], tw)[...] = tiles.transpose(1, 0, 2)
+
+
+def _lands_whole(band: Band, dest: Dest) -> bool:
+    """Whether ``band``'s file bytes are ``dest``'s bytes as they lie: both contiguous, not de-tiled.
+
+    A tiled band only as a single tile column, whose tile rows lie as matrix rows.
+    """
+    return dest.contiguous and band.contiguous and (not band.tile_width or band.width == band.tile_width)
+
+
 def _bounces(band: Band, dest: Dest) -> bool:
-    """Whether a local read of ``band`` is bounced (a tiled band, unless one tile that lands whole)."""
-    return bool(band.tile_width) and not (
-        band.runs == 1 and band.width == band.tile_width and dest.contiguous
-    )
+    """Whether a local read of ``band`` goes through the bounce buffer (tiled, unless it lands whole)."""
+    return bool(band.tile_width) and not _lands_whole(band, dest)
 
 
 def band_pieces(band: Band, dest: Dest, at: int) -> list[tuple[int, memoryview]]:
     """(file offset - band offset + ``at``, destination view) for each piece of ``band`` in ``dest``.
 
-    One piece when both are contiguous (a tiled band only as a single tile column, whose tile rows lie
-    as matrix rows), else a piece per row. Other tiled bands are read through the bounce buffer.
+    One piece when it lands whole, else a piece per row. Other tiled bands go through the bounce buffer.
     """
-    if dest.contiguous and band.contiguous and (not band.tile_width or band.width == band.tile_width):
+    if _lands_whole(band, dest):
         return [(at, dest.whole())]
     if band.tile_width:
         raise RangeReadError(
@@ -476,12 +493,10 @@ class LocalBlobSource:
             for q in range(band.runs):
                 os.posix_fadvise(fd, band.offset + q * band.stride, band.run_bytes, os.POSIX_FADV_WILLNEED)
             run, rows = band.run_bytes, dest.array()
-            height = band.rows // band.runs
             bounce = self._bounce(run)
             for q in range(band.runs):
                 self._read(fd, [bounce[:run]], band.offset + q * band.stride, band.file, run)
-                one = np.frombuffer(bounce, np.uint8, run).reshape(band.width // band.tile_width, height, -1)
-                place(rows[q * height : (q + 1) * height], one, band)
+                place_run(rows, bounce, band, q)
             return
         src, dst = band.offset, dest.offset
         flags = _NOWAIT
@@ -558,15 +573,9 @@ class S3BlobSource:
                 place(dests[k].array(), file_view(data, at, bands[k]), bands[k])
         runs = iter(results[len(plan.spans) :])
         for k in plan.row_bands:
-            b, rows = bands[k], dests[k].array()
-            height = b.rows // b.runs
-            for r in range(b.runs):
-                data = next(runs)
-                if b.tile_width:
-                    one = np.frombuffer(data, np.uint8).reshape(b.width // b.tile_width, height, b.tile_width)
-                    place(rows[r * height : (r + 1) * height], one, b)
-                else:
-                    rows[r] = np.frombuffer(data, np.uint8)
+            rows = dests[k].array()
+            for q in range(bands[k].runs):
+                place_run(rows, next(runs), bands[k], q)
 
     def map_cached(self, bands: Sequence[Band], limit: int) -> MappedBands:
         """Nothing: every byte comes over the network."""

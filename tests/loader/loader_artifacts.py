@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import quantize
+from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 from shardport.loader import PlaneSlice, ReadOptions, SliceRead, read_slices
@@ -219,3 +220,18 @@ def tiled_copy(art: Artifact, root: Path, store_url: str) -> Artifact:
     index = TileIndex.from_bytes(index.to_bytes())  # what a reader gets from the blob
     files = [FileEntry(path=TILED_FILE, size=size, digest=digest)]
     return Artifact(path, entries, files, index, store, bytes(out))
+
+
+def rectangles(data: st.DataObject, art: Artifact) -> list[PlaneSlice]:
+    """1-4 random rectangles (possibly empty, possibly overlapping) of ``art``'s tensors."""
+    names = sorted(art.index.tensors)
+    slices = []
+    for _ in range(data.draw(st.integers(1, 4))):
+        name = data.draw(st.sampled_from(names))
+        t = art.index.tensors[name]
+        r0 = data.draw(st.integers(0, t.rows))
+        r1 = data.draw(st.integers(r0, t.rows))
+        c0 = data.draw(st.integers(0, t.row_bytes))
+        c1 = data.draw(st.integers(c0, t.row_bytes))
+        slices.append(PlaneSlice(name, r0, r1, c0, c1))
+    return slices

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loader_artifacts import Artifact, load, publish, rank_slices, write_gguf, write_safetensors
+from loader_artifacts import Artifact, load, publish, rank_slices, rectangles, write_gguf, write_safetensors
 
 from shardport.loader import (
     BlobNotFoundError,
@@ -74,16 +74,7 @@ def test_tp_splits_return_source_bytes_with_amplification_at_most_1_05(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_arbitrary_rectangles_and_overlapping_requests(st_art: Artifact, data: st.DataObject) -> None:
-    names = sorted(st_art.index.tensors)
-    slices = []
-    for _ in range(data.draw(st.integers(1, 4))):
-        t = st_art.index.tensors[data.draw(st.sampled_from(names))]
-        name = next(n for n in names if st_art.index.tensors[n] is t)
-        r0 = data.draw(st.integers(0, t.rows))
-        r1 = data.draw(st.integers(r0, t.rows))
-        c0 = data.draw(st.integers(0, t.row_bytes))
-        c1 = data.draw(st.integers(c0, t.row_bytes))
-        slices.append(PlaneSlice(name, r0, r1, c0, c1))
+    slices = rectangles(data, st_art)
     batch = data.draw(st.sampled_from([4096, 64 << 10, 16 << 20]))
     result = load(
         st_art,

@@ -14,7 +14,16 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loader_artifacts import TILED_FILE, Artifact, load, publish, rank_slices, tiled_copy, write_safetensors
+from loader_artifacts import (
+    TILED_FILE,
+    Artifact,
+    load,
+    publish,
+    rank_slices,
+    rectangles,
+    tiled_copy,
+    write_safetensors,
+)
 
 from shardport.loader import PlaneSlice, schedule_reads
 from shardport.loader.ranges import plan_fetch
@@ -149,21 +158,6 @@ def test_column_slice_requests_row_major_vs_tiled(local_twins: tuple[Artifact, A
             assert tiles <= t.grid_rows < t.rows <= row_major, (s, row_major, tiles)
             result = load(tiled, [s])
             assert result.ledger.requests == tiles and np.array_equal(result.arrays[0], art.expected(s))
-
-
-def rectangles(data: st.DataObject, art: Artifact) -> list[PlaneSlice]:
-    """1-4 random rectangles (possibly empty, possibly overlapping) of ``art``'s tensors."""
-    names = sorted(art.index.tensors)
-    slices = []
-    for _ in range(data.draw(st.integers(1, 4))):
-        name = data.draw(st.sampled_from(names))
-        t = art.index.tensors[name]
-        r0 = data.draw(st.integers(0, t.rows))
-        r1 = data.draw(st.integers(r0, t.rows))
-        c0 = data.draw(st.integers(0, t.row_bytes))
-        c1 = data.draw(st.integers(c0, t.row_bytes))
-        slices.append(PlaneSlice(name, r0, r1, c0, c1))
-    return slices
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
