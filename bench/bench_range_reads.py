@@ -19,7 +19,8 @@ with its tile index. Measured in the same run, on the same file:
 * cold (blob evicted before each): rank 0 verified, rank 0 ``get_slice``, (c) rank 0, and the node
   read, each with the blob's page-cache residency afterwards (``fincore``): the device-level read
   amplification, readahead included; and each against the disk's sequential rate measured on the same
-  byte count just before and just after it (``*_vs_disk``);
+  byte count just before and just after it (``*_vs_disk``); each measured :data:`COLD_REPEATS` times,
+  the median run reported with every run's ratio (``*_vs_disk_runs``);
 * ``tiled``: the checkpoint pushed and converted with ``registry convert --layout tiled``; every rank's
   column and row split read warm from the tiled artifact (checked equal to exact reads of the row-major
   file), and rank 0 cold, with the same figures;
@@ -462,7 +463,9 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
             "cold_device_amplification_rank0": c["verified_device_amplification"],
             "cold_device_amplification_node": c["node_device_amplification"],
             "cold_rank0_vs_disk": c["verified_vs_disk"],
+            "cold_rank0_vs_disk_runs": c["verified_vs_disk_runs"],
             "cold_node_vs_disk": c["node_vs_disk"],
+            "cold_node_vs_disk_runs": c["node_vs_disk_runs"],
             "cold_get_slice_vs_disk": c["st_get_slice_vs_disk"],
             "whole_speedup_vs_load_file": whole["st_load_file"] / whole["verified"],
             "whole_speedup_vs_get_slice": whole["st_get_slice"] / whole["verified"],
@@ -488,6 +491,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
                 "plan_share_max": max(r["plan_share"] for r in rows),
                 "cold_device_amplification_rank0": tiled["cold"][axis]["device_amplification"],
                 "cold_rank0_vs_disk": tiled["cold"][axis]["vs_disk"],
+                "cold_rank0_vs_disk_runs": tiled["cold"][axis]["vs_disk_runs"],
             }
     return out
 
@@ -520,6 +524,22 @@ def cold_run(
     }
 
 
+COLD_REPEATS = 3
+"""Cold measurements are repeated: this VM's disk rate drifts by up to 2x between runs minutes apart."""
+
+
+def cold_runs(
+    fn: Callable[[], Any], target: str, nbytes: int, spans: list[tuple[int, int]], *, also: str | None = None
+) -> dict[str, Any]:
+    """:func:`cold_run` :data:`COLD_REPEATS` times: the run with the median ``vs_disk``, plus every
+    run's ``vs_disk`` in ascending order (``vs_disk_runs``)."""
+    runs = sorted(
+        (cold_run(fn, target, nbytes, spans, also=also) for _ in range(COLD_REPEATS)),
+        key=lambda r: float(r["vs_disk"]),
+    )
+    return {**runs[len(runs) // 2], "vs_disk_runs": [r["vs_disk"] for r in runs]}
+
+
 def cold(
     blob: str,
     path: Path,
@@ -539,13 +559,13 @@ def cold(
     assigned = sum(s.nbytes for s in slices)
     spans, node_spans = read_spans(verified(slices)), read_spans(verified(union))
     runs = {
-        "verified": cold_run(lambda: verified(slices), blob, assigned, spans),
-        "node": cold_run(lambda: verified(union), blob, sum(s.nbytes for s in union), node_spans),
+        "verified": cold_runs(lambda: verified(slices), blob, assigned, spans),
+        "node": cold_runs(lambda: verified(union), blob, sum(s.nbytes for s in union), node_spans),
         # a baseline reading the source file should not find the store's copy cached, nor the reverse
-        "st_get_slice": cold_run(lambda: st_get_slice(path, slices), str(path), assigned, spans, also=blob),
+        "st_get_slice": cold_runs(lambda: st_get_slice(path, slices), str(path), assigned, spans, also=blob),
     }
     if runai_ok:
-        runs["runai"] = cold_run(lambda: runai_load(path, slices), str(path), assigned, spans, also=blob)
+        runs["runai"] = cold_runs(lambda: runai_load(path, slices), str(path), assigned, spans, also=blob)
     return {f"{name}_{key}": value for name, run in runs.items() for key, value in run.items()}
 
 
@@ -610,7 +630,7 @@ def tiled_layout(
         slices = rank_slices(entries, tp, 0, axis)
         assigned = sum(s.nbytes for s in slices)
         spans = read_spans(verified(slices))
-        report["cold"][axis] = cold_run(lambda slices=slices: verified(slices), blob, assigned, spans)
+        report["cold"][axis] = cold_runs(lambda slices=slices: verified(slices), blob, assigned, spans)
         sequential_read(blob)
     return report
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 
 @dataclass(frozen=True, slots=True)
 class StageSeconds:
@@ -29,7 +32,7 @@ class FetchedRange:
 
     def overlaps(self, file: str, offset: int, length: int) -> bool:
         """Whether any byte of ``[offset, offset + length)`` of ``file`` was read."""
-        if file != self.file or length <= 0:
+        if file != self.file or length <= 0 or self.length <= 0:
             return False
         if self.count == 1 or self.stride == 0:
             return self.offset < offset + length and offset < self.offset + self.length
@@ -49,7 +52,8 @@ class ReadLedger:
     ``bytes_assigned``: bytes of the requested rectangles; ``bytes_fetched``: bytes read from storage
     (whole tiles plus bridged gaps); ``read_amplification`` = fetched / assigned (1.0 when nothing was
     assigned); ``requests``: reads issued (planned; a batch served from the page cache through a mapping,
-    counted in ``page_cache_batches``, issues none; ``page_cache_bytes`` counts every band so served);
+    counted in ``page_cache_batches``, issues none; ``page_cache_bytes`` counts every band so served; a
+    band that lands whole in its result array is always read with ``preadv``, cached or not);
     ``peak_staging_bytes``: most staging (and, on S3, response) bytes held at once, never above
     ``staging_bound_bytes``; ``scratch_bytes``: the fixed per-worker gather buffers (and, locally, the
     gap sink and the per-worker bounce buffers of tiled reads); ``tiles``: per tensor, the flat indices
@@ -109,21 +113,25 @@ def merge_ranges(ranges: list[FetchedRange]) -> tuple[FetchedRange, ...]:
 
 
 def paged_bytes(ranges: tuple[FetchedRange, ...], page: int = 4096) -> int:
-    """Bytes of the distinct ``page``-sized pages of each file that ``ranges`` touch."""
-    spans: list[tuple[str, int, int]] = []
+    """Bytes of the distinct ``page``-sized pages of each file that ``ranges`` touch.
+
+    Vectorized per file (a column-split rank's strided records hold ~10^5 runs: a loop over them cost
+    more than half of a warm 512 MiB load): each run's first and last page, sorted by first page, each
+    counted from past the furthest page any earlier run reached.
+    """
+    firsts: dict[str, list[npt.NDArray[np.int64]]] = {}
+    lasts: dict[str, list[npt.NDArray[np.int64]]] = {}
     for r in ranges:
         if r.length <= 0:
             continue
-        for k in range(r.count if r.stride else 1):
-            first = r.offset + k * r.stride
-            spans.append((r.file, first // page, (first + r.length - 1) // page))
+        starts = r.offset + np.arange(r.count if r.stride else 1, dtype=np.int64) * r.stride
+        firsts.setdefault(r.file, []).append(starts // page)
+        lasts.setdefault(r.file, []).append((starts + r.length - 1) // page)
     total = 0
-    last: tuple[str, int] | None = None  # (file, last page counted)
-    for file, a, b in sorted(spans):
-        if last is not None and last[0] == file:
-            a = max(a, last[1] + 1)
-        if a <= b:
-            total += b - a + 1
-        if last is None or last[0] != file or b > last[1]:
-            last = (file, b)
+    for file, parts in firsts.items():
+        a, b = np.concatenate(parts), np.concatenate(lasts[file])
+        order = np.argsort(a, kind="stable")
+        a, b = a[order], b[order]
+        reached = np.concatenate(([np.int64(-1)], np.maximum.accumulate(b)[:-1]))
+        total += int(np.maximum(b - np.maximum(a, reached + 1) + 1, 0).sum())
     return total * page

@@ -251,7 +251,7 @@ def place_run(rows: npt.NDArray[np.uint8], data: bytes | memoryview, band: Band,
     tile_columns(rows[q * height : (q + 1) * height], tw)[...] = tiles.transpose(1, 0, 2)
 
 
-def _lands_whole(band: Band, dest: Dest) -> bool:
+def lands_whole(band: Band, dest: Dest) -> bool:
     """Whether ``band``'s file bytes are ``dest``'s bytes as they lie: both contiguous, not de-tiled.
 
     A tiled band only as a single tile column, whose tile rows lie as matrix rows.
@@ -261,7 +261,7 @@ def _lands_whole(band: Band, dest: Dest) -> bool:
 
 def _bounces(band: Band, dest: Dest) -> bool:
     """Whether a local read of ``band`` goes through the bounce buffer (tiled, unless it lands whole)."""
-    return bool(band.tile_width) and not _lands_whole(band, dest)
+    return bool(band.tile_width) and not lands_whole(band, dest)
 
 
 def band_pieces(band: Band, dest: Dest, at: int) -> list[tuple[int, memoryview]]:
@@ -269,7 +269,7 @@ def band_pieces(band: Band, dest: Dest, at: int) -> list[tuple[int, memoryview]]
 
     One piece when it lands whole, else a piece per row. Other tiled bands go through the bounce buffer.
     """
-    if _lands_whole(band, dest):
+    if lands_whole(band, dest):
         return [(at, dest.whole())]
     if band.tile_width:
         raise RangeReadError(

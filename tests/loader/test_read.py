@@ -51,8 +51,9 @@ def test_tp_splits_return_source_bytes_with_amplification_at_most_1_05(
         slices = rank_slices(art, tp, rank, axis)
         result = load(art, slices, page_cache=page_cache)
         # the blob was just written, so it is in the page cache and the mapped path serves (nearly) all of
-        # it (a VM's proactive reclaim may take a page now and then: that band goes through preadv)
-        if page_cache:
+        # a column split (a VM's proactive reclaim may take a page now and then: that band goes through
+        # preadv); a row split's bands land whole in the arrays and are read with preadv, cached or not
+        if page_cache and axis == "col":
             assert result.ledger.page_cache_bytes >= result.ledger.bytes_verified // 2
         else:
             assert result.ledger.page_cache_bytes == 0 and result.ledger.page_cache_batches == 0
@@ -158,7 +159,6 @@ def test_evicted_blob_is_read_with_preadv_then_served_from_the_page_cache(tmp_pa
     cold = load(art, slices)
     assert cold.ledger.page_cache_batches == 0  # nothing cached: every batch went through preadv
     warm = load(art, slices)  # the rank's pages are cached now (exact ranges, page-rounded)
-    assert warm.ledger.page_cache_batches > 0
     assert warm.ledger.page_cache_bytes >= warm.ledger.bytes_verified // 2
     fd = os.open(blob, os.O_RDONLY)
     try:  # evict the first half again: its bands go through preadv, the rest still comes from the cache
