@@ -30,8 +30,9 @@ import ctypes
 import mmap
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -237,18 +238,23 @@ def place(rows: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8], band: Band) -
         out[q * height : (q + 1) * height] = src[q].transpose(1, 0, 2)
 
 
+def run_tiles(data: bytes | memoryview, band: Band) -> npt.NDArray[np.uint8]:
+    """One run of tiled ``band`` at the start of ``data`` as ``1 x tiles x height x tile_width``."""
+    height, tw = band.rows // band.runs, band.tile_width
+    return np.frombuffer(data, np.uint8, band.run_bytes).reshape(1, band.width // tw, height, tw)
+
+
 def place_run(rows: npt.NDArray[np.uint8], data: bytes | memoryview, band: Band, q: int) -> None:
     """Copy run ``q`` of ``band`` (its ``run_bytes`` at the start of ``data``) into ``rows``.
 
     A run is one row of a row-major band, or one tile row (its tiles one after the other) of a tiled one.
     """
-    run = np.frombuffer(data, np.uint8, band.run_bytes)
     if not band.tile_width:
-        rows[q] = run
+        rows[q] = np.frombuffer(data, np.uint8, band.run_bytes)
         return
-    height, tw = band.rows // band.runs, band.tile_width
-    tiles = run.reshape(band.width // tw, height, tw)
-    tile_columns(rows[q * height : (q + 1) * height], tw)[...] = tiles.transpose(1, 0, 2)
+    height = band.rows // band.runs
+    tiles = run_tiles(data, band)[0]
+    tile_columns(rows[q * height : (q + 1) * height], band.tile_width)[...] = tiles.transpose(1, 0, 2)
 
 
 def lands_whole(band: Band, dest: Dest) -> bool:
@@ -278,6 +284,12 @@ def band_pieces(band: Band, dest: Dest, at: int) -> list[tuple[int, memoryview]]
     return [(at + r * band.stride, dest.row(r)) for r in range(band.rows)]
 
 
+TileCheck = Callable[[int, npt.NDArray[np.uint8], int], None]
+"""``check(k, tiles, q0)``: hash and check tile rows ``q0, q0 + 1, ...`` of tiled band ``k``, given as
+``tiles`` (runs x tiles x height x tile_width, :func:`file_view`) in memory the load owns; raises on a
+mismatch."""
+
+
 class BlobSource(Protocol):
     """Reads checkpoint files (stored as blobs) into band destinations."""
 
@@ -285,8 +297,15 @@ class BlobSource(Protocol):
     holds_responses: bool
     """Whether a fetch holds the fetched bytes besides the destinations (S3 responses)."""
 
-    def fetch(self, plan: FetchPlan, bands: Sequence[Band], dests: Sequence[Dest]) -> None:
-        """Fill ``dests[k]`` with the bytes of ``bands[k]`` for every band ``plan`` reads."""
+    def fetch(
+        self, plan: FetchPlan, bands: Sequence[Band], dests: Sequence[Dest], check: TileCheck | None = None
+    ) -> None:
+        """Fill ``dests[k]`` with the bytes of ``bands[k]`` for every band ``plan`` reads.
+
+        A tiled band's bytes that pass through the load's own memory as the file lays them out (a bounce
+        buffer, an S3 response), where each tile is contiguous, go to ``check`` there, before they are
+        de-tiled into the destination (no gather needed to hash them).
+        """
 
     def map_cached(self, bands: Sequence[Band], limit: int) -> MappedBands:
         """The bands whose file bytes are all in memory, mapped read-only.
@@ -450,13 +469,16 @@ class LocalBlobSource:
         buf = self._local.buf = memoryview(mapping)
         return buf
 
-    def fetch(self, plan: FetchPlan, bands: Sequence[Band], dests: Sequence[Dest]) -> None:
+    def fetch(
+        self, plan: FetchPlan, bands: Sequence[Band], dests: Sequence[Dest], check: TileCheck | None = None
+    ) -> None:
         """Spans: one scatter read each; row bands: one read per row (per tile row if tiled).
 
         A span holding a tiled band (other than one tile landing whole in a contiguous destination) is
-        read as it lies in the file into the thread's bounce buffer, and its bands placed (de-tiled)
-        from there: scattering it straight into the destinations would take an iovec per tile row
-        piece, and such reads of pages not yet cached ran at a third of the disk's speed.
+        read as it lies in the file into the thread's bounce buffer, its tiled bands checked there
+        (``check``) and placed (de-tiled) from there: scattering it straight into the destinations would
+        take an iovec per tile row piece, and such reads of pages not yet cached ran at a third of the
+        disk's speed.
         """
         for span in plan.spans:
             fd = self._fd(span.file)
@@ -464,7 +486,10 @@ class LocalBlobSource:
                 bounce = self._bounce(span.length)
                 self._read(fd, [bounce[: span.length]], span.offset, span.file, span.length)
                 for k, at in span.members:
-                    place(dests[k].array(), file_view(bounce, at, bands[k]), bands[k])
+                    src = file_view(bounce, at, bands[k])
+                    if check is not None and bands[k].tile_width:
+                        check(k, src, 0)
+                    place(dests[k].array(), src, bands[k])
                 continue
             pieces: list[tuple[int, memoryview]] = []  # (offset in span, destination); bands may interleave
             for k, at in span.members:  # rows scattered into a strided destination
@@ -478,9 +503,11 @@ class LocalBlobSource:
                 pos = at + view.nbytes
             self._read(fd, views, span.offset, span.file, span.length)
         for k in plan.row_bands:
-            self._read_rows(bands[k], dests[k])
+            self._read_rows(bands[k], dests[k], None if check is None else partial(check, k))
 
-    def _read_rows(self, band: Band, dest: Dest) -> None:
+    def _read_rows(
+        self, band: Band, dest: Dest, check: Callable[[npt.NDArray[np.uint8], int], None] | None
+    ) -> None:
         """One ``preadv`` per row (the hot loop of column slices of row-major tensors).
 
         Rows are first tried with ``RWF_NOWAIT`` (page cache only). At the first row that is not cached,
@@ -496,6 +523,8 @@ class LocalBlobSource:
             bounce = self._bounce(run)
             for q in range(band.runs):
                 self._read(fd, [bounce[:run]], band.offset + q * band.stride, band.file, run)
+                if check is not None:
+                    check(run_tiles(bounce, band), q)
                 place_run(rows, bounce, band, q)
             return
         src, dst = band.offset, dest.offset
@@ -542,8 +571,13 @@ class S3BlobSource:
         self._store = store
         self._concurrency = max(1, concurrency)
 
-    def fetch(self, plan: FetchPlan, bands: Sequence[Band], dests: Sequence[Dest]) -> None:
-        """All of the batch's ranges concurrently, then copy each into its destination."""
+    def fetch(
+        self, plan: FetchPlan, bands: Sequence[Band], dests: Sequence[Dest], check: TileCheck | None = None
+    ) -> None:
+        """All of the batch's ranges concurrently, then copy each into its destination.
+
+        Tiled bands are checked in the responses first.
+        """
         ranges = [(s.file, s.offset, s.length) for s in plan.spans]
         for k in plan.row_bands:
             b = bands[k]
@@ -570,12 +604,18 @@ class S3BlobSource:
                 raise RangeReadError(f"{where}: got {len(data)} bytes (blob truncated; run fsck)")
         for span, data in zip(plan.spans, results, strict=False):
             for k, at in span.members:
-                place(dests[k].array(), file_view(data, at, bands[k]), bands[k])
+                view = file_view(data, at, bands[k])
+                if check is not None and bands[k].tile_width:
+                    check(k, view, 0)
+                place(dests[k].array(), view, bands[k])
         runs = iter(results[len(plan.spans) :])
         for k in plan.row_bands:
             rows = dests[k].array()
             for q in range(bands[k].runs):
-                place_run(rows, next(runs), bands[k], q)
+                data = next(runs)
+                if check is not None and bands[k].tile_width:
+                    check(k, run_tiles(data, bands[k]), q)
+                place_run(rows, data, bands[k], q)
 
     def map_cached(self, bands: Sequence[Band], limit: int) -> MappedBands:
         """Nothing: every byte comes over the network."""

@@ -194,18 +194,28 @@ def test_arbitrary_rectangles_and_overlapping_requests(
         assert all(bands[k].run_bytes <= plan.bounce_bytes for k in fetch.row_bands)
 
 
-def test_flipped_byte_in_a_read_tile_names_the_tiles_file_range(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"page_cache": False}, {"page_cache": False, "max_gap": 0}],
+    ids=["mapped", "bounced", "runs"],
+)
+def test_flipped_byte_in_a_read_tile_names_the_tiles_file_range(
+    tmp_path: Path, options: dict[str, bool | int]
+) -> None:
     _, tiled = twins(tmp_path, str(tmp_path / "store"))
     name = "model.layers.0.self_attn.q_proj.weight"
     t = tiled.index.tensors[name]
     first = tile_pieces(t, 1, 2)[0][0]
     tiled.flip(first + 5)
-    with pytest.raises(TileDigestMismatchError) as caught:
-        load(tiled, [PlaneSlice(name, 0, t.rows // 2, 0, t.row_bytes)])
-    err = caught.value
-    assert (err.file, err.tensor, err.tile) == (TILED_FILE, name, (1, 2))
-    assert err.byte_range == (first, first + tile_nbytes(t, 1, 2))
-    assert str(first) in str(err)
+    # tile (1, 2) in the second tile row of a stacked band (rows), and of a one-tile-wide band (columns):
+    # checked in the mapping's copy, in the bounce buffer (a span, or tile row by tile row), or in place
+    for s in (PlaneSlice(name, 0, t.rows // 2, 0, t.row_bytes), PlaneSlice(name, 0, t.rows, 0, 3 * t.col_block)):
+        with pytest.raises(TileDigestMismatchError) as caught:
+            load(tiled, [s], **options)
+        err = caught.value
+        assert (err.file, err.tensor, err.tile) == (TILED_FILE, name, (1, 2))
+        assert err.byte_range == (first, first + tile_nbytes(t, 1, 2))
+        assert str(first) in str(err)
     # a column slice that does not touch tile (1, 2) reads none of its bytes
     other = PlaneSlice(name, 0, t.rows, 0, t.col_block)
     result = load(tiled, [other])
