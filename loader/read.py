@@ -81,8 +81,9 @@ this big: BLAKE3 needs inputs of ~128 KiB for full speed (4 KiB: a third of it),
 (rows x band width) stays within a core's L2 cache for the tiles' usual 1-8 tile columns."""
 LOCAL_MIN_DEPTH = 4
 """Local batches in flight at least, whatever the CPU count: a cold read needs several requests in flight
-to keep the disk busy while other workers hash and copy (2 vCPU: at depth 2 cold ranks read at 0.55-0.65x
-the disk's sequential rate, at depth 4 0.65-0.9x; warm loads the same within noise)."""
+to keep the disk busy while other workers hash and copy (2 vCPU, rank 0 of 4 of 2 GiB, alone: at depth 2
+cold ranks read at 0.55-0.65x the disk's sequential rate, at depth 4 0.6-0.9x, at 8 no better; warm loads
+the same within noise)."""
 PREFETCH_AHEAD = 2
 """Cold reads: batches are announced (``POSIX_FADV_WILLNEED``) this many rounds of ``depth`` ahead."""
 S3_MAX_GAP = 1 << 20
