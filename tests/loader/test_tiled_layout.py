@@ -209,7 +209,9 @@ def test_flipped_byte_in_a_read_tile_names_the_tiles_file_range(
     tiled.flip(first + 5)
     # tile (1, 2) in the second tile row of a stacked band (rows), and of a one-tile-wide band (columns):
     # checked in the mapping's copy, in the bounce buffer (a span, or tile row by tile row), or in place
-    for s in (PlaneSlice(name, 0, t.rows // 2, 0, t.row_bytes), PlaneSlice(name, 0, t.rows, 0, 3 * t.col_block)):
+    rows = PlaneSlice(name, 0, t.rows // 2, 0, t.row_bytes)
+    columns = PlaneSlice(name, 0, t.rows, 0, 3 * t.col_block)
+    for s in (rows, columns):
         with pytest.raises(TileDigestMismatchError) as caught:
             load(tiled, [s], **options)
         err = caught.value
