@@ -207,11 +207,13 @@ def test_flipped_byte_in_a_read_tile_names_the_tiles_file_range(
     t = tiled.index.tensors[name]
     first = tile_pieces(t, 1, 2)[0][0]
     tiled.flip(first + 5)
-    # tile (1, 2) in the second tile row of a stacked band (rows), and of a one-tile-wide band (columns):
-    # checked in the mapping's copy, in the bounce buffer (a span, or tile row by tile row), or in place
+    # tile (1, 2) in the second tile row of a stacked band (rows), of a three-tile-wide band (columns) and
+    # of a one-tile-wide one (landing whole): checked in the mapping's copy, in the bounce buffer (a span,
+    # or tile row by tile row), or where it landed
     rows = PlaneSlice(name, 0, t.rows // 2, 0, t.row_bytes)
     columns = PlaneSlice(name, 0, t.rows, 0, 3 * t.col_block)
-    for s in (rows, columns):
+    column = PlaneSlice(name, 0, t.rows, 2 * t.col_block, 3 * t.col_block)
+    for s in (rows, columns, column):
         with pytest.raises(TileDigestMismatchError) as caught:
             load(tiled, [s], **options)
         err = caught.value
