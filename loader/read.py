@@ -17,8 +17,9 @@ Pipeline per call of :func:`read_slices`:
    tiles are adjacent in the file), de-tiled into the band's rows, adjacent runs merged into one read;
 3. *verify*: as soon as a batch's bytes are in, every tile is hashed chunk of rows by chunk of rows
    (streaming BLAKE3; a tile part not contiguous in its destination is first gathered into the worker's
-   small scratch buffer) and compared
-   with the tile index; a mismatch raises
+   small scratch buffer) and compared with the tile index — tiles of the tiled layout that passed
+   through the load's own memory as the file lays them out (a bounce buffer, an S3 response) were
+   already hashed there, each contiguous, before being de-tiled (:class:`_Checked`); a mismatch raises
    :class:`~shardport.registry.tiles.TileDigestMismatchError` (file, tensor, tile, byte range), the
    other workers stop, and no array is returned — a result array is handed on only after every tile
    of every slice verified;
