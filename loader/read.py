@@ -510,7 +510,7 @@ def _ledger(
         mapped_bound_bytes=workers
         * max(
             (
-                _round_up(group_extent(batch.bands, group))
+                _round_up(group_extent(bands, group))
                 for batch in schedule.batches
                 for bands in [[b for b in batch.bands if runner.maps(b)]]
                 for group in map_groups(bands, opts.batch_bytes)

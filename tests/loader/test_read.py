@@ -332,3 +332,20 @@ def test_s3_splits_and_tamper_detection(moto_store_url: str, tmp_path: Path) -> 
         load(art, rank_slices(art, 4, 0, "row"))
     result = load(art, [s for s in rank_slices(art, 4, 3, "row") if s.tensor == name])
     assert not result.ledger.touched(art.file, _tile_offset(tiles, 0, 0), 1)
+
+
+def test_mapped_bound_covers_a_mapped_band_batched_after_one_read_whole(st_art: Artifact) -> None:
+    # a tile row of the first matrix lands whole in its array (read with preadv, never mapped); a later
+    # matrix's tile column is mapped from the page cache in the same batch: the bound covers its extent
+    first, later = [e for e in sorted(st_art.entries, key=lambda e: e.start) if len(e.shape) == 2][:2]
+    a, b = st_art.index.tensors[first.name], st_art.index.tensors[later.name]
+    slices = [
+        PlaneSlice(first.name, 0, a.row_block, 0, a.row_bytes),
+        PlaneSlice(later.name, 0, b.rows, 0, b.col_block),
+    ]
+    result = load(st_art, slices, depth=1)
+    assert len(result.ledger.tiles) == 2
+    assert result.ledger.page_cache_bytes == b.rows * b.col_block  # only the column was mapped
+    assert result.ledger.mapped_bound_bytes >= (b.rows - 1) * b.row_bytes + b.col_block
+    for s, got in zip(slices, result.arrays, strict=True):
+        assert np.array_equal(got, st_art.expected(s))
