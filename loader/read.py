@@ -214,9 +214,7 @@ class _Runner:
         de-tiled): ``preadv`` copies it once either way, and when it is not cached, mapping its extent
         and checking its pages only delays the read (in a cold row-split rank, ~9% of each worker's time).
         """
-        if not self.page_cache or not band.nbytes:
-            return False
-        return band.direct < 0 or not lands_whole(band, self._direct(band))
+        return self.page_cache and (band.direct < 0 or not lands_whole(band, self._direct(band)))
 
     def _dest(self, band: Band, slot: int, worker: _Worker) -> Dest:
         if band.direct < 0:
@@ -336,14 +334,10 @@ class _Runner:
             scattered = set()  # staged bands copied from the page cache straight into their parts
             cached_bytes = 0
             mappable = [n for n, band in enumerate(batch.bands) if self.maps(band)]
-            at = {n: m for m, n in enumerate(mappable)}  # band -> its place among the mapped ones
-            mapped = None
-            if mappable:
-                mapped = self.source.map_cached([batch.bands[n] for n in mappable], self.map_limit)
+            mapped = self.source.map_cached(batch.bands, self.map_limit, mappable) if mappable else None
             try:
                 for n, (band, dest) in enumerate(zip(batch.bands, dests, strict=True)):
-                    m = at.get(n)
-                    src = mapped.arrays[m] if mapped is not None and m is not None else None
+                    src = mapped.arrays[n] if mapped is not None else None
                     if src is None:
                         cold.append(n)
                     else:
@@ -360,8 +354,8 @@ class _Runner:
                         if filled:
                             scattered.add(n)
                         del src
-                    if mapped is not None and m is not None:
-                        mapped.release(m)
+                    if mapped is not None:
+                        mapped.release(n)
             finally:
                 if mapped is not None:
                     mapped.close()
@@ -510,10 +504,11 @@ def _ledger(
         mapped_bound_bytes=workers
         * max(
             (
-                _round_up(group_extent(bands, group))
+                _round_up(group_extent(batch.bands, group))
                 for batch in schedule.batches
-                for bands in [[b for b in batch.bands if runner.maps(b)]]
-                for group in map_groups(bands, opts.batch_bytes)
+                for group in map_groups(
+                    batch.bands, opts.batch_bytes, [n for n, b in enumerate(batch.bands) if runner.maps(b)]
+                )
             ),
             default=0,
         )

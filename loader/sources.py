@@ -30,7 +30,7 @@ import ctypes
 import mmap
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
@@ -146,8 +146,8 @@ class MappedBands:
             pass
 
 
-def map_groups(bands: Sequence[Band], limit: int) -> list[list[int]]:
-    """Which of ``bands`` share a mapping (lists of band indices).
+def map_groups(bands: Sequence[Band], limit: int, among: Iterable[int] | None = None) -> list[list[int]]:
+    """Which of ``bands`` (or of those indexed by ``among``) share a mapping (lists of band indices).
 
     Per file, in offset order, runs spanning at most ``limit`` bytes; a band whose own extent is larger
     is a group alone; empty bands are in no group. Each group is one mapping and one ``mincore`` over its
@@ -156,7 +156,7 @@ def map_groups(bands: Sequence[Band], limit: int) -> list[list[int]]:
     batch's bands are in (file, offset) order, so its groups are processed one after another and the
     file pages touched and still mapped per worker stay within the largest :func:`group_extent`.
     """
-    live = [k for k, b in enumerate(bands) if b.nbytes]
+    live = [k for k in (range(len(bands)) if among is None else among) if bands[k].nbytes]
     order = sorted(live, key=lambda k: (bands[k].file, bands[k].offset))
     groups: list[list[int]] = []
     first = end = 0
@@ -307,8 +307,10 @@ class BlobSource(Protocol):
         de-tiled into the destination (no gather needed to hash them).
         """
 
-    def map_cached(self, bands: Sequence[Band], limit: int) -> MappedBands:
-        """The bands whose file bytes are all in memory, mapped read-only.
+    def map_cached(
+        self, bands: Sequence[Band], limit: int, among: Iterable[int] | None = None
+    ) -> MappedBands:
+        """The bands (``among``: only those) whose file bytes are all in memory, mapped read-only.
 
         In groups spanning at most ``limit`` bytes; release each band after use, close at the end.
         """
@@ -355,8 +357,10 @@ class LocalBlobSource:
             self._fds[file] = fd
             return fd
 
-    def map_cached(self, bands: Sequence[Band], limit: int) -> MappedBands:
-        """Map the extents of a batch's ``bands``; keep the views of those whose pages are all cached.
+    def map_cached(
+        self, bands: Sequence[Band], limit: int, among: Iterable[int] | None = None
+    ) -> MappedBands:
+        """Map the extents of a batch's ``bands`` (``among``: only those); keep the cached ones' views.
 
         Bands are mapped in groups (:func:`map_groups`: nearby bands of one file, spanning at most
         ``limit`` bytes; page-aligned; ``MADV_RANDOM``: a page evicted between the check and the copy
@@ -375,7 +379,7 @@ class LocalBlobSource:
             return out
         try:
             sizes: dict[str, int] = {}
-            for g, group in enumerate(map_groups(bands, limit)):
+            for g, group in enumerate(map_groups(bands, limit, among)):
                 file = bands[group[0]].file
                 fd = self._fd(file)
                 if file not in sizes:
@@ -617,7 +621,9 @@ class S3BlobSource:
                     check(k, run_tiles(data, bands[k]), q)
                 place_run(rows, data, bands[k], q)
 
-    def map_cached(self, bands: Sequence[Band], limit: int) -> MappedBands:
+    def map_cached(
+        self, bands: Sequence[Band], limit: int, among: Iterable[int] | None = None
+    ) -> MappedBands:
         """Nothing: every byte comes over the network."""
         return MappedBands(len(bands))
 
