@@ -227,11 +227,24 @@ def file_view(
     )
 
 
-def place(rows: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8], band: Band) -> None:
-    """Copy ``src`` (:func:`file_view` of ``band``) into ``rows`` (the band's rows), de-tiling if tiled."""
+BandCheck = Callable[[npt.NDArray[np.uint8], int], None]
+"""``check(tiles, q0)``: hash and check tile rows ``q0, q0 + 1, ...`` of one tiled band, given as
+``tiles`` (runs x tiles x height x tile_width, :func:`file_view`) in memory the load owns; raises on a
+mismatch."""
+
+
+def place(
+    rows: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8], band: Band, check: BandCheck | None = None
+) -> None:
+    """Copy ``src`` (:func:`file_view` of ``band``) into ``rows`` (the band's rows), de-tiling if tiled.
+
+    A tiled band's tiles go to ``check`` first, where each is contiguous.
+    """
     if not band.tile_width:
         rows[...] = src
         return
+    if check is not None:
+        check(src, 0)
     height = band.rows // band.runs
     out = tile_columns(rows, band.tile_width)  # rows x tiles x tile_width
     for q in range(band.runs):
@@ -244,17 +257,22 @@ def run_tiles(data: bytes | memoryview, band: Band) -> npt.NDArray[np.uint8]:
     return np.frombuffer(data, np.uint8, band.run_bytes).reshape(1, band.width // tw, height, tw)
 
 
-def place_run(rows: npt.NDArray[np.uint8], data: bytes | memoryview, band: Band, q: int) -> None:
+def place_run(
+    rows: npt.NDArray[np.uint8], data: bytes | memoryview, band: Band, q: int, check: BandCheck | None = None
+) -> None:
     """Copy run ``q`` of ``band`` (its ``run_bytes`` at the start of ``data``) into ``rows``.
 
-    A run is one row of a row-major band, or one tile row (its tiles one after the other) of a tiled one.
+    A run is one row of a row-major band, or one tile row (its tiles one after the other) of a tiled one,
+    whose tiles go to ``check`` first.
     """
     if not band.tile_width:
         rows[q] = np.frombuffer(data, np.uint8, band.run_bytes)
         return
+    tiles = run_tiles(data, band)
+    if check is not None:
+        check(tiles, q)
     height = band.rows // band.runs
-    tiles = run_tiles(data, band)[0]
-    tile_columns(rows[q * height : (q + 1) * height], band.tile_width)[...] = tiles.transpose(1, 0, 2)
+    tile_columns(rows[q * height : (q + 1) * height], band.tile_width)[...] = tiles[0].transpose(1, 0, 2)
 
 
 def lands_whole(band: Band, dest: Dest) -> bool:
@@ -285,9 +303,11 @@ def band_pieces(band: Band, dest: Dest, at: int) -> list[tuple[int, memoryview]]
 
 
 TileCheck = Callable[[int, npt.NDArray[np.uint8], int], None]
-"""``check(k, tiles, q0)``: hash and check tile rows ``q0, q0 + 1, ...`` of tiled band ``k``, given as
-``tiles`` (runs x tiles x height x tile_width, :func:`file_view`) in memory the load owns; raises on a
-mismatch."""
+"""``check(k, tiles, q0)``: :data:`BandCheck` for band ``k`` of a fetch."""
+
+
+def _band_check(check: TileCheck | None, k: int) -> BandCheck | None:
+    return None if check is None else partial(check, k)
 
 
 class BlobSource(Protocol):
@@ -490,10 +510,7 @@ class LocalBlobSource:
                 bounce = self._bounce(span.length)
                 self._read(fd, [bounce[: span.length]], span.offset, span.file, span.length)
                 for k, at in span.members:
-                    src = file_view(bounce, at, bands[k])
-                    if check is not None and bands[k].tile_width:
-                        check(k, src, 0)
-                    place(dests[k].array(), src, bands[k])
+                    place(dests[k].array(), file_view(bounce, at, bands[k]), bands[k], _band_check(check, k))
                 continue
             pieces: list[tuple[int, memoryview]] = []  # (offset in span, destination); bands may interleave
             for k, at in span.members:  # rows scattered into a strided destination
@@ -507,11 +524,9 @@ class LocalBlobSource:
                 pos = at + view.nbytes
             self._read(fd, views, span.offset, span.file, span.length)
         for k in plan.row_bands:
-            self._read_rows(bands[k], dests[k], None if check is None else partial(check, k))
+            self._read_rows(bands[k], dests[k], _band_check(check, k))
 
-    def _read_rows(
-        self, band: Band, dest: Dest, check: Callable[[npt.NDArray[np.uint8], int], None] | None
-    ) -> None:
+    def _read_rows(self, band: Band, dest: Dest, check: BandCheck | None) -> None:
         """One ``preadv`` per row (the hot loop of column slices of row-major tensors).
 
         Rows are first tried with ``RWF_NOWAIT`` (page cache only). At the first row that is not cached,
@@ -527,9 +542,7 @@ class LocalBlobSource:
             bounce = self._bounce(run)
             for q in range(band.runs):
                 self._read(fd, [bounce[:run]], band.offset + q * band.stride, band.file, run)
-                if check is not None:
-                    check(run_tiles(bounce, band), q)
-                place_run(rows, bounce, band, q)
+                place_run(rows, bounce, band, q, check)
             return
         src, dst = band.offset, dest.offset
         flags = _NOWAIT
@@ -608,18 +621,12 @@ class S3BlobSource:
                 raise RangeReadError(f"{where}: got {len(data)} bytes (blob truncated; run fsck)")
         for span, data in zip(plan.spans, results, strict=False):
             for k, at in span.members:
-                view = file_view(data, at, bands[k])
-                if check is not None and bands[k].tile_width:
-                    check(k, view, 0)
-                place(dests[k].array(), view, bands[k])
+                place(dests[k].array(), file_view(data, at, bands[k]), bands[k], _band_check(check, k))
         runs = iter(results[len(plan.spans) :])
         for k in plan.row_bands:
-            rows = dests[k].array()
+            rows, band_check = dests[k].array(), _band_check(check, k)
             for q in range(bands[k].runs):
-                data = next(runs)
-                if check is not None and bands[k].tile_width:
-                    check(k, run_tiles(data, bands[k]), q)
-                place_run(rows, data, bands[k], q)
+                place_run(rows, next(runs), bands[k], q, band_check)
 
     def map_cached(
         self, bands: Sequence[Band], limit: int, among: Iterable[int] | None = None
