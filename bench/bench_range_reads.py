@@ -523,9 +523,10 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
 def cold_run(
     fn: Callable[[], Any], target: str, nbytes: int, spans: list[tuple[int, int]], *, also: str | None = None
 ) -> dict[str, Any]:
-    """``fn`` with ``target`` (and ``also``) evicted first: time, what the page cache then holds of
-    ``target`` (device-level amplification, readahead included) and the disk's sequential bandwidth
-    over the same extents (``spans``), measured just before and just after (:func:`disk_window`).
+    """``fn`` with ``target`` (and ``also``) evicted first: time, what the device read of ``target``
+    (device-level amplification, readahead included: the pages the page cache then holds, plus the
+    bytes a verified read took past it with O_DIRECT, ``direct_bytes``) and the disk's sequential
+    bandwidth over the same extents (``spans``), measured just before and just after (:func:`disk_window`).
 
     ``vs_disk`` compares assigned bytes per second with span bytes per second: reading whole pages or
     rows for narrow pieces counts against the load.
@@ -536,14 +537,19 @@ def cold_run(
         evict(also)
     fresh_heap()
     t = time.perf_counter()
-    fn()
+    result = fn()
     seconds = time.perf_counter() - t
     held = resident(target)
+    ledger = getattr(result, "ledger", None)
+    direct = int(getattr(ledger, "direct_bytes", 0))
+    held = held + direct if held >= 0 else held
+    del result
     disk = (before + disk_window(target, spans)) / 2
     return {
         "s": seconds,
         "gbps": nbytes / seconds / 1e9,
         "device_amplification": held / nbytes if held >= 0 else None,
+        "direct_share": direct / nbytes,
         "disk_gbps": disk,
         "vs_disk": nbytes / seconds / 1e9 / disk,
     }

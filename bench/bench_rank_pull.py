@@ -186,7 +186,8 @@ def run(tmp: Path, layers: int, tp: int, repeat: int) -> dict[str, Any]:
         for b in blobs:
             evict(b)
         res = fn()
-        held = sum(resident(b) for b in blobs)
+        # what the device read: the pages now cached, plus what O_DIRECT read past the page cache
+        held = sum(resident(b) for b in blobs) + res.ledger.get("direct_bytes", 0)
         cold[name] = {**figures(res.ledger), "device_amplification": held / res.ledger["bytes_assigned"]}
     for b in blobs:
         evict(b)

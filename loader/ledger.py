@@ -63,6 +63,8 @@ class ReadLedger:
     ``mapped_bound_bytes``: the most page-cache pages the page-cache path has touched and still mapped
     at once (per worker, the largest mapping group's extent, :func:`~.sources.map_groups`; they count
     in RSS but are the page cache's, not new memory);
+    ``direct_bytes``: bytes read with ``O_DIRECT`` (cold local spans: whole pages, not left in the
+    page cache);
     ``page_amplification``: the distinct pages those ranges touch (what a device reads at the least,
     readahead off) over ``bytes_assigned`` — above ``read_amplification`` where one rank's row pieces are
     smaller than a page, which a node's shared read brings back to ~1 (None unless recorded).
@@ -85,6 +87,7 @@ class ReadLedger:
     fetched: tuple[FetchedRange, ...]
     page_amplification: float | None = None
     mapped_bound_bytes: int = 0
+    direct_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (``fetched`` as ``[file, offset, length, stride, count]`` lists)."""

@@ -12,9 +12,15 @@ Pipeline per call of :func:`read_slices`:
    announced with ``POSIX_FADV_WILLNEED`` ``PREFETCH_AHEAD x depth`` batches ahead, so the device keeps
    working without readahead past them). A *direct* band (all its tiles inside one slice) is read
    straight into that slice's preallocated result array, with no second copy; a *staged* band goes to
-   the worker's reused, page-aligned staging slot (``mmap``). Row-major tensors are read as rectangles
-   of their byte matrix; tensors in the ``shardport-tiled`` layout as runs of whole tiles (a tile row's
-   tiles are adjacent in the file), de-tiled into the band's rows, adjacent runs merged into one read;
+   the worker's reused, page-aligned staging slot (``mmap``). A span of at least
+   :data:`~.schedule.DIRECT_MIN` that is (almost) not cached is not announced but read with
+   ``O_DIRECT`` (``ReadOptions.direct_io``): its whole pages straight into the result array (allocated
+   at the band's offset within its file page, :func:`_direct_shifts`), a staging slot or the bounce
+   buffer, with no page-cache insertion and no copy out of the page cache, the partial pages at its ends
+   through the page cache; such bytes are not left in the page cache (ledger ``direct_bytes``).
+   Row-major tensors are read as rectangles of their byte matrix; tensors in the ``shardport-tiled``
+   layout as runs of whole tiles (a tile row's tiles are adjacent in the file), de-tiled into the band's
+   rows, adjacent runs merged into one read;
 3. *verify*: as soon as a batch's bytes are in, every tile is hashed chunk of rows by chunk of rows
    (streaming BLAKE3; a tile part not contiguous in its destination is first gathered into the worker's
    small scratch buffer) and compared with the tile index — tiles of the tiled layout that passed
@@ -24,16 +30,18 @@ Pipeline per call of :func:`read_slices`:
    other workers stop, and no array is returned — a result array is handed on only after every tile
    of every slice verified;
 4. *materialize*: staged bands are copied into the result arrays once verified — except a staged band
-   copied from the page cache whose tiles each lie inside one slice's part (a node's whole tile row
-   split by columns among its ranks): its parts are copied from the mapping straight into the result
-   arrays and its tiles hashed there, with no staging copy.
+   whose tiles each lie inside one slice's part (a node's whole tile row split by columns among its
+   ranks): copied from the page cache, its parts go from the mapping straight into the result arrays
+   (no staging copy); read into staging, they are copied out chunk by chunk (one pass over the staged
+   bytes, not two); either way its tiles are hashed in the result arrays, right after each chunk's copy.
 
 Memory bound: the result arrays (exactly the assigned bytes) plus, per worker (``depth``), the file
 pages of the mapping group it copies from the page cache (nearby bands spanning at most ``batch_bytes``,
 unmapped once its bands are done: shared page-cache pages, counted in RSS), a staging slot
 (at most ``batch_bytes``, or the largest single tile if larger, rounded to pages), a scratch buffer
 of the largest tile and, locally, for tiled tensors, a bounce buffer (at most a batch's band bytes
-plus its bridged gaps: ``ReadSchedule.bounce_bytes``); plus a 64 KiB sink for bridged gaps locally. On
+plus its bridged gaps: ``ReadSchedule.bounce_bytes``, plus a page for O_DIRECT's whole pages); plus a
+64 KiB sink for bridged gaps locally. On
 S3 each batch in flight also holds its responses (at most ``batch_bytes x (1 + gap_budget)``). The
 ledger states the bound and the peak held.
 """
@@ -61,11 +69,12 @@ from shardport.registry.tiles import TileIndex, check_tile, tile_hasher
 from .errors import LoaderError
 from .ledger import FetchedRange, ReadLedger, StageSeconds, merge_ranges, paged_bytes
 from .ranges import plan_fetch
-from .schedule import Band, Batch, PlaneSlice, ReadSchedule, schedule_reads
+from .schedule import DIRECT_MIN, Band, Batch, PlaneSlice, ReadSchedule, schedule_reads
 from .sources import (
     SINK_BYTES,
     BlobSource,
     Dest,
+    anonymous,
     group_extent,
     lands_whole,
     map_groups,
@@ -100,7 +109,9 @@ class ReadOptions:
     ``max_gap`` None picks :data:`LOCAL_MAX_GAP` or :data:`S3_MAX_GAP`; ``concurrency`` is the S3
     requests in flight over all workers; ``record_ranges`` keeps the ranges read in the ledger;
     ``page_cache`` lets a local band whose bytes are all cached be copied from a mapping (False: always
-    ``preadv``).
+    ``preadv``); ``direct_io`` reads a local span whose pages are (almost) all uncached with ``O_DIRECT``,
+    straight into the result arrays (:data:`~.schedule.DIRECT_MIN` and up; False: always through the page
+    cache, which then holds the bytes for later loads).
     """
 
     batch_bytes: int = 16 << 20
@@ -110,6 +121,7 @@ class ReadOptions:
     concurrency: int = 16
     record_ranges: bool = True
     page_cache: bool = True
+    direct_io: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +145,8 @@ class _Worker:
     """Per-worker buffers: a staging slot and a scratch buffer for gathering strided tiles."""
 
     def __init__(self, slot_bytes: int, scratch_bytes: int) -> None:
-        self.staging = memoryview(mmap.mmap(-1, max(slot_bytes, mmap.PAGESIZE)))
-        self.scratch = np.frombuffer(mmap.mmap(-1, max(scratch_bytes, mmap.PAGESIZE)), dtype=np.uint8)
+        self.staging = memoryview(anonymous(slot_bytes))
+        self.scratch = np.frombuffer(anonymous(scratch_bytes), dtype=np.uint8)
 
 
 class _Checked:
@@ -313,7 +325,7 @@ class _Runner:
     def _prefetch(self, batch: Batch) -> None:
         """Advisory only: a failure here (a missing blob, say) is reported by that batch's own read."""
         try:
-            self.source.prefetch(batch.fetch)
+            self.source.prefetch(batch.fetch, batch.bands)
         except (OSError, LoaderError):
             pass
 
@@ -369,11 +381,21 @@ class _Runner:
                 )
                 self.source.fetch(fetch, checked.bands, [dests[n] for n in cold], checked)
             t1 = time.perf_counter()
+            moved = 0.0  # staged bytes copied out while verifying (materializing, timed apart)
             for k, n in enumerate(cold):
                 if self.stop.is_set():
                     return
-                if not checked.complete(k):  # hashed where it lands (gathered where tiles are strided)
-                    self._verify(batch.bands[n], dests[n], worker)
+                if checked.complete(k):
+                    continue
+                band = batch.bands[n]
+                if band.direct < 0 and not band.tile_width and self._scatter(band, self._tile_columns(band)):
+                    # staged whole rows of several slices' parts: copied out part by part and hashed
+                    # there, chunk by chunk (one pass over the staged bytes instead of two)
+                    c, _, _ = self._verify(band, dests[n], worker, dests[n].array())
+                    moved += c
+                    scattered.add(n)
+                else:  # hashed where it lands (gathered where tiles are strided)
+                    self._verify(band, dests[n], worker)
             t2 = time.perf_counter()
             t1 -= checked.seconds  # hashing done during the fetch counts as verifying
             self._account(0, cached=0 if cold else 1, cached_bytes=cached_bytes)
@@ -386,7 +408,9 @@ class _Runner:
                             p.out_row : p.out_row + p.row1 - p.row0, p.out_col : p.out_col + p.col1 - p.col0
                         ] = rows[p.row0 : p.row1, p.col0 : p.col1]
             t3 = time.perf_counter()
-            self._account(0, fetch=copied + t1 - t0, verify=hashed + t2 - t1, materialize=t3 - t2)
+            self._account(
+                0, fetch=copied + t1 - t0, verify=hashed + t2 - t1 - moved, materialize=t3 - t2 + moved
+            )
         finally:
             self._account(-held)
             self.workers.put(worker)
@@ -439,9 +463,11 @@ def read_slices(
         gap_budget=opts.gap_budget,
     )
     planned = time.perf_counter()
-    outputs = [np.empty(s.shape, dtype=np.uint8) for s in schedule.slices]
+    direct = opts.direct_io and store.is_local
+    shifts = _direct_shifts(schedule) if direct else {}
+    outputs = [_result(s.shape, shifts.get(n)) for n, s in enumerate(schedule.slices)]
     depth = max(1, opts.depth or (min(8, max(LOCAL_MIN_DEPTH, os.cpu_count() or 1)) if store.is_local else 4))
-    source = open_source(store, schedule.blobs, concurrency=max(1, opts.concurrency // depth))
+    source = open_source(store, schedule.blobs, concurrency=max(1, opts.concurrency // depth), direct=direct)
     runner = _Runner(
         schedule,
         index,
@@ -458,6 +484,35 @@ def read_slices(
     finally:
         source.close()
     return SliceRead(tuple(outputs), _ledger(schedule, runner, source, opts, start, planned))
+
+
+def _direct_shifts(schedule: ReadSchedule) -> dict[int, int]:
+    """Per slice with a large direct band landing whole in it: where in a page its result array starts.
+
+    So that the band's whole file pages line up with pages of the array (O_DIRECT reads them there).
+    """
+    shifts: dict[int, int] = {}
+    for batch in schedule.batches:
+        for band in batch.bands:
+            if band.direct < 0 or band.direct in shifts or band.nbytes < DIRECT_MIN:
+                continue
+            width = schedule.slices[band.direct].shape[1]
+            at = band.out_row * width + band.out_col
+            if lands_whole(band, Dest(memoryview(b""), at, width, band.rows, band.width)):
+                shifts[band.direct] = (band.offset - at) % mmap.PAGESIZE
+    return shifts
+
+
+def _result(shape: tuple[int, int], shift: int | None) -> U8Array:
+    """An uninitialized result array; with ``shift``, ``shift`` bytes into its own anonymous mapping.
+
+    That mapping is advised for huge pages, as numpy's own large arrays are (:func:`~.sources.anonymous`).
+    """
+    if shift is None:
+        return np.empty(shape, dtype=np.uint8)
+    nbytes = shape[0] * shape[1]
+    whole = np.frombuffer(anonymous(shift + nbytes, huge=True), dtype=np.uint8)
+    return whole[shift : shift + nbytes].reshape(shape)
 
 
 def _round_up(n: int) -> int:
@@ -498,6 +553,7 @@ def _ledger(
         tiles_verified=schedule.tiles,
         page_cache_batches=runner.cached_batches,
         page_cache_bytes=runner.cached_bytes,
+        direct_bytes=source.direct_bytes,
         bytes_verified=sum(b.nbytes for batch in schedule.batches for b in batch.bands),
         peak_staging_bytes=runner.peak,
         staging_bound_bytes=bound,
@@ -515,7 +571,11 @@ def _ledger(
         if source.kind == "local" and opts.page_cache and schedule.batches
         else 0,
         scratch_bytes=workers * max(schedule.largest_tile, mmap.PAGESIZE)
-        + (SINK_BYTES + workers * _round_up(schedule.bounce_bytes) if source.kind == "local" else 0),
+        + (
+            SINK_BYTES + workers * (_round_up(schedule.bounce_bytes) + mmap.PAGESIZE)
+            if source.kind == "local"
+            else 0
+        ),
         seconds=StageSeconds(
             plan=planned - start,
             fetch=runner.seconds["fetch"],

@@ -18,7 +18,9 @@ in either layout, as long as the stack spans at most ``batch_bytes`` of whole ma
 
 A band whose tiles all lie inside one slice is *direct*: its bytes are read straight into that slice's
 result array (no staging, no second copy). Any other band (a tile cut by a slice edge, or shared) is
-*staged*: read into a page-aligned slot of a staging buffer and copied out after it verified. A whole
+*staged*: read into a slot of a page-aligned staging buffer (a contiguous band of at least
+:data:`DIRECT_MIN` at its offset within its first file page, so O_DIRECT can read its whole pages there:
+a page more per such band) and copied out after it verified. A whole
 tile row of a row-major tensor wanted by several slices (the ranks of a node loading together, each
 holding a column slice) is read as whole matrix rows, in staged bands of at most ``batch_bytes`` (one
 contiguous read when the tile row fits), every byte read once for all of them, instead of one narrow
@@ -45,6 +47,9 @@ from .errors import IndexMismatchError, SliceRequestError
 from .ranges import FetchPlan, plan_fetch
 
 PAGE = mmap.PAGESIZE
+DIRECT_MIN = 256 << 10
+"""Smallest run of whole pages a local cold read takes with O_DIRECT (smaller ones: through the page
+cache, announced ahead)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -688,7 +693,13 @@ def _schedule(
 def _batch(bands: list[Band], max_gap: int, gap_budget: float) -> Batch:
     slots, at = [], 0
     for band in bands:
-        slots.append(at if band.direct < 0 else -1)
-        at += _round_page(band.nbytes) if band.direct < 0 else 0
+        if band.direct >= 0:
+            slots.append(-1)
+            continue
+        # A large contiguous band starts in its slot where it starts in its page of the file, so its
+        # whole pages can be read there with O_DIRECT (which needs memory and file offsets aligned).
+        at = _round_page(at) + (band.offset % PAGE if band.contiguous and band.nbytes >= DIRECT_MIN else 0)
+        slots.append(at)
+        at += band.nbytes
     fetch = plan_fetch(bands, max_gap=max_gap, gap_budget=gap_budget)
-    return Batch(tuple(bands), tuple(slots), at, fetch)
+    return Batch(tuple(bands), tuple(slots), _round_page(at), fetch)
