@@ -84,8 +84,9 @@ _cachestat_ok = _SYSCALL is not None and os.uname().sysname == "Linux"
 def cached_pages(fd: int, offset: int, length: int) -> int | None:
     """How many pages of ``[offset, offset + length)`` of ``fd`` are in the page cache (``cachestat``).
 
-    None where the kernel cannot say (before Linux 6.5, or a file it will not report on): the caller
-    then assumes cached. One system call, no mapping, nothing brought in.
+    None where the kernel cannot say (before Linux 6.5) or will not (recent kernels report, as for
+    ``mincore``, only on files the caller owns or may write): the caller then assumes cached. One system
+    call, no mapping, nothing brought in.
     """
     global _cachestat_ok
     if not _cachestat_ok:
