@@ -447,6 +447,7 @@ class LocalBlobSource:
         self.direct_bytes = 0
         self._fds: dict[str, int] = {}
         self._direct_fds: dict[str, int | None] = {}
+        self._direct_off: set[str] = set()  # files whose O_DIRECT reads were refused
         self._lock = threading.Lock()
         self._sink = memoryview(anonymous(SINK_BYTES))
         self._local = threading.local()  # each worker thread's bounce buffer
@@ -472,6 +473,8 @@ class LocalBlobSource:
         """The blob opened with ``O_DIRECT`` (None where its file system refuses that)."""
         self._fd(file)  # a missing blob is reported there
         with self._lock:
+            if file in self._direct_off:
+                return None
             if file not in self._direct_fds:
                 try:
                     self._direct_fds[file] = os.open(
@@ -598,16 +601,22 @@ class LocalBlobSource:
                 else:
                     views[k], n = views[k][n:], 0
 
-    def _read_direct(self, fd: int, view: memoryview, offset: int, file: str, need: int) -> None:
+    def _read_direct(self, fd: int, view: memoryview, offset: int, file: str, need: int) -> bool:
         """``O_DIRECT`` read into ``view`` from ``offset`` (both page-aligned), at least ``need`` bytes.
 
-        The rest of ``view`` may lie past the blob's end.
+        The rest of ``view`` may lie past the blob's end. False when the file system refuses the read
+        (``EINVAL``: an alignment it does not take): the caller reads it through the page cache, and
+        the file is not read with ``O_DIRECT`` again.
         """
         got = 0
         while got < need:
             try:
                 n = os.preadv(fd, [view[got:]], offset + got)
             except OSError as exc:
+                if exc.errno == errno.EINVAL:
+                    with self._lock:
+                        self._direct_off.add(file)
+                    return False
                 where = _where(file, self._keys[file], offset, view.nbytes)
                 raise RangeReadError(f"{where}: read failed: {exc}") from exc
             if n == 0:
@@ -616,6 +625,7 @@ class LocalBlobSource:
             got += n
         with self._lock:
             self.direct_bytes += got
+        return True
 
     def _bounce(self, nbytes: int) -> memoryview:
         """The calling thread's bounce buffer, at least ``nbytes`` (page-aligned, reused).
@@ -655,12 +665,13 @@ class LocalBlobSource:
             fd = self._fd(span.file)
             direct = self._direct_fd(span.file) if self._goes_direct(span) else None
             if any(_bounces(bands[k], dests[k]) for k, _ in span.members):
+                base = -1
                 if direct is not None:  # the span's pages, whole
                     lo, hi = span.offset // PAGE * PAGE, -(-span.end // PAGE) * PAGE
                     bounce = self._bounce(hi - lo)
-                    self._read_direct(direct, bounce[: hi - lo], lo, span.file, span.end - lo)
-                    base = span.offset - lo
-                else:
+                    if self._read_direct(direct, bounce[: hi - lo], lo, span.file, span.end - lo):
+                        base = span.offset - lo
+                if base < 0:
                     bounce = self._bounce(span.length)
                     self._read(fd, [bounce[: span.length]], span.offset, span.file, span.length)
                     base = 0
@@ -714,7 +725,9 @@ class LocalBlobSource:
             rest.append((at, view))
             return
         a, b = middle[0] - offset, middle[1] - offset
-        self._read_direct(fd, view[a:b], middle[0], span.file, b - a)
+        if not self._read_direct(fd, view[a:b], middle[0], span.file, b - a):
+            rest.append((at, view))
+            return
         if a:
             rest.append((at, view[:a]))
         if b < view.nbytes:
@@ -735,11 +748,16 @@ class LocalBlobSource:
             direct = self._direct_fd(band.file) if self._goes_direct(first) else None
             if direct is not None:  # cold runs of whole pages: O_DIRECT, one run at a time
                 bounce = self._bounce(-(-run // PAGE) * PAGE + PAGE)
+                ok = True
                 for q in range(band.runs):
                     at = band.offset + q * band.stride
                     lo, hi = at // PAGE * PAGE, -(-(at + run) // PAGE) * PAGE
-                    self._read_direct(direct, bounce[: hi - lo], lo, band.file, at + run - lo)
-                    place_run(rows, bounce[at - lo :], band, q, check)
+                    ok = ok and self._read_direct(direct, bounce[: hi - lo], lo, band.file, at + run - lo)
+                    if ok:
+                        place_run(rows, bounce[at - lo :], band, q, check)
+                    else:  # O_DIRECT refused: this run and the rest through the page cache
+                        self._read(fd, [bounce[:run]], at, band.file, run)
+                        place_run(rows, bounce, band, q, check)
                 return
             for q in range(band.runs):  # announced at once: the device works on them together
                 os.posix_fadvise(fd, band.offset + q * band.stride, run, os.POSIX_FADV_WILLNEED)

@@ -18,7 +18,7 @@ from loader_artifacts import Artifact, load, publish, rank_slices, tiled_copy, w
 
 from shardport.loader import schedule_reads
 from shardport.loader.schedule import DIRECT_MIN
-from shardport.loader.sources import cached_pages, direct_middle
+from shardport.loader.sources import LocalBlobSource, anonymous, cached_pages, direct_middle
 from shardport.registry.tiles import TileDigestMismatchError, tile_pieces
 
 PAGE = mmap.PAGESIZE
@@ -186,3 +186,25 @@ def test_a_byte_flipped_in_a_page_read_directly_is_caught(
     result = load(art, untouched)  # the rest of the blob still reads (and verifies) cold
     for s, got in zip(untouched, result.arrays, strict=True):
         assert np.array_equal(got, source.expected(s))
+
+
+def test_an_o_direct_read_the_file_system_refuses_falls_back_to_the_page_cache(big: Artifact) -> None:
+    source = LocalBlobSource(big.store, {big.file: big.files[0].digest}, direct=True)
+    try:
+        fd = source._direct_fd(big.file)
+        if fd is None:  # this file system takes no O_DIRECT at all: nothing to refuse
+            return
+        buf = anonymous(2 * DIRECT_MIN)
+        view = memoryview(buf)[1 : 1 + DIRECT_MIN]  # memory off the page grid: O_DIRECT refuses (EINVAL)
+        assert source._read_direct(fd, view, 0, big.file, DIRECT_MIN) is False
+        assert source.direct_bytes == 0 and source._direct_fd(big.file) is None  # not asked again
+        aligned = memoryview(buf)[:DIRECT_MIN]
+        assert source._read_direct(fd, aligned, 0, big.file, DIRECT_MIN) is True  # the descriptor still works
+        assert bytes(aligned) == big.raw[:DIRECT_MIN]
+    finally:
+        source.close()
+    evict(blob_path(big))
+    slices = rank_slices(big, 2, 0, "row")
+    result = load(big, slices)  # a new source: O_DIRECT again where the disk takes it
+    for s, got in zip(slices, result.arrays, strict=True):
+        assert np.array_equal(got, big.expected(s))
