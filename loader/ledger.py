@@ -50,10 +50,12 @@ class ReadLedger:
     """One rank's read account (JSON-able with :meth:`to_json`).
 
     ``bytes_assigned``: bytes of the requested rectangles; ``bytes_fetched``: bytes read from storage
-    (whole tiles plus bridged gaps); ``read_amplification`` = fetched / assigned (1.0 when nothing was
-    assigned); ``requests``: reads issued (planned; a batch served from the page cache through a mapping,
-    counted in ``page_cache_batches``, issues none; ``page_cache_bytes`` counts every band so served; a
-    band that lands whole in its result array is always read with ``preadv``, cached or not);
+    (whole tiles plus bridged gaps; of a batch partly served from the page cache, its cached bands plus
+    what its other bands' own plan read) and ``fetched`` their ranges; ``read_amplification`` =
+    fetched / assigned (1.0 when nothing was assigned); ``requests``: reads issued (planned; a batch
+    served from the page cache through a mapping, counted in ``page_cache_batches``, issues none;
+    ``page_cache_bytes`` counts every band so served; a band that lands whole in its result array is
+    always read with ``preadv`` or ``O_DIRECT``, cached or not);
     ``peak_staging_bytes``: most staging (and, on S3, response) bytes held at once, never above
     ``staging_bound_bytes``; ``scratch_bytes``: the fixed per-worker gather buffers (and, locally, the
     gap sink and the per-worker bounce buffers of tiled reads); ``tiles``: per tensor, the flat indices

@@ -38,7 +38,9 @@ Pipeline per call of :func:`read_slices`:
 Memory bound: the result arrays (exactly the assigned bytes) plus, per worker (``depth``), the file
 pages of the mapping group it copies from the page cache (nearby bands spanning at most ``batch_bytes``,
 unmapped once its bands are done: shared page-cache pages, counted in RSS), a staging slot
-(at most ``batch_bytes``, or the largest single tile if larger, rounded to pages), a scratch buffer
+(at most ``batch_bytes``, or the largest single tile if larger, each band rounded to pages; a staged
+band of :data:`~.schedule.DIRECT_MIN` or more starts at its offset within its file page: up to a page
+more each), a scratch buffer
 of the largest tile and, locally, for tiled tensors, a bounce buffer (at most a batch's band bytes
 plus its bridged gaps: ``ReadSchedule.bounce_bytes``, plus a page for O_DIRECT's whole pages); plus a
 64 KiB sink for bridged gaps locally. On
@@ -68,7 +70,7 @@ from shardport.registry.tiles import TileIndex, check_tile, tile_hasher
 
 from .errors import LoaderError
 from .ledger import FetchedRange, ReadLedger, StageSeconds, merge_ranges, paged_bytes
-from .ranges import plan_fetch
+from .ranges import FetchPlan, plan_fetch
 from .schedule import DIRECT_MIN, Band, Batch, PlaneSlice, ReadSchedule, schedule_reads
 from .sources import (
     SINK_BYTES,
@@ -111,7 +113,9 @@ class ReadOptions:
     ``page_cache`` lets a local band whose bytes are all cached be copied from a mapping (False: always
     ``preadv``); ``direct_io`` reads a local span whose pages are (almost) all uncached with ``O_DIRECT``,
     straight into the result arrays (:data:`~.schedule.DIRECT_MIN` and up; False: always through the page
-    cache, which then holds the bytes for later loads).
+    cache, which then holds the bytes for later loads); ``announce`` tells the kernel about each batch's
+    spans ahead (``POSIX_FADV_WILLNEED``, :data:`PREFETCH_AHEAD`; False: a batch's bytes are asked for
+    only when its worker reads them, and what is cached when a batch starts is what was cached before).
     """
 
     batch_bytes: int = 16 << 20
@@ -122,6 +126,7 @@ class ReadOptions:
     record_ranges: bool = True
     page_cache: bool = True
     direct_io: bool = True
+    announce: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,12 +197,13 @@ class _Runner:
         depth: int,
         *,
         page_cache: bool = True,
+        announce: bool = True,
         map_limit: int = 16 << 20,
         max_gap: int = 0,
         gap_budget: float = 0.0,
     ) -> None:
         self.schedule, self.index, self.outputs, self.source = schedule, index, outputs, source
-        self.page_cache, self.map_limit = page_cache, map_limit
+        self.page_cache, self.map_limit, self.announce = page_cache, map_limit, announce
         self.max_gap, self.gap_budget = max_gap, gap_budget
         self.cached_batches = self.cached_bytes = 0
         self.flat = [out.reshape(-1).data for out in outputs]
@@ -209,6 +215,9 @@ class _Runner:
         self.lock = threading.Lock()
         self.seconds = {"fetch": 0.0, "verify": 0.0, "materialize": 0.0}
         self.held = self.peak = 0
+        self.replanned: dict[int, tuple[FetchPlan, list[int]]] = {}
+        """Per mixed batch (some bands served from the page cache): the plan its other bands were read
+        with, and their indices."""
 
     def _account(self, delta: int, cached: int = 0, cached_bytes: int = 0, **seconds: float) -> None:
         with self.lock:
@@ -324,20 +333,22 @@ class _Runner:
 
     def _prefetch(self, batch: Batch) -> None:
         """Advisory only: a failure here (a missing blob, say) is reported by that batch's own read."""
+        if not self.announce:
+            return
         try:
             self.source.prefetch(batch.fetch, batch.bands)
         except (OSError, LoaderError):
             pass
 
-    def _batch(self, k: int) -> None:
+    def _batch(self, number: int) -> None:
         if self.stop.is_set():
             return
-        batch = self.schedule.batches[k]
+        batch = self.schedule.batches[number]
         worker = self.workers.get()
         held = batch.staging_bytes + (batch.fetch.bytes if self.source.holds_responses else 0)
         self._account(held)
         try:
-            ahead = k + self.depth * PREFETCH_AHEAD  # announced this many rounds of batches ahead
+            ahead = number + self.depth * PREFETCH_AHEAD  # announced this many rounds of batches ahead
             if ahead < len(self.schedule.batches):
                 self._prefetch(self.schedule.batches[ahead])
             dests = [self._dest(b, s, worker) for b, s in zip(batch.bands, batch.slots, strict=True)]
@@ -374,11 +385,11 @@ class _Runner:
             t0 = time.perf_counter()
             checked = _Checked(self.index, [batch.bands[n] for n in cold])
             if cold:  # the rest through the storage: the batch's plan, or one for just these bands
-                fetch = (
-                    batch.fetch
-                    if len(cold) == len(batch.bands)
-                    else plan_fetch(checked.bands, max_gap=self.max_gap, gap_budget=self.gap_budget)
-                )
+                fetch = batch.fetch
+                if len(cold) < len(batch.bands):
+                    fetch = plan_fetch(checked.bands, max_gap=self.max_gap, gap_budget=self.gap_budget)
+                    with self.lock:
+                        self.replanned[number] = (fetch, cold)
                 self.source.fetch(fetch, checked.bands, [dests[n] for n in cold], checked)
             t1 = time.perf_counter()
             moved = 0.0  # staged bytes copied out while verifying (materializing, timed apart)
@@ -475,6 +486,7 @@ def read_slices(
         source,
         depth,
         page_cache=opts.page_cache,
+        announce=opts.announce,
         map_limit=opts.batch_bytes,
         max_gap=max_gap,
         gap_budget=opts.gap_budget,
@@ -529,15 +541,21 @@ def _ledger(
 ) -> ReadLedger:
     tiles: dict[str, list[int]] = {}
     ranges: list[FetchedRange] = []
-    for batch in schedule.batches:
+    fetched_bytes = 0
+    for number, batch in enumerate(schedule.batches):
         for band in batch.bands:
             cols = runner.index.tensors[band.tensor].grid_cols
             tiles.setdefault(band.tensor, []).extend(
                 i * cols + j for i in range(band.i, band.i1) for j in range(band.j0, band.j1)
             )
-        ranges += [FetchedRange(s.file, s.offset, s.length) for s in batch.fetch.spans]
-        for k in batch.fetch.row_bands:
-            b = batch.bands[k]
+        # what was read: the batch's plan, or for a mixed batch the bands copied from the page cache as
+        # they lie plus the plan its other bands were read with (gaps bridged differently)
+        fetch, members = runner.replanned.get(number, (batch.fetch, list(range(len(batch.bands)))))
+        bands, read = [batch.bands[n] for n in members], set(members)
+        cached = [b for n, b in enumerate(batch.bands) if n not in read]
+        fetched_bytes += fetch.bytes + sum(b.nbytes for b in cached)
+        ranges += [FetchedRange(s.file, s.offset, s.length) for s in fetch.spans]
+        for b in [*cached, *(bands[k] for k in fetch.row_bands)]:
             ranges.append(FetchedRange(b.file, b.offset, b.run_bytes, b.stride, b.runs))
     per_batch = max((b.fetch.bytes for b in schedule.batches), default=0) if source.holds_responses else 0
     workers = min(runner.depth, len(schedule.batches))
@@ -547,8 +565,8 @@ def _ledger(
     return ReadLedger(
         backend=source.kind,
         bytes_assigned=assigned,
-        bytes_fetched=schedule.bytes_fetched,
-        read_amplification=schedule.bytes_fetched / assigned if assigned else 1.0,
+        bytes_fetched=fetched_bytes,
+        read_amplification=fetched_bytes / assigned if assigned else 1.0,
         requests=schedule.requests,
         tiles_verified=schedule.tiles,
         page_cache_batches=runner.cached_batches,

@@ -564,6 +564,8 @@ class LocalBlobSource:
             if not self._goes_direct(span):
                 os.posix_fadvise(fd, span.offset, span.length, os.POSIX_FADV_WILLNEED)
                 continue
+            if any(bands[k].tile_width and bands[k].width != bands[k].tile_width for k, _ in span.members):
+                continue  # tiles to de-tile: the span is read whole, page by page, with O_DIRECT
             for k, _ in span.members:
                 band = bands[k]
                 middle = direct_middle(band.offset, band.extent) if band.contiguous else None

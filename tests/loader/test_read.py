@@ -20,6 +20,8 @@ from shardport.loader import (
     read_slices,
     schedule_reads,
 )
+from shardport.loader.ranges import FetchPlan, plan_fetch
+from shardport.loader.schedule import Band
 from shardport.registry.errors import DigestMismatchError
 from shardport.registry.manifest import FileEntry
 from shardport.registry.store import blob_key
@@ -169,6 +171,74 @@ def test_evicted_blob_is_read_with_preadv_then_served_from_the_page_cache(tmp_pa
     assert 0 < mixed.ledger.page_cache_bytes < mixed.ledger.bytes_verified
     for s, a, b, c in zip(slices, cold.arrays, warm.arrays, mixed.arrays, strict=True):
         assert np.array_equal(a, art.expected(s)) and np.array_equal(b, a) and np.array_equal(c, a)
+
+
+def _runs(ranges: list[tuple[int, int, int, int]]) -> list[tuple[int, int]]:
+    """(offset, length, stride, count) records as merged [start, end) byte intervals."""
+    out: list[list[int]] = []
+    for a, b in sorted((o + q * step, o + q * step + n) for o, n, step, c in ranges for q in range(c)):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _covered(wanted: list[tuple[int, int]], have: list[tuple[int, int]]) -> bool:
+    return all(any(lo <= a and b <= hi for lo, hi in have) for a, b in wanted)
+
+
+def test_a_batch_partly_served_from_the_page_cache_accounts_for_what_its_own_plan_read(
+    tmp_path: Path,
+) -> None:
+    art = publish(
+        write_safetensors(tmp_path / "ckpt", hidden=1024, inter=2048),
+        str(tmp_path / "store"),
+        target=1 << 20,
+        minimum=4 << 10,
+    )
+    slices = rank_slices(art, 2, 0, "col")
+    knobs = {"batch_bytes": 1551007, "max_gap": 4096, "gap_budget": 0.5}
+    schedule = schedule_reads(slices, art.entries, art.files, art.index, **knobs)  # type: ignore[arg-type]
+    batch = schedule.batches[4]  # two strided up_proj bands and a k_proj one
+    served, rest = batch.bands[0], list(batch.bands[1:])
+    replan = plan_fetch(rest, max_gap=4096, gap_budget=0.5)
+
+    def records(fetch: FetchPlan, bands: list[Band]) -> list[tuple[int, int, int, int]]:
+        rows = [
+            (bands[k].offset, bands[k].run_bytes, bands[k].stride, bands[k].runs) for k in fetch.row_bands
+        ]
+        return [(s.offset, s.length, 0, 1) for s in fetch.spans] + rows
+
+    whole = [
+        *records(batch.fetch, list(batch.bands)),
+        (served.offset, served.run_bytes, served.stride, served.runs),
+    ]
+    # the case at hand: planned for its cold bands alone, the batch bridges gaps its own plan did not
+    assert not _covered(_runs(records(replan, rest)), _runs(whole))
+    blob = art.store.path(art.blob)
+    for _ in range(3):  # a VM's proactive reclaim may take one of the warmed pages: warm again
+        fd = os.open(blob, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead into the next band
+            for q in range(served.runs):  # only the first band's rows come back into the page cache
+                os.pread(fd, served.run_bytes, served.offset + q * served.stride)
+        finally:
+            os.close(fd)
+        # nothing announced ahead (it would bring the other bands in first), one batch at a time
+        result = load(art, slices, **knobs, announce=False, depth=1)
+        if result.ledger.page_cache_bytes == served.nbytes:
+            break
+    ledger = result.ledger
+    assert ledger.page_cache_bytes == served.nbytes  # that band came from the page cache, the rest did not
+    for s, got in zip(slices, result.arrays, strict=True):
+        assert np.array_equal(got, art.expected(s))
+    fetched = _runs([(r.offset, r.length, r.stride, r.count) for r in ledger.fetched])
+    assert _covered(_runs(records(replan, rest)), fetched)  # the ledger names what was actually read
+    others = sum(b.fetch.bytes for n, b in enumerate(schedule.batches) if n != 4)
+    assert ledger.bytes_fetched == others + served.nbytes + replan.bytes
 
 
 @pytest.mark.parametrize("batch", [4096, 64 << 10, 16 << 20])
