@@ -244,8 +244,7 @@ class _Runner:
 
     def _direct(self, band: Band) -> Dest:
         """A direct band's place in its slice's result array."""
-        width = self.schedule.slices[band.direct].shape[1]
-        at = band.out_row * width + band.out_col
+        at, width = _direct_at(self.schedule, band)
         return Dest(self.flat[band.direct], at, width, band.rows, band.width)
 
     def _tile_columns(self, band: Band) -> list[tuple[int, int]]:
@@ -498,6 +497,12 @@ def read_slices(
     return SliceRead(tuple(outputs), _ledger(schedule, runner, source, opts, start, planned))
 
 
+def _direct_at(schedule: ReadSchedule, band: Band) -> tuple[int, int]:
+    """A direct band's first byte in its slice's result array, and that array's row width."""
+    width = schedule.slices[band.direct].shape[1]
+    return band.out_row * width + band.out_col, width
+
+
 def _direct_shifts(schedule: ReadSchedule) -> dict[int, int]:
     """Per slice with a large direct band landing whole in it: where in a page its result array starts.
 
@@ -508,8 +513,7 @@ def _direct_shifts(schedule: ReadSchedule) -> dict[int, int]:
         for band in batch.bands:
             if band.direct < 0 or band.direct in shifts or band.nbytes < DIRECT_MIN:
                 continue
-            width = schedule.slices[band.direct].shape[1]
-            at = band.out_row * width + band.out_col
+            at, width = _direct_at(schedule, band)
             if lands_whole(band, Dest(memoryview(b""), at, width, band.rows, band.width)):
                 shifts[band.direct] = (band.offset - at) % mmap.PAGESIZE
     return shifts

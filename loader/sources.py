@@ -68,16 +68,19 @@ class _CacheStat(ctypes.Structure):
 _NR_CACHESTAT = 451  # the same number on every architecture (Linux 6.5+)
 
 
-def _load_syscall() -> object | None:
+def _libc(name: str, restype: type, argtypes: list[type] | None = None) -> object | None:
+    """C library function ``name`` (errno kept), or None where there is none (not Linux/glibc)."""
     try:
-        fn = ctypes.CDLL(None, use_errno=True).syscall
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):  # pragma: no cover - not Linux/glibc
         return None
-    fn.restype = ctypes.c_long
-    return fn
+    fn.restype = restype
+    if argtypes is not None:
+        fn.argtypes = argtypes
+    return fn  # type: ignore[no-any-return]
 
 
-_SYSCALL = _load_syscall()
+_SYSCALL = _libc("syscall", ctypes.c_long)  # variadic: arguments typed at the call
 _cachestat_ok = _SYSCALL is not None and os.uname().sysname == "Linux"
 
 
@@ -139,17 +142,7 @@ def anonymous(nbytes: int, *, huge: bool = False) -> mmap.mmap:
     return mapping
 
 
-def _load_mincore() -> object | None:
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).mincore
-    except (OSError, AttributeError):  # pragma: no cover - not Linux/glibc
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_MINCORE = _load_mincore()
+_MINCORE = _libc("mincore", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
 
 
 @dataclass(frozen=True, slots=True)
@@ -629,6 +622,21 @@ class LocalBlobSource:
             self.direct_bytes += got
         return True
 
+    def _read_bounced(self, fd: int, direct: int | None, file: str, offset: int, length: int) -> memoryview:
+        """File bytes ``[offset, offset + length)`` in the thread's bounce buffer (a view starting there).
+
+        With ``direct`` (the ``O_DIRECT`` descriptor), the pages holding them are read whole, unless the
+        file system refuses that (:meth:`_read_direct`); else one ``preadv``.
+        """
+        if direct is not None and file not in self._direct_off:
+            lo, hi = offset // PAGE * PAGE, -(-(offset + length) // PAGE) * PAGE
+            bounce = self._bounce(hi - lo)
+            if self._read_direct(direct, bounce[: hi - lo], lo, file, offset + length - lo):
+                return bounce[offset - lo : offset - lo + length]
+        bounce = self._bounce(length)
+        self._read(fd, [bounce[:length]], offset, file, length)
+        return bounce[:length]
+
     def _bounce(self, nbytes: int) -> memoryview:
         """The calling thread's bounce buffer, at least ``nbytes`` (page-aligned, reused).
 
@@ -667,19 +675,9 @@ class LocalBlobSource:
             fd = self._fd(span.file)
             direct = self._direct_fd(span.file) if self._goes_direct(span) else None
             if any(_bounces(bands[k], dests[k]) for k, _ in span.members):
-                base = -1
-                if direct is not None:  # the span's pages, whole
-                    lo, hi = span.offset // PAGE * PAGE, -(-span.end // PAGE) * PAGE
-                    bounce = self._bounce(hi - lo)
-                    if self._read_direct(direct, bounce[: hi - lo], lo, span.file, span.end - lo):
-                        base = span.offset - lo
-                if base < 0:
-                    bounce = self._bounce(span.length)
-                    self._read(fd, [bounce[: span.length]], span.offset, span.file, span.length)
-                    base = 0
+                data = self._read_bounced(fd, direct, span.file, span.offset, span.length)
                 for k, at in span.members:
-                    src = file_view(bounce, base + at, bands[k])
-                    place(dests[k].array(), src, bands[k], _band_check(check, k))
+                    place(dests[k].array(), file_view(data, at, bands[k]), bands[k], _band_check(check, k))
                 continue
             pieces: list[tuple[int, memoryview]] = []  # (offset in span, destination); bands may interleave
             for k, at in span.members:  # rows scattered into a strided destination
@@ -746,27 +744,14 @@ class LocalBlobSource:
         fd, buf, width = self._fd(band.file), dest.buf, band.width
         if band.tile_width:  # tile rows: each read whole (bounced), then de-tiled
             run, rows = band.run_bytes, dest.array()
-            first = Span(band.file, band.offset, run, ())
-            direct = self._direct_fd(band.file) if self._goes_direct(first) else None
-            if direct is not None:  # cold runs of whole pages: O_DIRECT, one run at a time
-                bounce = self._bounce(-(-run // PAGE) * PAGE + PAGE)
-                ok = True
+            cold = self._goes_direct(Span(band.file, band.offset, run, ()))  # judged by the first run
+            direct = self._direct_fd(band.file) if cold else None
+            if direct is None:  # announced at once: the device works on them together
                 for q in range(band.runs):
-                    at = band.offset + q * band.stride
-                    lo, hi = at // PAGE * PAGE, -(-(at + run) // PAGE) * PAGE
-                    ok = ok and self._read_direct(direct, bounce[: hi - lo], lo, band.file, at + run - lo)
-                    if ok:
-                        place_run(rows, bounce[at - lo :], band, q, check)
-                    else:  # O_DIRECT refused: this run and the rest through the page cache
-                        self._read(fd, [bounce[:run]], at, band.file, run)
-                        place_run(rows, bounce, band, q, check)
-                return
-            for q in range(band.runs):  # announced at once: the device works on them together
-                os.posix_fadvise(fd, band.offset + q * band.stride, run, os.POSIX_FADV_WILLNEED)
-            bounce = self._bounce(run)
+                    os.posix_fadvise(fd, band.offset + q * band.stride, run, os.POSIX_FADV_WILLNEED)
             for q in range(band.runs):
-                self._read(fd, [bounce[:run]], band.offset + q * band.stride, band.file, run)
-                place_run(rows, bounce, band, q, check)
+                data = self._read_bounced(fd, direct, band.file, band.offset + q * band.stride, run)
+                place_run(rows, data, band, q, check)
             return
         src, dst = band.offset, dest.offset
         flags = _NOWAIT
