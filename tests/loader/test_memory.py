@@ -49,7 +49,8 @@ def test_rank_load_peak_rss_is_assigned_bytes_plus_the_stated_bounds(
         "files": [f.model_dump() for f in art.files],
         "slices": slices,
         "store": str(tmp_path / "store"),
-        "options": {"page_cache": page_cache, "batch_bytes": 4 << 20, "depth": 2},  # 2 workers' buffers
+        # 2 workers' buffers: one fetching at a time, one more verifying meanwhile
+        "options": {"page_cache": page_cache, "batch_bytes": 4 << 20, "depth": 1, "verify_workers": 1},
     }
     got = measure(tmp_path, spec)
     assert got["assigned_bytes"] == 16 << 20

@@ -84,6 +84,7 @@ def test_arbitrary_rectangles_and_overlapping_requests(st_art: Artifact, data: s
         slices,
         batch_bytes=batch,
         depth=data.draw(st.integers(1, 4)),
+        verify_workers=data.draw(st.integers(0, 3)),
         page_cache=data.draw(st.booleans()),
     )
     for s, got in zip(slices, result.arrays, strict=True):
@@ -97,12 +98,12 @@ def test_unaligned_slices_are_staged_within_the_bound(st_art: Artifact) -> None:
         for s in rank_slices(st_art, 2, 0, "row")
         if s.row1 - s.row0 > 2
     ]
-    result = load(st_art, slices, batch_bytes=64 << 10, depth=2)
+    result = load(st_art, slices, batch_bytes=64 << 10, depth=2, verify_workers=1)
     for s, got in zip(slices, result.arrays, strict=True):
         assert np.array_equal(got, st_art.expected(s))
     ledger = result.ledger
     largest = max(t.row_block * min(t.col_block, t.row_bytes) for t in st_art.index.tensors.values())
-    assert 0 < ledger.peak_staging_bytes <= ledger.staging_bound_bytes <= 2 * max(64 << 10, largest)
+    assert 0 < ledger.peak_staging_bytes <= ledger.staging_bound_bytes <= 3 * max(64 << 10, largest)
     assert ledger.read_amplification > 1  # the cut tiles are read whole
     assert ledger.tiles_verified == sum(len(v) for v in ledger.tiles.values())
     assert set(ledger.to_json()) >= {"bytes_assigned", "bytes_fetched", "read_amplification", "requests"}
