@@ -4,11 +4,12 @@ Pipeline per call of :func:`read_slices`:
 
 1. *plan* (pure, :mod:`.schedule`): slices → covering tiles → bands → batches with fetch plans; the tile
    index is first checked against the manifest's tensors and files;
-2. *fetch* (:mod:`.sources`): up to ``depth`` batches fetched at once, each by one worker, while up to
-   ``verify_workers`` more workers verify and copy batches already fetched (so the storage is never left
-   idle while every worker hashes: with one worker per batch in flight, a cold node load's workers
-   finished their reads together and then hashed together, and the disk stood idle a quarter of the
-   time). Locally, a band whose
+2. *fetch* (:mod:`.sources`): ``depth`` batches in flight, one worker each. A batch whose fetch waited
+   on the storage (a span not cached, a row not cached, any S3 fetch) hands its turn on before it is
+   verified, so the next batch's fetch starts at once on one of ``verify_workers`` spare workers; a
+   batch served from memory keeps its turn to the end (warm loads run ``depth`` batches at once, no
+   more threads than before). Without spare workers, a cold node load's workers finished their reads
+   together, then hashed together, and the disk stood idle 20-34% of the time. Locally, a band whose
    bytes are all in the page cache (other than one landing whole in its result array, which ``preadv``
    copies once either way) is copied out of a mapping of the blob in chunks of rows, each chunk
    hashed right after its copy while it is in the CPU cache (steps 2 and 3 fused; ``page_cache_bytes``
@@ -110,12 +111,10 @@ S3_MAX_GAP = 1 << 20
 class ReadOptions:
     """Knobs of a load.
 
-    ``depth`` (batches fetched at once, one worker each) None picks the CPU count
-    (:data:`LOCAL_MIN_DEPTH`..8) locally and 4 on S3; ``verify_workers`` (workers beyond ``depth`` that
-    verify, copy out and materialize batches already fetched while ``depth`` others fetch) None picks the
-    CPU count, 0 makes each worker fetch and then verify its batch (2 vCPU, 2 GiB node loads read cold,
-    alternating: node row 0.51 -> 0.75x the disk's rate, node column 0.58 -> 0.78x, a rank's rows the same
-    within noise, warm loads the same);
+    ``depth`` (batches in flight, one worker each) None picks the CPU count (:data:`LOCAL_MIN_DEPTH`..8)
+    locally and 4 on S3; ``verify_workers`` (spare workers: a batch whose fetch waited on the storage
+    hands its turn to the next batch while one of them verifies it) None picks the CPU count, 0 makes
+    each batch keep its turn to the end;
     ``max_gap`` None picks :data:`LOCAL_MAX_GAP` or :data:`S3_MAX_GAP`; ``concurrency`` is the S3
     requests in flight over all workers; ``record_ranges`` keeps the ranges read in the ledger;
     ``page_cache`` lets a local band whose bytes are all cached be copied from a mapping (False: always
@@ -219,8 +218,9 @@ class _Runner:
         self.flat = [out.reshape(-1).data for out in outputs]
         self.depth = depth
         self.threads = min(depth + verify_workers, max(1, len(schedule.batches)))
-        self.fetching = threading.Semaphore(depth)
-        """Held while a batch is fetched: ``depth`` at most at once; the other workers verify meanwhile."""
+        self.turns = threading.Semaphore(depth)
+        """``depth`` batches in flight; a batch whose fetch waited on the storage gives its turn back
+        before it is verified, so that another batch's fetch starts meanwhile (on a spare worker)."""
         self.workers: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         for _ in range(self.threads):
             self.workers.put(_Worker(schedule.slot_bytes, schedule.largest_tile))
@@ -356,6 +356,8 @@ class _Runner:
         if self.stop.is_set():
             return
         batch = self.schedule.batches[number]
+        self.turns.acquire()
+        turn = True
         worker = self.workers.get()
         held = batch.staging_bytes + (batch.fetch.bytes if self.source.holds_responses else 0)
         self._account(held)
@@ -402,10 +404,9 @@ class _Runner:
                     fetch = plan_fetch(checked.bands, max_gap=self.max_gap, gap_budget=self.gap_budget)
                     with self.lock:
                         self.replanned[number] = (fetch, cold)
-                waited = time.perf_counter()
-                with self.fetching:  # a turn to fetch; its wait is not fetch time
-                    t0 += time.perf_counter() - waited
-                    self.source.fetch(fetch, checked.bands, [dests[n] for n in cold], checked)
+                if self.source.fetch(fetch, checked.bands, [dests[n] for n in cold], checked):
+                    self.turns.release()  # the storage was the wait: the next batch fetches while this
+                    turn = False  # one is verified (bounded by the spare workers)
             t1 = time.perf_counter()
             moved = 0.0  # staged bytes copied out while verifying (materializing, timed apart)
             for k, n in enumerate(cold):
@@ -440,6 +441,8 @@ class _Runner:
         finally:
             self._account(-held)
             self.workers.put(worker)
+            if turn:
+                self.turns.release()
 
     def run(self) -> None:
         """Run every batch; on the first failure stop the others and raise it."""

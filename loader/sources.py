@@ -400,12 +400,13 @@ class BlobSource(Protocol):
 
     def fetch(
         self, plan: FetchPlan, bands: Sequence[Band], dests: Sequence[Dest], check: TileCheck | None = None
-    ) -> None:
+    ) -> bool:
         """Fill ``dests[k]`` with the bytes of ``bands[k]`` for every band ``plan`` reads.
 
         A tiled band's bytes that pass through the load's own memory as the file lays them out (a bounce
         buffer, an S3 response), where each tile is contiguous, go to ``check`` there, before they are
-        de-tiled into the destination (no gather needed to hash them).
+        de-tiled into the destination (no gather needed to hash them). Returns whether the fetch waited
+        on the storage (some of it not in memory: the page cache) rather than only copied.
         """
 
     def map_cached(
@@ -477,15 +478,19 @@ class LocalBlobSource:
                     self._direct_fds[file] = None
             return self._direct_fds[file]
 
-    def _goes_direct(self, span: Span) -> bool:
-        """Whether ``span`` is read with ``O_DIRECT``: direct reads on, at most an eighth of it cached.
+    def _uncached(self, span: Span) -> bool:
+        """Whether ``span`` is :data:`~.schedule.DIRECT_MIN` or longer and at most an eighth of it cached.
 
         Asked with ``cachestat`` (a kernel that cannot say counts as cached).
         """
-        if not self._direct or span.length < DIRECT_MIN:
+        if span.length < DIRECT_MIN:
             return False
         cached = cached_pages(self._fd(span.file), span.offset, span.length)
         return cached is not None and cached * 8 <= -(-span.length // PAGE)
+
+    def _goes_direct(self, span: Span) -> bool:
+        """Whether ``span`` is read with ``O_DIRECT``: direct reads on, and (almost) not cached."""
+        return self._direct and self._uncached(span)
 
     def map_cached(
         self, bands: Sequence[Band], limit: int, among: Iterable[int] | None = None
@@ -662,8 +667,11 @@ class LocalBlobSource:
 
     def fetch(
         self, plan: FetchPlan, bands: Sequence[Band], dests: Sequence[Dest], check: TileCheck | None = None
-    ) -> None:
+    ) -> bool:
         """Spans: one scatter read each; row bands: one read per row (per tile row if tiled).
+
+        Waited on the storage (the return value): a span (almost) not cached (:meth:`_uncached`), or row
+        bands with a row not cached.
 
         A span holding a tiled band (other than one tile landing whole in a contiguous destination) is
         read as it lies in the file into the thread's bounce buffer, its tiled bands checked there
@@ -671,9 +679,12 @@ class LocalBlobSource:
         take an iovec per tile row piece, and such reads of pages not yet cached ran at a third of the
         disk's speed.
         """
+        waited = False
         for span in plan.spans:
             fd = self._fd(span.file)
-            direct = self._direct_fd(span.file) if self._goes_direct(span) else None
+            uncached = self._uncached(span)
+            waited |= uncached
+            direct = self._direct_fd(span.file) if self._direct and uncached else None
             if any(_bounces(bands[k], dests[k]) for k, _ in span.members):
                 data = self._read_bounced(fd, direct, span.file, span.offset, span.length)
                 for k, at in span.members:
@@ -699,7 +710,8 @@ class LocalBlobSource:
                 part = Span(span.file, span.offset + first, last - first, ())
                 self._scatter(fd, part, [(at - first, view) for at, view in group])
         for k in plan.row_bands:
-            self._read_rows(bands[k], dests[k], _band_check(check, k))
+            waited |= self._read_rows(bands[k], dests[k], _band_check(check, k))
+        return waited
 
     def _scatter(self, fd: int, span: Span, pieces: Sequence[tuple[int, memoryview]]) -> None:
         """One scatter read of ``span`` into ``pieces`` ((offset in span, view), in order; gaps sunk)."""
@@ -733,28 +745,29 @@ class LocalBlobSource:
         if b < view.nbytes:
             rest.append((at + b, view[b:]))
 
-    def _read_rows(self, band: Band, dest: Dest, check: BandCheck | None) -> None:
+    def _read_rows(self, band: Band, dest: Dest, check: BandCheck | None) -> bool:
         """One ``preadv`` per row (the hot loop of column slices of row-major tensors).
 
         Rows are first tried with ``RWF_NOWAIT`` (page cache only). At the first row that is not cached,
         every remaining row of the band is announced with ``POSIX_FADV_WILLNEED`` — exactly those byte
         ranges, so the device works on them in parallel instead of one small read at a time — and the
-        rest is read normally.
+        rest is read normally. Returns whether a row was not cached (tile rows: the first, as it judges
+        all of them).
         """
         fd, buf, width = self._fd(band.file), dest.buf, band.width
         if band.tile_width:  # tile rows: each read whole (bounced), then de-tiled
             run, rows = band.run_bytes, dest.array()
-            cold = self._goes_direct(Span(band.file, band.offset, run, ()))  # judged by the first run
-            direct = self._direct_fd(band.file) if cold else None
+            cold = self._uncached(Span(band.file, band.offset, run, ()))  # judged by the first run
+            direct = self._direct_fd(band.file) if self._direct and cold else None
             if direct is None:  # announced at once: the device works on them together
                 for q in range(band.runs):
                     os.posix_fadvise(fd, band.offset + q * band.stride, run, os.POSIX_FADV_WILLNEED)
             for q in range(band.runs):
                 data = self._read_bounced(fd, direct, band.file, band.offset + q * band.stride, run)
                 place_run(rows, data, band, q, check)
-            return
+            return cold
         src, dst = band.offset, dest.offset
-        flags = _NOWAIT
+        flags, waited = _NOWAIT, False
         for r in range(band.rows):
             view = buf[dst : dst + width]
             try:
@@ -763,7 +776,7 @@ class LocalBlobSource:
                 except BlockingIOError:
                     for k in range(r, band.rows):
                         os.posix_fadvise(fd, src + (k - r) * band.stride, width, os.POSIX_FADV_WILLNEED)
-                    flags = 0
+                    flags, waited = 0, True
                     n = os.preadv(fd, [view], src)
             except OSError as exc:
                 where = _where(band.file, self._keys[band.file], src, width)
@@ -772,6 +785,7 @@ class LocalBlobSource:
                 self._read(fd, [view[n:]], src + n, band.file, width - n)
             src += band.stride
             dst += dest.stride
+        return waited
 
     def close(self) -> None:
         """Close the blob files and drop the bounce buffers."""
@@ -804,17 +818,17 @@ class S3BlobSource:
 
     def fetch(
         self, plan: FetchPlan, bands: Sequence[Band], dests: Sequence[Dest], check: TileCheck | None = None
-    ) -> None:
+    ) -> bool:
         """All of the batch's ranges concurrently, then copy each into its destination.
 
-        Tiled bands are checked in the responses first.
+        Tiled bands are checked in the responses first. Always waits on the network (returns True).
         """
         ranges = [(s.file, s.offset, s.length) for s in plan.spans]
         for k in plan.row_bands:
             b = bands[k]
             ranges += [(b.file, b.offset + r * b.stride, b.run_bytes) for r in range(b.runs)]
         if not ranges:
-            return
+            return False
         try:
             results = self._store.fs.cat_ranges(
                 [self._store.path(self._keys[f]) for f, _, _ in ranges],
@@ -841,6 +855,7 @@ class S3BlobSource:
             rows, band_check = dests[k].array(), _band_check(check, k)
             for q in range(bands[k].runs):
                 place_run(rows, next(runs), bands[k], q, band_check)
+        return True
 
     def map_cached(
         self, bands: Sequence[Band], limit: int, among: Iterable[int] | None = None
