@@ -14,7 +14,7 @@ Pipeline per call of :func:`read_slices`:
    copies once either way) is copied out of a mapping of the blob in chunks of rows, each chunk
    hashed right after its copy while it is in the CPU cache (steps 2 and 3 fused; ``page_cache_bytes``
    in the ledger); the batch's other bands are read with ``preadv`` as follows (each batch's spans
-   announced with ``POSIX_FADV_WILLNEED`` ``PREFETCH_AHEAD x depth`` batches ahead, so the device keeps
+   announced with ``POSIX_FADV_WILLNEED`` ``PREFETCH_AHEAD x workers`` batches ahead, so the device keeps
    working without readahead past them). A *direct* band (all its tiles inside one slice) is read
    straight into that slice's preallocated result array, with no second copy; a *staged* band goes to
    the worker's reused, page-aligned staging slot (``mmap``). A span of at least
@@ -102,7 +102,8 @@ LOCAL_MIN_DEPTH = 4
 to keep the disk busy (2 vCPU, rank 0 of 4 of 2 GiB, alone: at depth 2 cold ranks read at 0.55-0.65x the
 disk's sequential rate, at depth 4 0.6-0.9x, at 8 no better; warm loads the same within noise)."""
 PREFETCH_AHEAD = 2
-"""Cold reads: batches are announced (``POSIX_FADV_WILLNEED``) this many rounds of ``depth`` ahead."""
+"""Cold reads: batches are announced (``POSIX_FADV_WILLNEED``) this many rounds of workers (``depth`` +
+``verify_workers``, the batches that can be under way at once) ahead."""
 S3_MAX_GAP = 1 << 20
 """Default gap bridged on S3, where a request costs about as much as a megabyte of transfer."""
 
