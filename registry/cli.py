@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -26,6 +27,7 @@ from shardport.registry.pull import pull
 from shardport.registry.push import push
 from shardport.registry.refs import parse_ref
 from shardport.registry.session import Session
+from shardport.registry.tagging import validity
 from shardport.registry.verify import verify_checkpoint, verify_dir, verify_ref
 
 EXIT_CODES = "exit codes: 0 ok, 1 verification failure, 2 usage, 3 not found, 4 conflict"
@@ -139,6 +141,13 @@ def _declare(text: str | None) -> str | None:
         ) from exc
 
 
+def _grace(seconds: float) -> timedelta:
+    """``--grace-seconds``: finite, non-negative, at most ten years."""
+    if not math.isfinite(seconds) or not 0 <= seconds <= 10 * 365 * 86400:
+        raise UsageError(f"--grace-seconds {seconds!r}: expected a finite number of seconds, 0 to 315360000")
+    return timedelta(seconds=seconds)
+
+
 def _session(args: argparse.Namespace) -> Session:
     return Session.open(
         getattr(args, "store", None),
@@ -170,7 +179,7 @@ def _dispatch(
                 ref.tag,
                 reporter=rep,
                 retries=args.retry,
-                valid_for=timedelta(days=args.expires_days),
+                valid_for=validity(args.expires_days),
                 declare=_declare(args.declare),
                 reference=args.reference,
                 strict=args.strict,
@@ -198,7 +207,7 @@ def _dispatch(
             target.name,
             target.tag,
             retries=args.retry,
-            valid_for=timedelta(days=args.expires_days),
+            valid_for=validity(args.expires_days),
         ), 0
     if cmd == "rollback":
         return commands.rollback(
@@ -242,7 +251,7 @@ def _dispatch(
     if cmd == "decode":
         return run_decode(session, args.target, args.tensor, args.out).to_json(), 0
     if cmd == "gc":
-        return gc(session, dry_run=args.dry_run, grace=timedelta(seconds=args.grace_seconds)).to_json(), 0
+        return gc(session, dry_run=args.dry_run, grace=_grace(args.grace_seconds)).to_json(), 0
     if cmd == "fsck":
         found = fsck(session)
         return found.to_json(), 0 if found.ok else 1

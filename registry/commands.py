@@ -13,7 +13,13 @@ from shardport.registry.refs import Ref
 from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
 from shardport.registry.signatures import SIGNATURE_ARTIFACT, attach, referrers, sign_manifest
-from shardport.registry.tagging import DEFAULT_VALIDITY, history, list_tags, move_tag
+from shardport.registry.tagging import (
+    DEFAULT_VALIDITY,
+    history,
+    list_tags,
+    move_tag,
+    require_signing_scope,
+)
 from shardport.registry.tags import RollbackOf, TagEntry
 from shardport.registry.trust import TrustPolicy
 
@@ -67,6 +73,7 @@ def tag(
     valid_for: timedelta = DEFAULT_VALIDITY,
 ) -> dict[str, Any]:
     """Point ``name:tag_name`` at what ``ref`` resolves to (verified)."""
+    require_signing_scope(session, name, tag_name)
     resolved = resolve(session, ref)
     if name != ref.name:  # the manifest's signatures follow it into the other repository
         for blob in referrers(session, ref.name, resolved.digest, SIGNATURE_ARTIFACT):

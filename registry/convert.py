@@ -53,7 +53,7 @@ from shardport.registry.refs import Ref
 from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
 from shardport.registry.store import blob_key, file_identity
-from shardport.registry.tagging import DEFAULT_VALIDITY
+from shardport.registry.tagging import DEFAULT_VALIDITY, require_signing_scope
 from shardport.registry.tags import format_time
 from shardport.registry.tiled_layout import LAYOUT, LAYOUT_VERSION, tile_offset, to_tiled
 from shardport.registry.tiles import TensorTiles, TileIndex, tile_hash
@@ -312,6 +312,7 @@ def convert(
     """Convert ``ref`` to ``layout`` and publish it as ``name:tag``."""
     if layout != "tiled":
         raise UsageError(f"--layout {layout!r}: the only layout is 'tiled'")
+    require_signing_scope(session, name, tag)
     resolved = resolve(session, ref)
     m = resolved.manifest
     if not m.tensors or not m.weights or m.tile_index is None:

@@ -13,6 +13,7 @@ Tree::
         ├── ConflictError                  (4)
         │   └── TagMovedError                   another writer took the version first
         ├── StoreError                     (1)  the storage backend failed (cause chained)
+        ├── StateFileError                 (1)  this client's trust state file is unreadable
         └── VerificationError              (1)  the store or a file lied
             ├── DigestMismatchError
             ├── SchemaVersionError
@@ -62,6 +63,10 @@ class TagMovedError(ConflictError):
 
 class StoreError(RegistryError):
     """The storage backend failed (the original exception is chained)."""
+
+
+class StateFileError(RegistryError):
+    """The client's trust state file (``$SHARDPORT_HOME/state/``) is corrupt or unreadable."""
 
 
 class VerificationError(RegistryError):

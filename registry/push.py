@@ -28,7 +28,7 @@ from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.session import Session
 from shardport.registry.signatures import attach_sigstore_bundle, manifest_statement, sign_manifest
 from shardport.registry.store import file_identity
-from shardport.registry.tagging import DEFAULT_VALIDITY, history, move_tag
+from shardport.registry.tagging import DEFAULT_VALIDITY, history, move_tag, require_signing_scope
 from shardport.registry.tags import format_time
 from shardport.registry.tiles import CheckpointReader, build_tile_index
 
@@ -143,6 +143,7 @@ def push(
         raise UnsignedError(
             f"push {name}:{tag}: no signing key; run `registry keygen`, pass --key FILE, or --allow-unsigned"
         )
+    require_signing_scope(session, name, tag)
     reporter = reporter or Quiet()
     files = scan(src)
     total = sum(p.stat().st_size for _, p in files)

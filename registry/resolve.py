@@ -42,7 +42,7 @@ def resolve(session: Session, ref: Ref) -> Resolved:
     except NotFoundError as exc:
         raise NotFoundError(f"manifest {digest} ({ref}): not found in store {session.store.url}") from exc
     manifest = Manifest.from_bytes(raw, source=f"manifest {digest}")
-    signers = verify_manifest(session, ref.name, digest)
+    signers = verify_manifest(session, ref.name, digest, ref.tag)
     return Resolved(
         ref=ref, digest=digest, manifest=manifest, raw=raw, tag_entry=entry, signers=tuple(signers)
     )

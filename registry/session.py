@@ -9,7 +9,7 @@ from pathlib import Path
 
 from shardport.provenance.keys import SigningKey
 from shardport.registry import home
-from shardport.registry.state import TrustState
+from shardport.registry.state import TrustState, legacy_identities, store_identity
 from shardport.registry.store import Store
 from shardport.registry.trust import TrustPolicy
 
@@ -44,9 +44,10 @@ class Session:
         ``key`` defaults to ``$SHARDPORT_HOME/keys/default.key`` when that exists.
         """
         store = Store(store_url or home.default_store_url(), s3_endpoint=s3_endpoint)
-        store_id = store.url if not store.is_local else f"file://{store.root}"
-        if not store.is_local and s3_endpoint:
-            store_id = f"{store.url}#{s3_endpoint}"
+        store_id = store_identity(
+            store.url, local_root=store.root if store.is_local else None, endpoint=store.endpoint
+        )
+        legacy = () if store.is_local else legacy_identities(store.url, s3_endpoint)
         policy = TrustPolicy.load(trust or home.trust_path())
         signing = None
         default_key = home.keys_dir() / "default.key"
@@ -57,7 +58,7 @@ class Session:
         return cls(
             store=store,
             policy=policy,
-            state=TrustState(home.state_dir(), store_id),
+            state=TrustState(home.state_dir(), store_id, legacy),
             key=signing,
             allow_unsigned=allow_unsigned,
         )

@@ -70,12 +70,17 @@ def attach_sigstore_bundle(session: Session, name: str, manifest: str, bundle: b
     return blob
 
 
-def check_sigstore_bundle(session: Session, raw: bytes, name: str, manifest: str, source: str) -> list[str]:
-    """Verify a Sigstore bundle offline against the policy's keyless identities; return the signers."""
+def check_sigstore_bundle(
+    session: Session, raw: bytes, name: str, manifest: str, source: str, tag: str | None = None
+) -> list[str]:
+    """Verify a Sigstore bundle offline against the policy's keyless identities; return the signers.
+
+    ``tag``: the tag through which the manifest was reached (tag-scoped identities need it).
+    """
     from shardport.provenance.errors import ProvenanceError
     from shardport.provenance.sigstore_signing import verify_bundle_offline
 
-    allowed = [i for i in session.policy.sigstore if i.allows(name)]
+    allowed = [i for i in session.policy.sigstore if i.allows(name, tag)]
     if not allowed:
         raise UntrustedSignerError(
             f"{source}: a Sigstore bundle, but the trust policy lists no Sigstore identity for {name}"
@@ -106,8 +111,14 @@ def check_sigstore_bundle(session: Session, raw: bytes, name: str, manifest: str
     raise SignatureError(f"{source}: Sigstore bundle does not verify: {'; '.join(reasons)}")
 
 
-def check_envelope(session: Session, raw: bytes, name: str, manifest: str, source: str) -> list[str]:
-    """Verify one signature envelope of ``manifest``; return the trusted key ids that signed it."""
+def check_envelope(
+    session: Session, raw: bytes, name: str, manifest: str, source: str, tag: str | None = None
+) -> list[str]:
+    """Verify one signature envelope of ``manifest``; return the trusted key ids that signed it.
+
+    ``tag``: the tag through which the manifest was reached, so that a key scoped to ``name:tag`` is
+    accepted for what it pushed there (None when the manifest was named by digest).
+    """
     try:
         env = Envelope.from_bytes(raw, source=source)
         st = Statement.from_bytes(env.payload)
@@ -115,24 +126,29 @@ def check_envelope(session: Session, raw: bytes, name: str, manifest: str, sourc
         raise SignatureError(f"{source}: {exc}") from exc
     if st.predicate_type != SIGNATURE_PREDICATE or [s.sha256 for s in st.subjects] != [hex_of(manifest)]:
         raise SignatureError(f"{source}: does not sign manifest {manifest}")
-    return session.policy.check(env, what=f"manifest {manifest} ({source})", repository=name)
+    return session.policy.check(env, what=f"manifest {manifest} ({source})", repository=name, tag=tag)
 
 
-def verify_manifest(session: Session, name: str, manifest: str) -> list[str]:
-    """Key ids of trusted signers of ``manifest``; raise unless ``allow_unsigned``."""
+def verify_manifest(session: Session, name: str, manifest: str, tag: str | None = None) -> list[str]:
+    """Key ids of trusted signers of ``manifest``; raise unless ``allow_unsigned``.
+
+    ``tag``: the tag the manifest was resolved through, if any (see :func:`check_envelope`).
+    """
     blobs = referrers(session, name, manifest, SIGNATURE_ARTIFACT)
     errors: list[VerificationError] = []
     signers: list[str] = []
     for blob in blobs:
         try:
             raw = session.store.read_blob(blob)
-            signers += check_envelope(session, raw, name, manifest, f"signature {blob}")
+            signers += check_envelope(session, raw, name, manifest, f"signature {blob}", tag)
         except VerificationError as exc:
             errors.append(exc)
     for blob in referrers(session, name, manifest, SIGSTORE_ARTIFACT):
         try:
             raw = session.store.read_blob(blob)
-            signers += check_sigstore_bundle(session, raw, name, manifest, f"Sigstore bundle {blob}")
+            signers += check_sigstore_bundle(
+                session, raw, name, manifest, f"Sigstore bundle {blob}", tag
+            )
         except VerificationError as exc:
             errors.append(exc)
     if signers or session.allow_unsigned:

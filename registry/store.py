@@ -141,6 +141,7 @@ class Store:
 
     def __init__(self, url: str, *, s3_endpoint: str | None = None) -> None:
         self.url = url
+        self.endpoint: str | None = None  # the resolved S3 endpoint (None: AWS, or a local store)
         if url.startswith("s3://"):
             opts: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": True}
             endpoint = (
@@ -148,6 +149,7 @@ class Store:
             )
             if endpoint:
                 opts["client_kwargs"] = {"endpoint_url": endpoint}
+                self.endpoint = endpoint
             self.fs = fsspec.filesystem("s3", **opts)
             self.root = url[len("s3://") :].rstrip("/")
             self.is_local = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -9,13 +10,56 @@ from datetime import timedelta
 from shardport.provenance import dsse
 from shardport.provenance.statement import PAYLOAD_TYPE
 from shardport.registry import _failpoints
-from shardport.registry.errors import TagMovedError, UnsignedError
+from shardport.registry.errors import TagMovedError, UnsignedError, UntrustedSignerError, UsageError
 from shardport.registry.session import Session
 from shardport.registry.store import AlreadyExists, tag_dir, tag_key
 from shardport.registry.tags import RollbackOf, SeenTag, TagEntry, next_document, verify_history
 
 _DOC_NAME = re.compile(r"^(\d{12})\.json$")
 DEFAULT_VALIDITY = timedelta(days=365)
+MIN_VALIDITY = timedelta(seconds=1)  # documents carry whole seconds: less would publish an expired head
+MAX_VALIDITY_DAYS = 36525.0  # 100 years
+
+
+def validity(days: float, *, option: str = "--expires-days") -> timedelta:
+    """``days`` as a tag document's validity, or :class:`UsageError` (checked before anything is written).
+
+    Refused: NaN, infinities, anything under one second (the head would be expired when published,
+    since document times have whole seconds) and anything over 100 years.
+    """
+    if not math.isfinite(days) or days * 86400.0 < MIN_VALIDITY.total_seconds():
+        raise UsageError(
+            f"{option} {days!r}: expected a finite number of days of at least "
+            f"{MIN_VALIDITY.total_seconds() / 86400:.6f} (one second) and at most {MAX_VALIDITY_DAYS:g}"
+        )
+    if days > MAX_VALIDITY_DAYS:
+        raise UsageError(f"{option} {days!r}: at most {MAX_VALIDITY_DAYS:g} days (100 years)")
+    return timedelta(days=days)
+
+
+def require_signing_scope(session: Session, name: str, tag: str) -> None:
+    """Refuse, before anything is written, a signing key whose documents this client would refuse.
+
+    A tag document for ``name:tag`` is read back through the trust policy right after it is written;
+    a key the policy does not list, or whose scopes do not allow ``name:tag``, would leave a version
+    in the store that no client accepts.
+    """
+    key = session.key
+    if key is None:
+        return
+    listed = [k for k in session.policy.keys if k.key.keyid == key.keyid]
+    if not listed:
+        raise UntrustedSignerError(
+            f"tag {name}:{tag}: the signing key {key.keyid} is not in the trust policy, so the tag "
+            "document it signs would be refused; add its public key with --trust FILE|PUBKEY or to "
+            "$SHARDPORT_HOME/trust.json (`registry keygen` does this for keys it makes)"
+        )
+    if not any(k.allows(name, tag) for k in listed):
+        scopes = ", ".join(s for k in listed for s in k.scopes)
+        raise UntrustedSignerError(
+            f"tag {name}:{tag}: the signing key {key.keyid} ({listed[0].name}) has scopes [{scopes}], "
+            f"which the trust policy does not allow for {name}:{tag}; nothing was written"
+        )
 
 
 def read_raw_history(session: Session, name: str, tag: str) -> dict[int, bytes]:
@@ -77,6 +121,9 @@ def move_tag(
             f"moving tag {name}:{tag} needs a signing key: run `registry keygen`, pass --key FILE, "
             "or --allow-unsigned"
         )
+    require_signing_scope(session, name, tag)
+    if valid_for < MIN_VALIDITY:
+        raise UsageError(f"tag {name}:{tag}: validity {valid_for} is under {MIN_VALIDITY}")
     attempt = 0
     while True:
         entries = history(session, name, tag)

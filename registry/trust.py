@@ -7,14 +7,19 @@ Policy file (JSON)::
                "scopes": ["*"]}]}
 
 A scope is a glob matched against the repository name (``acme/*``) or, when it contains ``:``,
-against ``name:tag`` (``acme/llama:prod``).
+against ``name:tag`` (``acme/llama:prod``). ``*`` and ``?`` stay within one ``/``-separated segment
+(``acme/*`` matches ``acme/llama`` but not ``acme/team/llama``); ``**`` crosses segments
+(``acme/**``). A scope that is exactly ``*`` (the default) or ``**`` allows every repository and tag.
+Manifests are signed for a repository, but a tag-scoped key is accepted for a manifest reached
+through a tag its scope allows (the resolver passes the tag it resolved).
 """
 
 from __future__ import annotations
 
-import fnmatch
+import functools
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +34,45 @@ from shardport.registry.errors import (
 )
 
 
+@functools.lru_cache(maxsize=256)
+def _glob(pattern: str) -> re.Pattern[str]:
+    """Compile a scope glob: ``**`` any characters, ``*`` any within a segment, ``?`` one such."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+def scope_matches(scope: str, repository: str, tag: str | None) -> bool:
+    """Whether ``scope`` allows ``repository`` (and, for a ``name:tag`` scope, ``tag``).
+
+    A repository scope allows every tag of the repositories it matches; a ``name:tag`` scope allows
+    only content reached through a matching tag, so it never matches when ``tag`` is None.
+    """
+    if scope in ("*", "**"):
+        return True
+    if ":" in scope:
+        repo_glob, _, tag_glob = scope.rpartition(":")
+        return (
+            tag is not None
+            and _glob(repo_glob).fullmatch(repository) is not None
+            and _glob(tag_glob).fullmatch(tag) is not None
+        )
+    return _glob(scope).fullmatch(repository) is not None
+
+
 @dataclass(frozen=True)
 class TrustedKey:
     """A key the policy lists, with its name and scopes."""
@@ -39,13 +83,7 @@ class TrustedKey:
 
     def allows(self, repository: str, tag: str | None) -> bool:
         """Whether this key may sign for ``repository`` (and ``tag``, when given)."""
-        for scope in self.scopes:
-            if ":" in scope:
-                if tag is not None and fnmatch.fnmatchcase(f"{repository}:{tag}", scope):
-                    return True
-            elif fnmatch.fnmatchcase(repository, scope):
-                return True
-        return False
+        return any(scope_matches(scope, repository, tag) for scope in self.scopes)
 
 
 @dataclass(frozen=True)
@@ -57,9 +95,9 @@ class SigstoreIdentity:
     trusted_root: Path
     scopes: tuple[str, ...] = ("*",)
 
-    def allows(self, repository: str) -> bool:
-        """Whether this identity may sign manifests of ``repository``."""
-        return any(fnmatch.fnmatchcase(repository, s) for s in self.scopes if ":" not in s)
+    def allows(self, repository: str, tag: str | None = None) -> bool:
+        """Whether this identity may sign manifests of ``repository`` (reached through ``tag``)."""
+        return any(scope_matches(scope, repository, tag) for scope in self.scopes)
 
 
 @dataclass(frozen=True)

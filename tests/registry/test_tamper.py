@@ -155,10 +155,10 @@ def test_expired_head(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_untrusted_signer(world: tuple[Cli, Session, dict[str, str]], tmp_path: Path) -> None:
     cli, session, d = world
     intruder = SigningKey.generate()
-    evil = Session(store=session.store, policy=session.policy, state=session.state, key=intruder)
+    # The intruder's own client trusts its key (and the victim's); the victim's policy does not.
+    evil_policy = session.policy.with_key(intruder.verifying_key(), "intruder")
+    evil = Session(store=session.store, policy=evil_policy, state=session.state, key=intruder)
     sign_manifest(evil, NAME, d["v1"])
-    # The intruder's session trusts nothing new, but can still write a document signed by its key.
-    evil.allow_unsigned = True
     move_tag(evil, NAME, TAG, d["v1"])
     expect_refused(cli, tmp_path, "UntrustedSignerError", "does not list")
 
@@ -168,7 +168,8 @@ def test_signer_outside_scope(home: Path, tmp_path: Path, capsys: pytest.Capture
     cli.ok("keygen", "--scope", "other/*")
     code, out = cli("push", make_checkpoint(tmp_path / "c"), f"{NAME}:{TAG}")
     assert code == 1 and out["error"]["type"] == "UntrustedSignerError"
-    assert f"does not allow for {NAME}" in out["error"]["message"]
+    assert f"does not allow for {NAME}:{TAG}; nothing was written" in out["error"]["message"]
+    assert not (tmp_path / "store" / "repos").exists()  # refused before a tag document was written
 
 
 @pytest.mark.parametrize(
