@@ -63,21 +63,22 @@ class Notes:
         file = self._relative(getattr(error, "file", None))
         tensor = getattr(error, "tensor", None)
         field, expected, found = (str(getattr(error, k, "")) for k in ("field", "expected", "found"))
-        where = "".join(
-            [f"{file}: " if file else "", f"tensor {tensor!r}: " if tensor is not None else ""]
-        )
+        if file:
+            where = f"{file}: " + (f"tensor {tensor!r}: " if tensor is not None else "")
+        else:
+            where = f"{tensor}: " if tensor is not None else ""
         message = f"{where}{field}: expected {expected}, found {found}"
         remedy = getattr(error, "remedy", None)
         if remedy:
             message += f" (remedy: {remedy})"
         note = Note(
-                code=type(error).__name__,
-                file=file,
-                tensor=None if tensor is None else str(tensor),
-                field=field,
-                expected=expected,
-                found=found,
-                message=message,
+            code=type(error).__name__,
+            file=file,
+            tensor=None if tensor is None else str(tensor),
+            field=field,
+            expected=expected,
+            found=found,
+            message=message,
         )
         if note not in self._items:  # a file checked twice (an index's shard, then the shard) notes once
             self._items.append(note)
