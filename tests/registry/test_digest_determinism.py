@@ -118,3 +118,22 @@ def test_unchanged_repush_is_still_a_no_op(local: Cli, tmp_path: Path) -> None:
     again = local.ok("push", folder, "acme/m:v1")
     assert again["unchanged"] and again["version"] == 1 and again["digest"] == first["digest"]
     assert again["uploaded_bytes"] == 0
+
+
+def test_push_time_changes_the_tag_document_not_the_manifest(local: Cli, tmp_path: Path) -> None:
+    """Two pushes a year apart (a session clock, not the wall clock) give one manifest digest."""
+    from datetime import datetime, timezone
+
+    from shardport.registry.push import push
+    from shardport.registry.session import Session
+    from shardport.registry.tagging import history
+
+    folder = checkpoint(tmp_path / "a")
+    digests, issued = [], []
+    for year, name in [(2025, "acme/a"), (2026, "acme/b")]:
+        session = Session.open(local.store)
+        session.clock = lambda year=year: datetime(year, 6, 1, tzinfo=timezone.utc)  # type: ignore[misc]
+        digests.append(push(session, folder, name, "v1").digest)
+        issued.append(history(session, name, "v1")[-1].doc.issued_at)
+    assert digests[0] == digests[1]
+    assert issued == ["2025-06-01T00:00:00Z", "2026-06-01T00:00:00Z"]
