@@ -60,7 +60,7 @@ class HeaderCursor:
                 field=what,
                 expected=f"a header within the first {self._cap} bytes",
                 found=f"a header reaching offset {end}",
-                remedy="raise GGUFLimits.max_header_bytes if the file is trusted",
+                remedy="the header is corrupt or hostile: shardport reads no GGUF header past this cap",
             )
         have = len(self._buf)
         new_end = min(max(end, 2 * have, _MIN_READ), self._limit)

@@ -234,7 +234,7 @@ class _Parser:
                     field=what,
                     expected=f"at most {cap} and at most {remaining // unit} ({remaining} bytes left)",
                     found=str(count),
-                    remedy="the header is corrupt or hostile; raise GGUFLimits if trusted",
+                    remedy="the header is corrupt or hostile: no GGUF model holds that many entries",
                 )
         if n_tensors * _MIN_TENSOR_INFO_BYTES + n_kv * _MIN_KV_BYTES > remaining:
             raise CountLimitError(

@@ -176,7 +176,7 @@ def parse_safetensors_source(
             field="header length",
             expected=f"at most {limits.max_header_bytes} bytes",
             found=f"{n} bytes",
-            remedy="raise SafetensorsLimits.max_header_bytes if the file is trusted",
+            remedy="the file is corrupt or hostile: safetensors itself refuses headers over 100 MB",
         )
     if n < 2 or 8 + n > size:
         raise HeaderLengthError(

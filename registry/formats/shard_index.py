@@ -255,7 +255,7 @@ def validate_sharded_checkpoint(
                 field="file size",
                 expected=f"at most {max_index_bytes} bytes",
                 found=f"{size} bytes",
-                remedy="raise max_index_bytes if the index is trusted",
+                remedy="the index is corrupt or hostile: it maps tensor names to files and is small",
             )
         index = parse_shard_index(name, read_exact(source, 0, size, what="index"), notes)
     base = Path(name).parent

@@ -216,3 +216,35 @@ def test_consumer_protecting_gates_still_refuse_without_strict(cli: Cli, tmp_pat
     (missing / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 4)
     code, out = cli("push", missing, "acme/m:v2")
     assert code == E.TensorEntryError.exit_code and out["error"]["type"] == "TensorEntryError"
+
+
+def test_gate_remedies_name_no_python_argument(tmp_path: Path) -> None:
+    """Container errors reach CLI users: their remedies name no Python class, argument or limit field."""
+    import re
+
+    from shardport.registry.formats import (
+        BytesSource,
+        GGUFLimits,
+        SafetensorsLimits,
+        parse_gguf_source,
+        parse_safetensors_source,
+        validate_sharded_checkpoint,
+    )
+
+    folder = non_utf8_gguf_value(tmp_path / "g")
+    gguf_bytes = BytesSource((folder / "model.gguf").read_bytes(), "model.gguf")
+    st = unknown_entry_field(tmp_path / "s") / "model.safetensors"
+    index = file_sizes_as_total(tmp_path / "i") / "model.safetensors.index.json"
+    errors: list[Exception] = []
+    for call in (
+        lambda: parse_safetensors_source(BytesSource(st.read_bytes()), SafetensorsLimits(max_header_bytes=8)),
+        lambda: parse_gguf_source(gguf_bytes, GGUFLimits(max_header_bytes=64)),
+        lambda: parse_gguf_source(gguf_bytes, GGUFLimits(max_tensor_count=0)),
+        lambda: validate_sharded_checkpoint(index, max_index_bytes=4),
+        lambda: validate_sharded_checkpoint(index),
+    ):
+        with pytest.raises(E.ContainerError) as info:
+            call()
+        errors.append(info.value)
+    for exc in errors:
+        assert not re.search(r"\w+Limits|\w+=\w+|max_\w+|check_\w+", str(exc)), str(exc)

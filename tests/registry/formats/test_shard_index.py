@@ -224,7 +224,7 @@ def test_hostile_shard_propagates_its_error(tmp_path: Path) -> None:
 
 
 def test_index_size_cap(tmp_path: Path) -> None:
-    with pytest.raises(E.ShardIndexError, match="max_index_bytes"):
+    with pytest.raises(E.ShardIndexError, match="expected at most 16 bytes"):
         validate_sharded_checkpoint(build(tmp_path), max_index_bytes=16)
 
 
