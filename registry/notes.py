@@ -34,23 +34,42 @@ class Note(BaseModel):
     message: str
 
 
+MAX_PER_KIND = 8
+"""Notes kept per (code, file); the rest are counted in one summary note, so the manifest stays small
+(an unknown field on each of 10,000 tensors is one finding, not 10,000)."""
+
+
 class Notes:
     """Collects notes in the order the gates run; with ``strict``, raises each error instead.
 
     ``root``: the checkpoint folder; files under it are recorded by their relative POSIX path.
     """
 
-    __slots__ = ("_items", "root", "strict")
+    __slots__ = ("_items", "_more", "_seen", "root", "strict")
 
     def __init__(self, *, strict: bool = False, root: str | PurePath | None = None) -> None:
         self.strict = strict
         self.root = Path(root) if root is not None else None
         self._items: list[Note] = []
+        self._more: dict[tuple[str, str | None], int] = {}
+        self._seen: set[Note] = set()
 
     @property
     def items(self) -> tuple[Note, ...]:
-        """The notes kept so far."""
-        return tuple(self._items)
+        """The notes kept so far, then one summary per (code, file) that had more than it kept."""
+        more = [
+            Note(
+                code=code,
+                file=file,
+                field="notes",
+                expected=f"at most {MAX_PER_KIND} recorded",
+                found=f"{count} more",
+                message=f"{file + ': ' if file else ''}{count} more {code} notes like these (not recorded)",
+            )
+            for (code, file), count in self._more.items()
+            if count
+        ]
+        return (*self._items, *more)
 
     def add(self, error: ShardportError) -> None:
         """Record ``error`` as a note, or raise it under ``strict``.
@@ -80,8 +99,14 @@ class Notes:
             found=found,
             message=message,
         )
-        if note not in self._items:  # a file checked twice (an index's shard, then the shard) notes once
-            self._items.append(note)
+        if note in self._seen:  # a file checked twice (an index's shard, then the shard) notes once
+            return
+        self._seen.add(note)
+        kind = (note.code, note.file)
+        if sum(1 for n in self._items if (n.code, n.file) == kind) >= MAX_PER_KIND:
+            self._more[kind] = self._more.get(kind, 0) + 1
+            return
+        self._items.append(note)
 
     def _relative(self, file: object) -> str | None:
         if file is None:

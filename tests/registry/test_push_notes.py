@@ -248,3 +248,27 @@ def test_gate_remedies_name_no_python_argument(tmp_path: Path) -> None:
         errors.append(info.value)
     for exc in errors:
         assert not re.search(r"\w+Limits|\w+=\w+|max_\w+|check_\w+", str(exc)), str(exc)
+
+
+def test_many_notes_of_one_kind_keep_the_manifest_small(cli: Cli, tmp_path: Path) -> None:
+    """20 tensors with an unknown field, in a shard the index gate parses too: 8 notes and a count."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    header = {
+        f"t{i:02d}": {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4], "x": i}
+        for i in range(20)
+    }
+    raw = json.dumps(header).encode()
+    shard = "model-00001-of-00001.safetensors"
+    (folder / shard).write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(80))
+    index = {"metadata": {"total_size": 80}, "weight_map": {name: shard for name in header}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+    cli.ok("push", folder, "acme/many:v1")
+    notes = cli.ok("inspect", "acme/many:v1")["manifest"]["notes"]
+    assert [n["tensor"] for n in notes[:-1]] == [f"t{i:02d}" for i in range(8)]
+    assert (notes[-1]["code"], notes[-1]["file"], notes[-1]["found"]) == (
+        "TensorEntryError",
+        shard,
+        "12 more",
+    )
