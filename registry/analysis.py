@@ -34,6 +34,7 @@ from shardport.registry.describe import read_json_object
 from shardport.registry.errors import UsageError
 from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
 from shardport.registry.manifest import TensorEntry
+from shardport.registry.notes import Note, Notes
 from shardport.registry.tiled_layout import LAYOUT, from_tiled
 from shardport.registry.tiles import plane_layout
 
@@ -64,12 +65,17 @@ def witness_seed(name: str) -> int:
 
 @dataclass(frozen=True)
 class Analysis:
-    """What the containers of a checkpoint hold."""
+    """What the containers of a checkpoint hold.
+
+    ``notes``: what the gates found in fields no consumer reads (:mod:`shardport.registry.notes`;
+    recorded in the manifest). ``remarks``: what was checked, for people (not recorded).
+    """
 
     kind: str
     tensors: tuple[TensorEntry, ...]
     weights: tuple[LogicalWeight, ...]
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
+    remarks: tuple[str, ...] = ()
     architecture: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
 
@@ -220,7 +226,8 @@ def analyze(
     """Gate every container under ``root`` (``paths`` relative), infer contracts, check values.
 
     Returns None when the checkpoint has no safetensors or GGUF files. Raises the named container,
-    contract and usage errors.
+    contract and usage errors. A check of a field no consumer reads becomes a note
+    (:attr:`Analysis.notes`), or, with ``strict``, raises its error.
     """
     st_files = sorted(p for p in paths if p.endswith(".safetensors"))
     gguf_files = sorted(p for p in paths if p.endswith(".gguf"))
@@ -228,11 +235,12 @@ def analyze(
         return None
     entries: list[TensorEntry] = []
     weights: list[LogicalWeight] = []
+    notes = Notes(strict=strict, root=root)
     if INDEX_FILE in paths:
-        validate_sharded_checkpoint(root / INDEX_FILE)
+        validate_sharded_checkpoint(root / INDEX_FILE, notes=notes)
     seen: dict[str, str] = {}
     for rel in st_files:
-        header = parse_safetensors(root / rel)
+        header = parse_safetensors(root / rel, notes=notes)
         for r in header.tensors:
             if r.name in seen:
                 raise UsageError(f"tensor {r.name} is stored twice: in {seen[r.name]} and in {rel}")
@@ -260,7 +268,7 @@ def analyze(
         )
     gguf_meta: dict[str, Any] = {}
     for rel in gguf_files:
-        gheader = parse_gguf(root / rel)
+        gheader = parse_gguf(root / rel, notes=notes)
         gguf_meta.update(gheader.kv)
         g_entries = [
             TensorEntry(
@@ -275,7 +283,7 @@ def analyze(
     by_name = {e.name: e for e in entries}
     inventory = {e.name: TensorInfo(e.name, e.dtype, e.shape) for e in entries}
     architecture, params = _architecture(root, gguf_meta)
-    notes = check_architecture(architecture, params, weights, strict=strict)
+    remarks = check_architecture(architecture, params, weights, notes=notes)
     _check_tied(weights, by_name, reader, params)
     refs = _reference_rows(reference)
     checked: list[LogicalWeight] = []
@@ -298,7 +306,8 @@ def analyze(
         kind=kind,
         tensors=_entries_with_roles(entries, checked),
         weights=tuple(checked),
-        notes=notes,
+        notes=notes.items,
+        remarks=remarks,
         architecture=architecture,
         params=_gguf_params(gguf_meta) if gguf_files and not st_files else {},
     )

@@ -72,7 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sign", choices=["ed25519", "sigstore"], default="ed25519")
     p.add_argument("--declare", help="contract declarations: a JSON object or a JSON file")
     p.add_argument("--reference", type=Path, help="the unquantized float checkpoint, to measure error")
-    p.add_argument("--strict", action="store_true", help="inventory must match the architecture exactly")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse instead of noting: the inventory must match the architecture exactly, and a check of "
+        "a field no loader reads (README: checks noted, not refused) refuses with its error",
+    )
     p.add_argument("--tile-size", type=int, default=1 << 20, help="target tile size in bytes (tile index)")
     p.add_argument("--tile-min", type=int, default=64 << 10, help="smallest tile in bytes (tile index)")
     p = add("pull", "verify and download REF into DEST (atomically); with --tp, only one rank's bytes")
@@ -112,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ref")
     p = add("verify", "verify REF (signatures, chain, every hash), a pulled DIR or a checkpoint PATH")
     p.add_argument("target")
-    p.add_argument("--strict", action="store_true", help="inventory must match the architecture exactly")
+    p.add_argument(
+        "--strict", action="store_true", help="for a checkpoint PATH: refuse what push only notes (see push)"
+    )
     p = add("convert", "write REF as a new artifact NAME:TAG in another layout (tiled: contiguous tiles)")
     p.add_argument("ref")
     p.add_argument("target")
@@ -264,7 +271,7 @@ def _human(cmd: str, result: Any) -> str:
             f"{result['digest']}\npushed {result['name']}:{result['tag']} version {result['version']}: "
             f"{result['files']} files, uploaded {result['uploaded_bytes']} bytes, "
             f"reused {result['reused_bytes']} bytes"
-        )
+        ) + "".join(f"\n  note: {n}" for n in result.get("notes", []))
     if cmd == "pull" and "node_ranks" in result:
         return (
             f"{result['digest']}\npulled ranks {result['node_ranks']} of {result['world_size']} "

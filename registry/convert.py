@@ -48,7 +48,7 @@ from shardport.registry.manifest import (
     TileIndexRef,
 )
 from shardport.registry.progress import Quiet, Reporter
-from shardport.registry.push import LEASE_TIME, PushResult, publish
+from shardport.registry.push import LEASE_TIME, PushResult, publish, source_date
 from shardport.registry.refs import Ref
 from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
@@ -313,6 +313,7 @@ def convert(
     if layout != "tiled":
         raise UsageError(f"--layout {layout!r}: the only layout is 'tiled'")
     require_signing_scope(session, name, tag)
+    source_date()  # a bad SOURCE_DATE_EPOCH fails before anything is fetched
     resolved = resolve(session, ref)
     m = resolved.manifest
     if not m.tensors or not m.weights or m.tile_index is None:
@@ -365,7 +366,7 @@ def convert(
                     converter_version=shardport.__version__,
                     source_manifest=resolved.digest,
                     parent=resolved.digest,
-                    created_at=format_time(session.clock()),
+                    created_at=source_date(),  # the same source gives the same digest
                 ),
             }
         )

@@ -5,7 +5,13 @@ understands is rejected (:class:`SchemaVersionError`); unknown optional fields a
 back unchanged (``extra="allow"``), so a manifest made by a newer producer round-trips.
 The ``tensors`` (where each tensor's bytes are) and ``weights`` (per logical weight: numeric contract,
 graph binding, planes, decode witness — :mod:`shardport.registry.contracts`) sections are filled at
-push from the container gates and contract inference; they follow ``schema.version``.
+push from the container gates and contract inference; they follow ``schema.version``. ``notes``
+lists what the gates found in fields no consumer reads (:mod:`shardport.registry.notes`).
+
+The manifest names content, not a moment: nothing in it depends on when, where (store, repository,
+tag, folder, host) or by whom it was pushed, so the same files with the same declarations give the same
+digest everywhere. ``provenance.created_at`` is empty unless ``SOURCE_DATE_EPOCH`` asks for it; push
+time lives in the signed tag document (``issued_at``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from shardport.registry.contracts.model import LogicalWeight
 from shardport.registry.errors import SchemaVersionError, UsageError, VerificationError
 from shardport.registry.hashing import digest_bytes
+from shardport.registry.notes import Note
 
 SCHEMA_ID = "shardport.manifest"
 SCHEMA_VERSION = 1
@@ -160,7 +167,12 @@ class TileIndexRef(BaseModel):
 
 
 class ProvenanceInfo(Section):
-    """Where the artifact came from."""
+    """Where the artifact came from.
+
+    ``converter_version`` names the shardport that made the contracts and witnesses recorded here (so
+    another shardport version may give another digest for the same files). ``created_at`` is set only
+    from an explicit ``SOURCE_DATE_EPOCH``: the time of a push lives in its tag document.
+    """
 
     section = "provenance"
 
@@ -189,6 +201,7 @@ class Manifest(BaseModel):
     weights: list[LogicalWeight] | None = None
     tile_index: TileIndexRef | None = None
     provenance: ProvenanceInfo = Field(default_factory=ProvenanceInfo)
+    notes: list[Note] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _known_schema(self) -> Manifest:

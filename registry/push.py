@@ -9,11 +9,12 @@ names every blob the push will reference, so a concurrent ``gc`` keeps them.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import shardport
 from shardport.registry import _failpoints
 from shardport.registry.analysis import Analysis, analyze
 from shardport.registry.describe import container_of, model_of, quantization_of, scan, source_digest
-from shardport.registry.errors import RegistryError, UnsignedError
+from shardport.registry.errors import UnsignedError, UsageError
 from shardport.registry.hashing import digest_bytes, digest_file
 from shardport.registry.manifest import FileEntry, Manifest, ProvenanceInfo, TileIndexRef
 from shardport.registry.progress import Quiet, Reporter
@@ -50,6 +51,7 @@ class PushResult:
     uploaded_files: int
     signed_by: str | None
     unchanged: bool = False
+    notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         """The ``--json`` form."""
@@ -64,17 +66,38 @@ class PushResult:
             "uploaded_files": self.uploaded_files,
             "signed_by": self.signed_by,
             "unchanged": self.unchanged,
+            "notes": list(self.notes),
         }
+
+
+def source_date(environ: Mapping[str, str] | None = None) -> str | None:
+    """``SOURCE_DATE_EPOCH`` (whole seconds since 1970 UTC) as RFC 3339, or None when it is not set.
+
+    The one way a time enters a manifest: push time lives in the tag document, so that the same files
+    give the same manifest digest whenever and wherever they are pushed.
+    """
+    text = (os.environ if environ is None else environ).get("SOURCE_DATE_EPOCH")
+    if text is None or text == "":
+        return None
+    if not text.isascii() or not text.isdigit() or int(text) > 253402300799:  # 9999-12-31T23:59:59Z
+        raise UsageError(
+            f"SOURCE_DATE_EPOCH={text!r}: expected whole seconds since 1970-01-01 UTC "
+            "(a non-negative integer up to 253402300799); unset it to leave the time out of the manifest"
+        )
+    return format_time(datetime.fromtimestamp(int(text), tz=timezone.utc))
 
 
 def build_manifest(
     src: Path,
     entries: list[FileEntry],
-    created_at: str,
+    created_at: str | None,
     analysis: Analysis | None = None,
     tile_index: str | None = None,
 ) -> Manifest:
-    """The manifest of a checkpoint folder whose files were hashed into ``entries``."""
+    """The manifest of a checkpoint folder whose files were hashed into ``entries``.
+
+    Deterministic: the same files, declarations and ``created_at`` give the same bytes.
+    """
     by_path = {e.path: e for e in entries}
     model = model_of(src, by_path)
     if analysis is not None and analysis.params and not model.params:
@@ -95,25 +118,14 @@ def build_manifest(
             converter_version=shardport.__version__,
             created_at=created_at,
         ),
+        notes=list(analysis.notes) if analysis else [],
     )
 
 
-def _without_time(m: Manifest) -> bytes:
-    return m.model_copy(
-        update={"provenance": m.provenance.model_copy(update={"created_at": None})}
-    ).to_bytes()
-
-
-def _unchanged_head(session: Session, name: str, tag: str, manifest: Manifest) -> Manifest | None:
-    """The tag's current manifest when it describes exactly these files (an idempotent re-push)."""
+def _unchanged_head(session: Session, name: str, tag: str, manifest: Manifest) -> bool:
+    """Whether the tag already points at exactly this manifest (an idempotent re-push)."""
     entries = history(session, name, tag)
-    if not entries:
-        return None
-    try:
-        head = Manifest.from_bytes(session.store.read_blob(entries[-1].doc.target))
-    except RegistryError:
-        return None
-    return head if _without_time(head) == _without_time(manifest) else None
+    return bool(entries) and entries[-1].doc.target == manifest.digest()
 
 
 def push(
@@ -144,6 +156,7 @@ def push(
             f"push {name}:{tag}: no signing key; run `registry keygen`, pass --key FILE, or --allow-unsigned"
         )
     require_signing_scope(session, name, tag)
+    created_at = source_date()  # a bad SOURCE_DATE_EPOCH fails before anything is read
     reporter = reporter or Quiet()
     files = scan(src)
     total = sum(p.stat().st_size for _, p in files)
@@ -156,17 +169,14 @@ def push(
     entries = [
         FileEntry(path=rel, size=size, digest=d) for (rel, _), (d, size) in zip(files, hashed, strict=True)
     ]
-    now = session.clock()
     index_bytes = None
     if analysis is not None and analysis.tensors:
         with CheckpointReader(src) as read:
             index = build_tile_index(analysis.tensors, read, target=tile_target, minimum=tile_minimum)
             index_bytes = index.to_bytes()
     index_digest = digest_bytes(index_bytes) if index_bytes else None
-    manifest = build_manifest(src, entries, format_time(now), analysis, index_digest)
-    head = _unchanged_head(session, name, tag, manifest)
-    if head is not None:
-        manifest = head
+    manifest = build_manifest(src, entries, created_at, analysis, index_digest)
+    unchanged = _unchanged_head(session, name, tag, manifest)
     manifest_digest = manifest.digest()
 
     bundle = None
@@ -185,7 +195,7 @@ def push(
         retries=retries,
         valid_for=valid_for,
         bundle=bundle,
-        unchanged=head is not None,
+        unchanged=unchanged,
     )
 
 
@@ -264,4 +274,5 @@ def publish(
         uploaded_files=len(unique_missing),
         signed_by=session.key.keyid if session.key else None,
         unchanged=unchanged,
+        notes=tuple(n.message for n in manifest.notes),
     )

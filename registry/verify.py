@@ -130,7 +130,7 @@ def verify_checkpoint(path: Path, *, strict: bool = False) -> Report:
         report.add("NoContainer", str(path), "no safetensors or GGUF file to check")
         return report
     report.weights_checked = len(analysis.weights)
-    report.notes = list(analysis.notes)
+    report.notes = [*analysis.remarks, *(n.message for n in analysis.notes)]
     report.checked_bytes = sum(t.end - t.start for t in analysis.tensors)
     return report
 

@@ -1,14 +1,18 @@
 """Does the inventory match the architecture it claims? (llama family, dense and MoE).
 
-Pure: takes the config parameters and the inferred weights' graph bindings. In strict mode a missing
-or an unexpected operator slot is an error; otherwise only missing ones are. Architectures this
-module does not know are not checked (the result says so).
+Pure: takes the config parameters and the inferred weights' graph bindings. A missing or an
+unexpected operator slot goes to the :class:`~shardport.registry.notes.Notes` collector: a note by
+default (the rule is ours, a heuristic of the llama family; a loader checks its own inventory when it
+binds the weights), :class:`InventoryMismatchError` under ``strict``. Architectures this module does
+not know are not checked (the result says so).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from shardport.registry.notes import Notes
 
 from .errors import InventoryMismatchError
 from .model import LogicalWeight
@@ -60,11 +64,11 @@ def expected_slots(params: Mapping[str, Any]) -> set[tuple[int | None, str, int 
 
 
 def check_architecture(
-    architecture: str | None, params: Mapping[str, Any], weights: Iterable[LogicalWeight], *, strict: bool
+    architecture: str | None, params: Mapping[str, Any], weights: Iterable[LogicalWeight], *, notes: Notes
 ) -> tuple[str, ...]:
-    """Compare the weights' bindings with what the architecture needs; in strict mode raise on a mismatch.
+    """Compare the weights' bindings with what the architecture needs; mismatches go to ``notes``.
 
-    Returns short notes of what was found (``unchecked: …`` for unknown architectures).
+    Returns short remarks of what was checked (``unchecked: …`` for unknown architectures).
     """
     if architecture not in LLAMA_FAMILY or "num_hidden_layers" not in params:
         return (f"unchecked: architecture {architecture!r} has no inventory rule",)
@@ -72,25 +76,29 @@ def check_architecture(
     have = {(w.binding.layer, w.binding.slot, w.binding.expert) for w in weights}
     missing = sorted(need - have, key=str)
     extra = sorted((h for h in have - need if h[1] not in OPTIONAL_SLOTS), key=str)
-    if not strict:
+    if missing:
+        notes.add(
+            InventoryMismatchError(
+                str(architecture),
+                "inventory",
+                f"{len(need)} operator slots",
+                f"{len(missing)} missing: {missing[:6]}",
+                "the checkpoint lost tensors, or its config (layers, experts, tied embeddings) is wrong",
+            )
+        )
+    if extra:
+        notes.add(
+            InventoryMismatchError(
+                str(architecture),
+                "inventory",
+                "only the architecture's operator slots",
+                f"{len(extra)} unexpected: {extra[:6]}",
+                "remove them, or push without --strict",
+            )
+        )
+    if not notes.strict:
         return (
             f"{architecture}: {len(need) - len(missing)}/{len(need)} operator slots present, "
             f"{len(extra)} unexpected (not strict)",
-        )
-    if missing:
-        raise InventoryMismatchError(
-            str(architecture),
-            "inventory",
-            f"{len(need)} operator slots",
-            f"{len(missing)} missing: {missing[:6]}",
-            "the checkpoint lost tensors, or its config (layers, experts, tied embeddings) is wrong",
-        )
-    if extra:
-        raise InventoryMismatchError(
-            str(architecture),
-            "inventory",
-            "only the architecture's operator slots",
-            f"{len(extra)} unexpected: {extra[:6]}",
-            "remove them, or push without --strict",
         )
     return (f"{architecture}: {len(need)} operator slots present",)

@@ -11,6 +11,10 @@ Produces: frozen records whose byte ranges are proven to lie inside the file wit
 names the file, tensor, field, expected and found. Reads are bounded by the caps in
 :class:`SafetensorsLimits` / :class:`GGUFLimits`. No torch; the ``gguf`` package is used only
 for its table of ggml block sizes.
+
+A check of a field no loader reads (an index's ``total_size``, an unknown tensor-entry field, a GGUF
+string value that is not UTF-8) hands its error to the ``notes`` collector when one is given
+(:class:`~shardport.registry.notes.Notes`: a note, or the error under ``strict``); without one it raises.
 """
 
 from .errors import ContainerError

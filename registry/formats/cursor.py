@@ -11,6 +11,8 @@ from __future__ import annotations
 import struct
 from typing import cast
 
+from shardport.registry.notes import Notes
+
 from .errors import (
     HeaderEncodingError,
     HeaderTooLargeError,
@@ -58,7 +60,7 @@ class HeaderCursor:
                 field=what,
                 expected=f"a header within the first {self._cap} bytes",
                 found=f"a header reaching offset {end}",
-                remedy="raise GGUFLimits.max_header_bytes if the file is trusted",
+                remedy="the header is corrupt or hostile: shardport reads no GGUF header past this cap",
             )
         have = len(self._buf)
         new_end = min(max(end, 2 * have, _MIN_READ), self._limit)
@@ -110,19 +112,27 @@ class HeaderCursor:
             )
         return n
 
-    def text(self, cap: int, what: str) -> str:
-        """Read a length-prefixed UTF-8 string of at most ``cap`` bytes."""
+    def text(self, cap: int, what: str, notes: Notes | None = None) -> str:
+        """Read a length-prefixed UTF-8 string of at most ``cap`` bytes.
+
+        Invalid UTF-8 raises :class:`HeaderEncodingError`; with ``notes`` (a value, not a name) the
+        error goes there instead and the text is decoded with U+FFFD for each bad byte.
+        """
         raw = self.take(self._string_length(cap, what), what)
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise HeaderEncodingError(
+            error = HeaderEncodingError(
                 self.name,
                 field=what,
                 expected="UTF-8 text",
                 found=f"invalid byte at position {exc.start}",
                 remedy="re-convert the model with a current llama.cpp / gguf-py",
-            ) from exc
+            )
+            if notes is None:
+                raise error from exc
+            notes.add(error)
+            return raw.decode("utf-8", errors="replace")
 
     def skip_strings(self, count: int, cap: int, what: str) -> None:
         """Bounds-check and skip ``count`` length-prefixed strings without decoding them.

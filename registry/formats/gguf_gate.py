@@ -19,6 +19,11 @@ What the gate proves before it returns a :class:`GGUFHeader`:
 * no two tensors share bytes, and (``strict_layout``, the rule llama.cpp applies) each offset equals
   the previous tensor's end padded to the alignment, in info order.
 
+A KV string value that is not UTF-8 is informative to every runtime (llama.cpp keeps strings as bytes):
+it goes to the :class:`~shardport.registry.notes.Notes` collector (kept with U+FFFD for each bad byte;
+:class:`HeaderEncodingError` under ``strict`` or without a collector). Keys and tensor names name
+things and always refuse.
+
 KV values are kept as Python values (int, float, bool, str). Arrays are :class:`GGUFArray`; those
 longer than ``max_kept_array_len`` (tokenizer vocabularies, scores, merges) keep only their item type
 and length, after every element has been bounds-checked (their strings are not decoded).
@@ -34,6 +39,8 @@ from types import MappingProxyType
 from typing import TypeAlias
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from shardport.registry.notes import Notes, collector
 
 from .cursor import HeaderCursor
 from .errors import (
@@ -154,25 +161,31 @@ class GGUFHeader:
         return {t.name: t for t in self.tensors}
 
 
-def parse_gguf(path: str | os.PathLike[str], limits: GGUFLimits | None = None) -> GGUFHeader:
+def parse_gguf(
+    path: str | os.PathLike[str], limits: GGUFLimits | None = None, *, notes: Notes | None = None
+) -> GGUFHeader:
     """Open ``path`` and validate its GGUF header (see :func:`parse_gguf_source`)."""
     with FileSource(path) as source:
-        return parse_gguf_source(source, limits)
+        return parse_gguf_source(source, limits, notes=notes)
 
 
-def parse_gguf_source(source: ByteSource, limits: GGUFLimits | None = None) -> GGUFHeader:
+def parse_gguf_source(
+    source: ByteSource, limits: GGUFLimits | None = None, *, notes: Notes | None = None
+) -> GGUFHeader:
     """Validate the GGUF header of ``source``, reading at most ``limits.max_header_bytes`` bytes.
 
-    Raises a :class:`~shardport.registry.formats.errors.ContainerError` subclass on any defect.
+    Raises a :class:`~shardport.registry.formats.errors.ContainerError` subclass on any defect;
+    KV string values that are not UTF-8 go to ``notes`` (raised without a collector).
     """
-    return _Parser(source, limits or GGUFLimits()).parse()
+    return _Parser(source, limits or GGUFLimits(), collector(notes)).parse()
 
 
 class _Parser:
-    def __init__(self, source: ByteSource, limits: GGUFLimits) -> None:
+    def __init__(self, source: ByteSource, limits: GGUFLimits, notes: Notes) -> None:
         self.cur = HeaderCursor(source, limits.max_header_bytes)
         self.name = source.name
         self.limits = limits
+        self.notes = notes
 
     def parse(self) -> GGUFHeader:
         cur, name = self.cur, self.name
@@ -221,7 +234,7 @@ class _Parser:
                     field=what,
                     expected=f"at most {cap} and at most {remaining // unit} ({remaining} bytes left)",
                     found=str(count),
-                    remedy="the header is corrupt or hostile; raise GGUFLimits if trusted",
+                    remedy="the header is corrupt or hostile: no GGUF model holds that many entries",
                 )
         if n_tensors * _MIN_TENSOR_INFO_BYTES + n_kv * _MIN_KV_BYTES > remaining:
             raise CountLimitError(
@@ -266,7 +279,7 @@ class _Parser:
         cur = self.cur
         _name, fmt, size = _VALUE_TYPES[vtype]
         if vtype == _STRING:
-            return cur.text(self.limits.max_string_bytes, f"KV {key!r} value")
+            return cur.text(self.limits.max_string_bytes, f"KV {key!r} value", self.notes)
         if vtype == _ARRAY:
             return self._read_array(key, depth)
         (value,) = cur.scalars(fmt, 1, size, f"KV {key!r} value")

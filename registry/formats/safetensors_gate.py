@@ -14,7 +14,10 @@ What the gate proves before it returns a :class:`SafetensorsHeader`:
 * sorted by offset, the intervals tile the data region exactly: no overlap, no hole, nothing after
   the last tensor, nothing outside the file.
 
-This is stricter than ``safetensors`` itself, which accepts duplicate keys and unknown fields.
+This is stricter than ``safetensors`` itself, which accepts duplicate keys and unknown fields. A
+duplicate key always refuses (two parsers may keep different entries); an unknown field in a tensor
+entry is read by no loader, so it goes to the :class:`~shardport.registry.notes.Notes` collector — a
+note by default, :class:`TensorEntryError` under ``strict`` or without a collector.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NoReturn
+
+from shardport.registry.notes import Notes, collector
 
 from .errors import (
     DuplicateKeyError,
@@ -138,19 +143,20 @@ class SafetensorsHeader:
 
 
 def parse_safetensors(
-    path: str | os.PathLike[str], limits: SafetensorsLimits | None = None
+    path: str | os.PathLike[str], limits: SafetensorsLimits | None = None, *, notes: Notes | None = None
 ) -> SafetensorsHeader:
     """Open ``path`` and validate its safetensors header (see :func:`parse_safetensors_source`)."""
     with FileSource(path) as source:
-        return parse_safetensors_source(source, limits)
+        return parse_safetensors_source(source, limits, notes=notes)
 
 
 def parse_safetensors_source(
-    source: ByteSource, limits: SafetensorsLimits | None = None
+    source: ByteSource, limits: SafetensorsLimits | None = None, *, notes: Notes | None = None
 ) -> SafetensorsHeader:
     """Validate the safetensors header of ``source``; reads at most ``8 + limits.max_header_bytes`` bytes.
 
-    Raises a :class:`~shardport.registry.formats.errors.ContainerError` subclass on any defect.
+    Raises a :class:`~shardport.registry.formats.errors.ContainerError` subclass on any defect;
+    unknown fields in tensor entries go to ``notes`` (raised without a collector).
     """
     limits = limits or SafetensorsLimits()
     name = source.name
@@ -170,7 +176,7 @@ def parse_safetensors_source(
             field="header length",
             expected=f"at most {limits.max_header_bytes} bytes",
             found=f"{n} bytes",
-            remedy="raise SafetensorsLimits.max_header_bytes if the file is trusted",
+            remedy="the file is corrupt or hostile: safetensors itself refuses headers over 100 MB",
         )
     if n < 2 or 8 + n > size:
         raise HeaderLengthError(
@@ -183,7 +189,7 @@ def parse_safetensors_source(
     raw = read_exact(source, 8, n, what="header")
     entries = load_json_object(name, raw)
     # a lone surrogate can only come from a \u escape; without one, every name is valid Unicode
-    metadata, tensors = _check_entries(name, entries, 8 + n, limits, b"\\u" in raw)
+    metadata, tensors = _check_entries(name, entries, 8 + n, limits, b"\\u" in raw, collector(notes))
     _check_tiling(name, tensors, 8 + n, size)
     return SafetensorsHeader(
         path=name,
@@ -304,6 +310,7 @@ def _check_entries(
     data_offset: int,
     limits: SafetensorsLimits,
     may_have_surrogates: bool,
+    notes: Notes,
 ) -> tuple[dict[str, str], list[TensorRecord]]:
     metadata: dict[str, str] = {}
     tensors: list[TensorRecord] = []
@@ -315,7 +322,7 @@ def _check_entries(
         if may_have_surrogates:
             _check_text(name, key, "tensor name", key)
         record = _accept_tensor(key, entry, data_offset, max_ndim)
-        tensors.append(record or _check_tensor(name, key, entry, data_offset, limits))
+        tensors.append(record or _check_tensor(name, key, entry, data_offset, limits, notes))
     return metadata, tensors
 
 
@@ -351,7 +358,7 @@ def _accept_tensor(tensor: str, entry: object, data_offset: int, max_ndim: int) 
 
 
 def _check_tensor(
-    name: str, tensor: str, entry: object, data_offset: int, limits: SafetensorsLimits
+    name: str, tensor: str, entry: object, data_offset: int, limits: SafetensorsLimits, notes: Notes
 ) -> TensorRecord:
     if not isinstance(entry, dict):
         raise TensorEntryError(
@@ -365,7 +372,7 @@ def _check_tensor(
     keys = set(entry)
     if keys != _TENSOR_FIELDS:
         missing, extra = sorted(_TENSOR_FIELDS - keys), sorted(keys - _TENSOR_FIELDS)
-        raise TensorEntryError(
+        error = TensorEntryError(
             name,
             tensor=tensor,
             field="entry fields",
@@ -373,6 +380,9 @@ def _check_tensor(
             found=f"missing {missing}, unknown {extra}",
             remedy=_REMEDY_RESAVE,
         )
+        if missing:
+            raise error
+        notes.add(error)  # unknown fields only: no loader reads them
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise UnknownDtypeError(

@@ -11,6 +11,11 @@ The work is split into pure steps and one I/O shell:
 * :func:`check_shards` — index + parsed shard headers → :class:`ShardedCheckpoint` (every tensor in
   exactly the shard the index names, nothing extra, ``total_size`` equal to the tensor bytes);
 * :func:`validate_sharded_checkpoint` — reads the index file and every shard header from disk.
+
+Which shard holds which tensor protects every loader and always refuses. ``total_size`` and
+``total_parameters`` are read by no loader (one producer writes the sum of file sizes, others omit
+them): a wrong or malformed value goes to the :class:`~shardport.registry.notes.Notes` collector — a
+note by default, its error under ``strict`` (a gate called without a collector raises).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
+
+from shardport.registry.notes import Notes, collector
 
 from .errors import (
     ShardIndexError,
@@ -100,7 +107,8 @@ def _check_shard_name(index_path: str, tensor: str, file: object) -> str:
     return file
 
 
-def _optional_count(index_path: str, metadata: Mapping[str, object], key: str) -> int | None:
+def _optional_count(index_path: str, metadata: Mapping[str, object], key: str, notes: Notes) -> int | None:
+    """``metadata[key]`` as a count; a value that is not one is noted (no loader reads it) and dropped."""
     value = metadata.get(key)
     if value is None:
         return None
@@ -108,17 +116,24 @@ def _optional_count(index_path: str, metadata: Mapping[str, object], key: str) -
         return int(value)
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**62:
         return value
-    raise ShardIndexError(
-        index_path,
-        field=f"metadata.{key}",
-        expected="a non-negative integer",
-        found=repr(value)[:80],
-        remedy=_REMEDY_REINDEX,
+    notes.add(
+        ShardIndexError(
+            index_path,
+            field=f"metadata.{key}",
+            expected="a non-negative integer",
+            found=repr(value)[:80],
+            remedy=_REMEDY_REINDEX,
+        )
     )
+    return None
 
 
-def parse_shard_index(index_path: str, raw: bytes) -> ShardIndex:
-    """Parse and type-check the bytes of a ``*.safetensors.index.json`` (pure; no file access)."""
+def parse_shard_index(index_path: str, raw: bytes, notes: Notes | None = None) -> ShardIndex:
+    """Parse and type-check the bytes of a ``*.safetensors.index.json`` (pure; no file access).
+
+    A malformed ``total_size`` or ``total_parameters`` goes to ``notes`` (and reads as ``None``).
+    """
+    notes = collector(notes)
     doc = load_json_object(index_path, raw)
     weight_map = doc.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
@@ -144,20 +159,21 @@ def parse_shard_index(index_path: str, raw: bytes) -> ShardIndex:
     return ShardIndex(
         path=index_path,
         weight_map=MappingProxyType(files),
-        total_size=_optional_count(index_path, metadata, "total_size"),
-        total_parameters=_optional_count(index_path, metadata, "total_parameters"),
+        total_size=_optional_count(index_path, metadata, "total_size", notes),
+        total_parameters=_optional_count(index_path, metadata, "total_parameters", notes),
     )
 
 
 def check_shards(
-    index: ShardIndex, shards: Mapping[str, SafetensorsHeader], *, check_total_size: bool = True
+    index: ShardIndex, shards: Mapping[str, SafetensorsHeader], *, notes: Notes | None = None
 ) -> ShardedCheckpoint:
     """Prove that ``shards`` (shard file → parsed header) hold exactly the tensors the index maps to them.
 
     Every shard the index names must be in ``shards`` (else :class:`ShardMissingError`); every tensor
     of a shard must be mapped to that shard, and every mapped tensor must be found in its shard (else
-    :class:`ShardMembershipError`); ``total_size``, when present and ``check_total_size`` is set, must
-    equal the sum of the tensors' data bytes (else :class:`TotalSizeMismatchError`).
+    :class:`ShardMembershipError`). ``total_size``, when present, should equal the sum of the
+    tensors' data bytes; when it does not, a :class:`TotalSizeMismatchError` goes to ``notes`` (raised
+    when there is no collector or it is strict).
     """
     seen: dict[str, str] = {}
     total = 0
@@ -205,13 +221,16 @@ def check_shards(
                 found="it is not in that shard",
                 remedy="re-download the shard or regenerate the index",
             )
-    if check_total_size and index.total_size is not None and index.total_size != total:
-        raise TotalSizeMismatchError(
-            index.path,
-            field="metadata.total_size",
-            expected=f"{total} (the sum of the tensors' data bytes)",
-            found=str(index.total_size),
-            remedy="regenerate the index, or pass check_total_size=False for a known-benign producer",
+    if index.total_size is not None and index.total_size != total:
+        collector(notes).add(
+            TotalSizeMismatchError(
+                index.path,
+                field="metadata.total_size",
+                expected=f"{total} (the sum of the tensors' data bytes)",
+                found=str(index.total_size),
+                remedy="no loader reads this field, so a push without --strict records it as a note; "
+                "to clear it, regenerate the index from the shards (e.g. save_pretrained)",
+            )
         )
     return ShardedCheckpoint(index=index, shards=tuple(ordered), tensor_bytes=total)
 
@@ -221,9 +240,12 @@ def validate_sharded_checkpoint(
     limits: SafetensorsLimits | None = None,
     *,
     max_index_bytes: int = DEFAULT_MAX_INDEX_BYTES,
-    check_total_size: bool = True,
+    notes: Notes | None = None,
 ) -> ShardedCheckpoint:
-    """Read an index file and the header of every shard it names (in its directory) and check them."""
+    """Read an index file and the header of every shard it names (in its directory) and check them.
+
+    Findings in fields no loader reads go to ``notes`` (see :mod:`shardport.registry.notes`).
+    """
     name = os.fspath(index_path)
     with FileSource(name) as source:
         size = source_size(source)
@@ -233,9 +255,9 @@ def validate_sharded_checkpoint(
                 field="file size",
                 expected=f"at most {max_index_bytes} bytes",
                 found=f"{size} bytes",
-                remedy="raise max_index_bytes if the index is trusted",
+                remedy="the index is corrupt or hostile: it maps tensor names to files and is small",
             )
-        index = parse_shard_index(name, read_exact(source, 0, size, what="index"))
+        index = parse_shard_index(name, read_exact(source, 0, size, what="index"), notes)
     base = Path(name).parent
     root = base.resolve()
     headers: dict[str, SafetensorsHeader] = {}
@@ -258,5 +280,5 @@ def validate_sharded_checkpoint(
                 found="no such file",
                 remedy="download the missing shard",
             )
-        headers[file] = parse_safetensors(path, limits)
-    return check_shards(index, headers, check_total_size=check_total_size)
+        headers[file] = parse_safetensors(path, limits, notes=notes)
+    return check_shards(index, headers, notes=notes)

@@ -13,6 +13,7 @@ from safetensors.numpy import save_file
 from shardport.registry.formats import ContainerError, validate_sharded_checkpoint
 from shardport.registry.formats import errors as E
 from shardport.registry.formats.shard_index import check_shards, parse_shard_index
+from shardport.registry.notes import Notes
 
 SHARD1, SHARD2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
 TENSORS = {
@@ -167,9 +168,27 @@ def test_hostile_index(
         assert info.value.tensor == tensor and repr(tensor) in str(info.value)
 
 
-def test_total_size_check_can_be_waived(tmp_path: Path) -> None:
-    path = build(tmp_path, index=_with(lambda i: i.update(metadata={"total_size": 1})))
-    assert validate_sharded_checkpoint(path, check_total_size=False).tensor_bytes == TOTAL
+@pytest.mark.parametrize(
+    ("metadata", "field"),
+    [
+        ({"total_size": TOTAL + 2 * 8 + 300}, "metadata.total_size"),  # the sum of file sizes
+        ({"total_size": "big"}, "metadata.total_size"),
+        ({"total_size": TOTAL, "total_parameters": -3}, "metadata.total_parameters"),
+    ],
+)
+def test_index_totals_are_noted_not_refused_with_a_collector(
+    tmp_path: Path, metadata: dict[str, object], field: str
+) -> None:
+    path = build(tmp_path, index=_with(lambda i: i.update(metadata=metadata)))
+    notes = Notes(root=tmp_path)
+    assert validate_sharded_checkpoint(path, notes=notes).tensor_bytes == TOTAL
+    [note] = notes.items
+    assert (note.file, note.field) == ("model.safetensors.index.json", field)
+    assert str(tmp_path) not in note.message  # relative to the checkpoint: no host path in a manifest
+    assert "check_total_size" not in note.message
+    with pytest.raises((E.TotalSizeMismatchError, E.ShardIndexError)) as info:
+        validate_sharded_checkpoint(path, notes=Notes(strict=True))
+    assert type(info.value).__name__ == note.code
 
 
 def test_absent_total_size_is_recorded_as_none(tmp_path: Path) -> None:
@@ -205,7 +224,7 @@ def test_hostile_shard_propagates_its_error(tmp_path: Path) -> None:
 
 
 def test_index_size_cap(tmp_path: Path) -> None:
-    with pytest.raises(E.ShardIndexError, match="max_index_bytes"):
+    with pytest.raises(E.ShardIndexError, match="expected at most 16 bytes"):
         validate_sharded_checkpoint(build(tmp_path), max_index_bytes=16)
 
 
