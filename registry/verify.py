@@ -198,8 +198,12 @@ def verify_ref(session: Session, ref: Ref, *, workdir: Path | None = None) -> Re
         problems, tiled = content.index_findings(manifest, index)
         for kind, obj, message in problems:
             report.add(kind, obj, message)
-    copied = {e.file for e in manifest.tensors or []}
-    copied |= {f.path for f in manifest.files if f.path.endswith((".safetensors", ".gguf"))}
+    table = content.table_findings(manifest)
+    for kind, obj, message in table:
+        report.add(kind, obj, message)
+    paths = {f.path for f in manifest.files}
+    copied = {e.file for e in manifest.tensors or [] if e.file in paths}
+    copied |= {p for p in paths if p.endswith((".safetensors", ".gguf"))}
     with tempfile.TemporaryDirectory(prefix="shardport-verify-", dir=workdir) as tmp:
         root = Path(tmp)
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
@@ -235,9 +239,11 @@ def verify_ref(session: Session, ref: Ref, *, workdir: Path | None = None) -> Re
                 report.add(kind, obj, message)
         for kind, obj, message in content.header_findings(root, manifest, intact):
             report.add(kind, obj, message)
-        if not copied <= exact:
+        if table or not copied <= exact:
             if manifest.weights:
-                report.notes.append("witnesses not re-decoded: the stored bytes already failed a check")
+                report.notes.append(
+                    "witnesses not re-decoded: the stored bytes or tensor table already failed"
+                )
             return report
         report.weights_checked, problems = content.check_weights(root, manifest)
         for kind, obj, message in problems:

@@ -40,6 +40,27 @@ MAX_TILE_FINDINGS = 32
 """Tile mismatches reported one by one; beyond this one finding counts the rest."""
 
 
+def table_findings(manifest: Manifest) -> list[Finding]:
+    """Every tensor of the table lies inside a file the manifest lists (else pull cannot map it)."""
+    sizes = {f.path: f.size for f in manifest.files}
+    out: list[Finding] = []
+    for e in manifest.tensors or []:
+        size = sizes.get(e.file)
+        if size is None:
+            out.append(
+                ("TensorTableMismatch", e.name, f"lies in {e.file!r}, which the manifest's files lack")
+            )
+        elif not e.start <= e.end <= size:
+            out.append(
+                (
+                    "TensorTableMismatch",
+                    e.name,
+                    f"bytes [{e.start}, {e.end}) do not lie inside {e.file} ({size} bytes in the manifest)",
+                )
+            )
+    return out
+
+
 def index_findings(manifest: Manifest, index: TileIndex) -> tuple[list[Finding], set[str]]:
     """Whether the tile index describes exactly the manifest's tensors (as a rank pull checks each).
 
