@@ -11,7 +11,7 @@ from pathlib import Path
 
 from shardport import ShardportError
 from shardport.registry import verify_content as content
-from shardport.registry.analysis import analyze, check_stored
+from shardport.registry.analysis import analyze
 from shardport.registry.describe import METADATA_DIR, scan
 from shardport.registry.errors import NotFoundError, RegistryError, UsageError, VerificationError
 from shardport.registry.formats import ContainerError
@@ -334,9 +334,8 @@ def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Repor
     for rel, _ in scan(folder):
         if rel not in expected:
             report.add("ExtraFile", rel, "present in the folder but not in the manifest")
-    if report.ok and manifest.tensors and manifest.weights:
-        try:
-            report.weights_checked = check_stored(folder, manifest.tensors, manifest.weights)
-        except ShardportError as exc:
-            report.add_error("weights", exc)
+    if report.ok:
+        report.weights_checked, problems = content.check_weights(folder, manifest)
+        for kind, obj, message in problems:
+            report.add(kind, obj, message)
     return report

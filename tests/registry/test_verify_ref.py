@@ -179,27 +179,31 @@ def test_flipped_hash_inside_the_tile_index_blob(local: World) -> None:
     assert any(ref.digest in c for c in fsck["corrupt"])
 
 
-def test_resigned_witness_row_tampered(local: World) -> None:
+def test_resigned_witness_rows_tampered(local: World) -> None:
+    """Two weights' witnesses changed in a re-signed manifest: verify REF names both, pull fails."""
     manifest = local.manifest()
     weights = list(manifest.weights or [])
-    k = next(i for i, w in enumerate(weights) if w.witness is not None)
-    witness = weights[k].witness
-    assert witness is not None
-    values = witness_values(witness).copy()
-    values[0, 0] += 0.5
-    raw = values.astype("<f4").tobytes()
-    changed = witness.model_copy(
-        update={
+    chosen = [i for i, w in enumerate(weights) if w.witness is not None][:2]
+    for k in chosen:
+        witness = weights[k].witness
+        assert witness is not None
+        values = witness_values(witness).copy()
+        values[-1, -1] += 0.5
+        raw = values.astype("<f4").tobytes()
+        update = {
             "values_f32le": base64.b64encode(raw).decode(),
             "values_sha256": hashlib.sha256(raw).hexdigest(),
         }
-    )
-    weights[k] = weights[k].model_copy(update={"witness": changed})
+        weights[k] = weights[k].model_copy(update={"witness": witness.model_copy(update=update)})
     local.republish(manifest.model_copy(update={"weights": weights}))
     code, report = cli(local.store, "verify", REF)
-    assert code == 1 and [f["object"] for f in report["findings"]] == [weights[k].name], report
+    assert code == 1 and [f["object"] for f in report["findings"]] == [weights[k].name for k in chosen], (
+        report
+    )
+    assert kinds(report) == {"WitnessMismatchError"}
     assert report["weights_checked"] == len(weights)
-    assert local.pulls()["full"] == 1
+    pulled = local.pulls()
+    assert pulled["full"] == 1
 
 
 def test_verify_ref_reports_every_finding(local: World) -> None:
