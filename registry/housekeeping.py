@@ -29,6 +29,8 @@ from shardport.registry.trust import TrustPolicy
 from shardport.registry.verify import _stream_digest
 
 GRACE = timedelta(hours=1)
+MAX_SIGNATURE = 16 << 20
+"""Bytes a signature envelope or bundle may have; a larger blob linked as one is not read."""
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -231,7 +233,7 @@ def _signature_problem(session: Session, manifest: str, raw: bytes, artifact: st
 
 
 def _check_referrers(
-    session: Session, name: str, present: set[str], corrupt: set[str], report: FsckReport
+    session: Session, name: str, present: dict[str, int], corrupt: set[str], report: FsckReport
 ) -> set[str]:
     """Check every referrer link of repository ``name``; return the manifests with an intact signature.
 
@@ -271,6 +273,9 @@ def _check_referrers(
                 continue
             if artifact not in (SIGNATURE_ARTIFACT, SIGSTORE_ARTIFACT) or blob in corrupt:
                 continue  # a corrupt blob is already reported; evidence is checked by verify REF
+            if present[blob] > MAX_SIGNATURE:
+                report.bad_referrers.append(f"{where}: {present[blob]} bytes, too large for a signature")
+                continue
             problem = _signature_problem(session, manifest, store.read_blob(blob), artifact)
             if problem:
                 report.bad_referrers.append(f"{where}: {problem}")
@@ -280,7 +285,7 @@ def _check_referrers(
 
 
 def _check_tag(
-    session: Session, name: str, tag: str, present: set[str], signed: set[str], report: FsckReport
+    session: Session, name: str, tag: str, present: dict[str, int], signed: set[str], report: FsckReport
 ) -> None:
     """A tag's chain, its documents' signatures by known keys, and what each version points at."""
     store = session.store
@@ -325,12 +330,12 @@ def fsck(session: Session) -> FsckReport:
     """
     store = session.store
     report = FsckReport()
-    present: set[str] = set()
+    present: dict[str, int] = {}  # digest -> size listed
     corrupt: set[str] = set()
     for obj in store.walk("blobs/sha256"):
         digest = "sha256:" + obj.key.rsplit("/", 1)[-1]
         report.blobs += 1
-        present.add(digest)
+        present[digest] = obj.size
         got, _ = _stream_digest(session, digest)
         if got != digest:
             corrupt.add(digest)

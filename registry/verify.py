@@ -143,13 +143,15 @@ def _attachments(session: Session, ref: Ref, digest: str, report: Report) -> Non
     """Every blob attached to the manifest (signatures, evidence) is present and hashes to its name."""
     for blob in referrers(session, ref.name, digest):
         try:
-            got, _ = _stream_digest(session, blob, limit=MAX_ATTACHMENT)
+            got, size = _stream_digest(session, blob, limit=MAX_ATTACHMENT)
         except NotFoundError:
             report.add(
                 "MissingBlob", f"attachment {blob}", "attached to the manifest but missing from the store"
             )
             continue
-        if got != blob:
+        if size > MAX_ATTACHMENT:
+            report.add("DigestMismatch", f"attachment {blob}", f"larger than {MAX_ATTACHMENT} bytes")
+        elif got != blob:
             report.add("DigestMismatch", f"attachment {blob}", f"content hashes to {got}")
 
 
@@ -225,8 +227,12 @@ def verify_ref(session: Session, ref: Ref, *, workdir: Path | None = None) -> Re
                 report.add(
                     "DigestMismatch",
                     entry.path,
-                    f"blob {entry.digest}: expected {entry.size} bytes hashing to {entry.digest}, "
-                    f"found {size} bytes hashing to {got}",
+                    f"blob {entry.digest}: expected {entry.size} bytes hashing to {entry.digest}, found "
+                    + (
+                        f"more than {entry.size} bytes (read no further)"
+                        if size > entry.size
+                        else f"{size} bytes hashing to {got}"
+                    ),
                 )
             if size == entry.size:
                 intact.add(entry.path)

@@ -423,3 +423,14 @@ def test_fsck_accepts_a_store_pushed_unsigned_on_purpose(tmp_path: Path, home: P
     report = ok(store, "fsck")
     assert report["tags"] == 1 and report["referrers"] == 0 and not report["unsigned"]
     assert ok(store, "verify", REF, "--allow-unsigned")["weights_checked"] == 12
+
+
+def test_fsck_does_not_read_an_oversized_signature(local: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardport.registry import housekeeping
+
+    monkeypatch.setattr(housekeeping, "MAX_SIGNATURE", 1000)
+    attach(local.session, NAME, local.v2, local.session.store.put_blob(b"x" * 1001), SIGNATURE_ARTIFACT)
+    code, report = cli(local.store, "fsck")
+    assert code == 1 and report["bad_referrers"] == [
+        f"{NAME}: attachment {hex_digest(b'x' * 1001)} of {local.v2}: 1001 bytes, too large for a signature"
+    ], report
