@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -169,6 +170,17 @@ def _fetch(session: Session, entry: FileEntry, root: Path | None) -> tuple[FileE
     return entry, got, size
 
 
+def _check_room(workdir: Path | None, needed: int) -> None:
+    """Refuse before copying anything when the temporary folder cannot hold ``needed`` bytes."""
+    where = Path(workdir or tempfile.gettempdir())
+    free = shutil.disk_usage(where).free
+    if needed > free:
+        raise UsageError(
+            f"verify needs {needed} bytes of temporary space for a checked copy of the tensor files, "
+            f"{where} has {free} free; set TMPDIR to a folder with room"
+        )
+
+
 def verify_ref(session: Session, ref: Ref, *, workdir: Path | None = None) -> Report:
     """Verify a stored reference as pull and rank pulls would: every stage, every byte, every witness.
 
@@ -206,6 +218,7 @@ def verify_ref(session: Session, ref: Ref, *, workdir: Path | None = None) -> Re
     paths = {f.path for f in manifest.files}
     copied = {e.file for e in manifest.tensors or [] if e.file in paths}
     copied |= {p for p in paths if p.endswith((".safetensors", ".gguf"))}
+    _check_room(workdir, sum(f.size for f in manifest.files if f.path in copied))
     with tempfile.TemporaryDirectory(prefix="shardport-verify-", dir=workdir) as tmp:
         root = Path(tmp)
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:

@@ -434,3 +434,23 @@ def test_fsck_does_not_read_an_oversized_signature(local: World, monkeypatch: py
     assert code == 1 and report["bad_referrers"] == [
         f"{NAME}: attachment {hex_digest(b'x' * 1001)} of {local.v2}: 1001 bytes, too large for a signature"
     ], report
+
+
+def test_verify_ref_refuses_when_the_temporary_folder_is_too_small(
+    local: World, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import shutil
+    from collections import namedtuple
+
+    work = tmp_path / "work"
+    work.mkdir()
+    usage = namedtuple("usage", "total used free")
+    with monkeypatch.context() as m:
+        m.setenv("TMPDIR", str(work))
+        m.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+        m.setattr(shutil, "disk_usage", lambda _: usage(10**6, 10**6 - 1000, 1000))
+        code, report = cli(local.store, "verify", REF)
+    assert code == 2 and report["error"]["type"] == "UsageError", report
+    assert str(work) in report["error"]["message"] and "TMPDIR" in report["error"]["message"]
+    assert list(work.iterdir()) == []
+    assert ok(local.store, "verify", REF)["ok"]
