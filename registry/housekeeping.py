@@ -336,7 +336,7 @@ def fsck(session: Session) -> FsckReport:
         digest = "sha256:" + obj.key.rsplit("/", 1)[-1]
         report.blobs += 1
         present[digest] = obj.size
-        got, _ = _stream_digest(session, digest)
+        got, _ = _stream_digest(session, digest, limit=obj.size)  # never more than listed + 1 byte
         if got != digest:
             corrupt.add(digest)
             report.corrupt.append(f"{digest}: content hashes to {got}")
