@@ -2,7 +2,8 @@
 
 gc marks from every retained tag version (so rollback targets survive), every manifest's files and
 attachments, every live upload lease, and a grace window on blob age; then sweeps the rest.
-fsck reports corrupt blobs (content not hashing to the name), dangling references and broken tags.
+fsck reports corrupt blobs (content not hashing to the name), dangling references, broken tags, damaged
+referrer links and tag versions whose manifest lost every signature (what a pull would refuse).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from datetime import datetime, timedelta
 
 from shardport.provenance.dsse import Envelope
 from shardport.provenance.errors import EnvelopeFormatError
+from shardport.provenance.keys import VerifyingKey
 from shardport.provenance.statement import Statement
 from shardport.registry.errors import RegistryError, VerificationError
 from shardport.registry.hashing import digest_bytes, hex_of
 from shardport.registry.manifest import Manifest
 from shardport.registry.session import Session
+from shardport.registry.signatures import SIGNATURE_ARTIFACT, SIGNATURE_PREDICATE, SIGSTORE_ARTIFACT
 from shardport.registry.store import blob_key
 from shardport.registry.tagging import read_raw_history
 from shardport.registry.tags import TagEntry, parse_time, verify_history
@@ -26,6 +29,8 @@ from shardport.registry.trust import TrustPolicy
 from shardport.registry.verify import _stream_digest
 
 GRACE = timedelta(hours=1)
+MAX_SIGNATURE = 16 << 20
+"""Bytes a signature envelope or bundle may have; a larger blob linked as one is not read."""
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -165,15 +170,18 @@ class FsckReport:
 
     blobs: int = 0
     tags: int = 0
+    referrers: int = 0
     corrupt: list[str] = field(default_factory=list)
     dangling: list[str] = field(default_factory=list)
     broken_tags: list[str] = field(default_factory=list)
+    bad_referrers: list[str] = field(default_factory=list)
+    unsigned: list[str] = field(default_factory=list)
     stale_uploads: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """True when nothing is corrupt, dangling or broken (stale uploads are only reported)."""
-        return not (self.corrupt or self.dangling or self.broken_tags)
+        """True when nothing is corrupt, dangling, broken or unsigned (stale uploads are only reported)."""
+        return not (self.corrupt or self.dangling or self.broken_tags or self.bad_referrers or self.unsigned)
 
     def to_json(self) -> dict[str, object]:
         """The ``--json`` form."""
@@ -181,53 +189,161 @@ class FsckReport:
             "ok": self.ok,
             "blobs": self.blobs,
             "tags": self.tags,
+            "referrers": self.referrers,
             "corrupt": self.corrupt,
             "dangling": self.dangling,
             "broken_tags": self.broken_tags,
+            "bad_referrers": self.bad_referrers,
+            "unsigned": self.unsigned,
             "stale_uploads": self.stale_uploads,
         }
 
 
+def _known_keys(session: Session, env: Envelope) -> list[VerifyingKey]:
+    """The policy's keys among those that say they signed ``env`` (these can be checked)."""
+    ids = {s.keyid for s in env.signatures}
+    return [k.key for k in session.policy.keys if k.key.keyid in ids]
+
+
+def _signature_problem(session: Session, manifest: str, raw: bytes, artifact: str) -> str | None:
+    """Why a signature blob attached to ``manifest`` could not make a pull accept it, or None.
+
+    Structure only (fsck makes no trust decisions), plus the cryptographic check for every key the
+    trust policy knows.
+    """
+    if artifact == SIGSTORE_ARTIFACT:
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return f"Sigstore bundle is not JSON ({exc})"
+        return None if isinstance(doc, dict) else "Sigstore bundle is not a JSON object"
+    try:
+        env = Envelope.from_bytes(raw, source="signature")
+        st = Statement.from_bytes(env.payload)
+    except (EnvelopeFormatError, ValueError) as exc:
+        return f"not a DSSE signature envelope ({exc})"
+    if st.predicate_type != SIGNATURE_PREDICATE or [x.sha256 for x in st.subjects] != [hex_of(manifest)]:
+        return f"does not sign manifest {manifest}"
+    if not env.signatures:
+        return "the envelope holds no signature"
+    known = _known_keys(session, env)
+    if known and not env.signed_by(known):
+        return f"signature by {', '.join(k.keyid for k in known)} does not verify"
+    return None
+
+
+def _check_referrers(
+    session: Session, name: str, present: dict[str, int], corrupt: set[str], report: FsckReport
+) -> set[str]:
+    """Check every referrer link of repository ``name``; return the manifests with an intact signature.
+
+    A link must be a JSON document ``{artifactType, digest}`` naming the blob of its own key, that blob
+    must be present, and a signature must be a well-formed envelope (or bundle) of that manifest.
+    """
+    store = session.store
+    signed: set[str] = set()
+    folder = f"repos/{name}/referrers"
+    for child in store.listdir(folder):
+        if not _HEX.fullmatch(child):
+            report.bad_referrers.append(f"{name}: {folder}/{child}: not named by a manifest digest")
+            continue
+        manifest = "sha256:" + child
+        if manifest not in present:
+            report.dangling.append(f"{name}: attachments of manifest {manifest}, which is missing")
+        for link in store.listdir(f"{folder}/{child}"):
+            report.referrers += 1
+            where = f"{name}: attachment sha256:{link} of {manifest}"
+            if not _HEX.fullmatch(link):
+                report.bad_referrers.append(f"{where}: the link is not named by a blob digest")
+                continue
+            blob = "sha256:" + link
+            if blob not in present:
+                report.dangling.append(f"{name}: attachment {blob} of {manifest} is missing")
+                continue
+            try:
+                doc = json.loads(store.read(f"{folder}/{child}/{link}"))
+            except (ValueError, UnicodeDecodeError) as exc:
+                report.bad_referrers.append(f"{where}: the link is not a JSON document ({exc})")
+                continue
+            artifact = doc.get("artifactType") if isinstance(doc, dict) else None
+            if not isinstance(doc, dict) or doc.get("digest") != blob or not isinstance(artifact, str):
+                report.bad_referrers.append(
+                    f"{where}: the link is not {{artifactType, digest}} naming its own blob: {str(doc)[:200]}"
+                )
+                continue
+            if artifact not in (SIGNATURE_ARTIFACT, SIGSTORE_ARTIFACT) or blob in corrupt:
+                continue  # a corrupt blob is already reported; evidence is checked by verify REF
+            if present[blob] > MAX_SIGNATURE:
+                report.bad_referrers.append(f"{where}: {present[blob]} bytes, too large for a signature")
+                continue
+            problem = _signature_problem(session, manifest, store.read_blob(blob), artifact)
+            if problem:
+                report.bad_referrers.append(f"{where}: {problem}")
+            else:
+                signed.add(manifest)
+    return signed
+
+
+def _check_tag(
+    session: Session, name: str, tag: str, present: dict[str, int], signed: set[str], report: FsckReport
+) -> None:
+    """A tag's chain, its documents' signatures by known keys, and what each version points at."""
+    store = session.store
+    try:
+        entries = _chain(session, name, tag)
+    except VerificationError as exc:
+        report.broken_tags.append(f"{name}:{tag}: {exc}")
+        return
+    for e in entries:
+        where = f"{name}:{tag} version {e.doc.version}"
+        env = Envelope.from_bytes(e.raw, source=where)
+        known = _known_keys(session, env)
+        if known and not env.signed_by(known):
+            report.broken_tags.append(f"{where}: signature by {known[0].keyid} does not verify")
+        if e.doc.target not in present:
+            report.dangling.append(f"{where}: target manifest {e.doc.target} is missing")
+            continue
+        if e.doc.signer is not None and e.doc.target not in signed:
+            report.unsigned.append(
+                f"{where}: manifest {e.doc.target} has no intact signature attached in {name} "
+                "(a pull fails with UnsignedError)"
+            )
+        try:
+            manifest = Manifest.from_bytes(store.read_blob(e.doc.target))
+        except VerificationError as exc:
+            report.dangling.append(f"{where}: target manifest unreadable: {exc}")
+            continue
+        report.dangling.extend(
+            f"{where}: file {f.path} blob {f.digest} is missing"
+            for f in manifest.files
+            if f.digest not in present
+        )
+        if manifest.tile_index is not None and manifest.tile_index.digest not in present:
+            report.dangling.append(f"{where}: tile index {manifest.tile_index.digest} is missing")
+
+
 def fsck(session: Session) -> FsckReport:
-    """Check every blob's hash, every tag chain, and that everything referenced exists."""
+    """Check every blob's hash, every tag chain, every referrer link, and that everything referenced exists.
+
+    A tag version signed by a key whose manifest has no intact signature link in its repository is
+    reported as unsigned: pulling it fails with ``UnsignedError``.
+    """
     store = session.store
     report = FsckReport()
-    present: set[str] = set()
+    present: dict[str, int] = {}  # digest -> size listed
+    corrupt: set[str] = set()
     for obj in store.walk("blobs/sha256"):
         digest = "sha256:" + obj.key.rsplit("/", 1)[-1]
         report.blobs += 1
-        present.add(digest)
-        got, _ = _stream_digest(session, digest)
+        present[digest] = obj.size
+        got, _ = _stream_digest(session, digest, limit=obj.size)  # never more than listed + 1 byte
         if got != digest:
+            corrupt.add(digest)
             report.corrupt.append(f"{digest}: content hashes to {got}")
     for name in repositories(session):
+        signed = _check_referrers(session, name, present, corrupt, report)
         for tag in store.listdir(f"repos/{name}/tags"):
             report.tags += 1
-            try:
-                entries = _chain(session, name, tag)
-            except VerificationError as exc:
-                report.broken_tags.append(f"{name}:{tag}: {exc}")
-                continue
-            for e in entries:
-                where = f"{name}:{tag} version {e.doc.version}"
-                if e.doc.target not in present:
-                    report.dangling.append(f"{where}: target manifest {e.doc.target} is missing")
-                    continue
-                try:
-                    manifest = Manifest.from_bytes(store.read_blob(e.doc.target))
-                except VerificationError as exc:
-                    report.dangling.append(f"{where}: target manifest unreadable: {exc}")
-                    continue
-                report.dangling.extend(
-                    f"{where}: file {f.path} blob {f.digest} is missing"
-                    for f in manifest.files
-                    if f.digest not in present
-                )
-                if manifest.tile_index is not None and manifest.tile_index.digest not in present:
-                    report.dangling.append(f"{where}: tile index {manifest.tile_index.digest} is missing")
-        for child in store.listdir(f"repos/{name}/referrers"):
-            for blob in store.listdir(f"repos/{name}/referrers/{child}"):
-                if "sha256:" + blob not in present:
-                    report.dangling.append(f"{name}: attachment sha256:{blob} of sha256:{child} is missing")
+            _check_tag(session, name, tag, present, signed, report)
     report.stale_uploads = sorted({o.key.split("/")[1] for o in store.walk("uploads") if "/" in o.key})
     return report

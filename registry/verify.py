@@ -4,21 +4,31 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardport import ShardportError
-from shardport.registry.analysis import analyze, check_stored
+from shardport.registry import verify_content as content
+from shardport.registry.analysis import analyze
 from shardport.registry.describe import METADATA_DIR, scan
 from shardport.registry.errors import NotFoundError, RegistryError, UsageError, VerificationError
 from shardport.registry.formats import ContainerError
 from shardport.registry.hashing import CHUNK, digest_file
-from shardport.registry.manifest import Manifest
+from shardport.registry.manifest import FileEntry, Manifest
 from shardport.registry.paths import check_paths
 from shardport.registry.refs import Ref
-from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
-from shardport.registry.signatures import check_envelope
+from shardport.registry.signatures import check_envelope, referrers, verify_manifest
+from shardport.registry.tagging import history
+from shardport.registry.tiles import TileIndex
+
+WORKERS = 4
+"""Blobs streamed from the store at once by ``verify REF``."""
+MAX_ATTACHMENT = 64 << 20
+"""Bytes hashed at most of one attachment (signature, evidence) before it counts as oversized."""
 
 
 @dataclass
@@ -29,6 +39,7 @@ class Report:
     digest: str | None = None
     checked_files: int = 0
     checked_bytes: int = 0
+    checked_tiles: int = 0
     signers: list[str] = field(default_factory=list)
     findings: list[dict[str, str]] = field(default_factory=list)
     weights_checked: int = 0
@@ -52,6 +63,7 @@ class Report:
             "ok": self.ok,
             "checked_files": self.checked_files,
             "checked_bytes": self.checked_bytes,
+            "checked_tiles": self.checked_tiles,
             "signers": self.signers,
             "weights_checked": self.weights_checked,
             "notes": self.notes,
@@ -72,47 +84,189 @@ class Report:
             self.parse_error = True
 
 
-def _stream_digest(session: Session, digest: str) -> tuple[str, int]:
+def _stream_digest(session: Session, digest: str, *, limit: int | None = None) -> tuple[str, int]:
+    """sha256 and size of a stored blob, streamed (with ``limit``: at most ``limit + 1`` bytes read)."""
     h = hashlib.sha256()
     n = 0
     with session.store.open_blob(digest) as fh:
-        while chunk := fh.read(CHUNK):
+        while chunk := fh.read(CHUNK if limit is None else max(1, min(CHUNK, limit + 1 - n))):
             h.update(chunk)
             n += len(chunk)
+            if limit is not None and n > limit:
+                break
     return "sha256:" + h.hexdigest(), n
 
 
-def verify_ref(session: Session, ref: Ref) -> Report:
-    """Verify a stored reference: tag history, signature, manifest, and every file blob's hash."""
-    report = Report(subject=str(ref))
-    try:
-        resolved = resolve(session, ref)
-    except NotFoundError:
-        raise
-    except VerificationError as exc:
-        report.add(type(exc).__name__, str(ref), str(exc))
-        return report
-    report.digest = resolved.digest
-    report.signers = list(resolved.signers)
-    try:
-        check_paths([f.path for f in resolved.manifest.files], source=f"manifest {resolved.digest}")
-    except VerificationError as exc:
-        report.add(type(exc).__name__, resolved.digest, str(exc))
-    for entry in resolved.manifest.files:
+def _manifest_of(session: Session, ref: Ref, report: Report) -> Manifest | None:
+    """Resolve ``ref`` stage by stage as :func:`resolve` does, recording failures as findings.
+
+    A tag history that does not verify or a manifest that cannot be read ends the check; a manifest
+    whose signatures do not verify is still checked further, so one run reports every finding.
+    """
+    if ref.tag is not None:
         try:
-            got, size = _stream_digest(session, entry.digest)
+            entries = history(session, ref.name, ref.tag)
+        except VerificationError as exc:
+            report.add(type(exc).__name__, str(ref), str(exc))
+            return None
+        if not entries:
+            raise NotFoundError(f"tag {ref}: not found in store {session.store.url}")
+        digest = entries[-1].doc.target
+    else:
+        assert ref.digest is not None
+        digest = ref.digest
+    report.digest = digest
+    try:
+        raw = session.store.read_blob(digest)
+    except NotFoundError as exc:
+        raise NotFoundError(f"manifest {digest} ({ref}): not found in store {session.store.url}") from exc
+    except VerificationError as exc:
+        report.add(type(exc).__name__, digest, str(exc))
+        return None
+    try:
+        manifest = Manifest.from_bytes(raw, source=f"manifest {digest}")
+    except VerificationError as exc:
+        report.add(type(exc).__name__, digest, str(exc))
+        return None
+    try:
+        report.signers = verify_manifest(session, ref.name, digest)
+    except VerificationError as exc:
+        report.add(type(exc).__name__, digest, str(exc))
+    try:
+        check_paths([f.path for f in manifest.files], source=f"manifest {digest}")
+    except VerificationError as exc:
+        report.add(type(exc).__name__, digest, str(exc))
+        return None  # nothing is written under paths that could escape the work folder
+    return manifest
+
+
+def _attachments(session: Session, ref: Ref, digest: str, report: Report) -> None:
+    """Every blob attached to the manifest (signatures, evidence) is present and hashes to its name."""
+    for blob in referrers(session, ref.name, digest):
+        try:
+            got, size = _stream_digest(session, blob, limit=MAX_ATTACHMENT)
         except NotFoundError:
-            report.add("MissingBlob", entry.path, f"blob {entry.digest} is missing from the store")
-            continue
-        report.checked_files += 1
-        report.checked_bytes += size
-        if got != entry.digest or size != entry.size:
             report.add(
-                "DigestMismatch",
-                entry.path,
-                f"blob {entry.digest}: expected {entry.size} bytes hashing to {entry.digest}, "
-                f"found {size} bytes hashing to {got}",
+                "MissingBlob", f"attachment {blob}", "attached to the manifest but missing from the store"
             )
+            continue
+        if size > MAX_ATTACHMENT:
+            report.add("DigestMismatch", f"attachment {blob}", f"larger than {MAX_ATTACHMENT} bytes")
+        elif got != blob:
+            report.add("DigestMismatch", f"attachment {blob}", f"content hashes to {got}")
+
+
+def _fetch(session: Session, entry: FileEntry, root: Path | None) -> tuple[FileEntry, str, int] | None:
+    """Stream one file blob once: into ``root`` (a verified copy) or only through the hash."""
+    try:
+        if root is None:
+            got, size = _stream_digest(session, entry.digest, limit=entry.size)
+        else:
+            target = root / entry.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            got, size = session.store.fetch_blob(entry.digest, target, max_size=entry.size)
+    except NotFoundError:
+        return None
+    return entry, got, size
+
+
+def _check_room(workdir: Path | None, needed: int) -> None:
+    """Refuse before copying anything when the temporary folder cannot hold ``needed`` bytes."""
+    where = Path(workdir or tempfile.gettempdir())
+    free = shutil.disk_usage(where).free
+    if needed > free:
+        raise UsageError(
+            f"verify needs {needed} bytes of temporary space for a checked copy of the tensor files, "
+            f"{where} has {free} free; set TMPDIR to a folder with room"
+        )
+
+
+def verify_ref(session: Session, ref: Ref, *, workdir: Path | None = None) -> Report:
+    """Verify a stored reference as pull and rank pulls would: every stage, every byte, every witness.
+
+    Tag history and signatures; every file blob's sha256 and size; the tile index blob against its
+    digest, against the tensor table, and every tile's BLAKE3 against the bytes; the safetensors/GGUF
+    headers against the tensor table; the semantic gates and every witness re-decoded; every attached
+    blob present and intact. Blobs holding tensors are streamed once into a temporary folder under
+    ``workdir`` (default: the system's temporary folder; disk: the size of those files; removed at the
+    end), other blobs only through the hash. Every failing thing is a finding.
+    """
+    report = Report(subject=str(ref))
+    manifest = _manifest_of(session, ref, report)
+    if manifest is None or report.digest is None:
+        return report
+    _attachments(session, ref, report.digest, report)
+    index: TileIndex | None = None
+    if manifest.tile_index is not None:
+        where = f"tile index {manifest.tile_index.digest}"
+        try:
+            index = TileIndex.from_bytes(session.store.read_blob(manifest.tile_index.digest), source=where)
+        except NotFoundError:
+            report.add("MissingBlob", "tile index", f"{where} is missing from the store")
+        except VerificationError as exc:
+            report.add(type(exc).__name__, "tile index", str(exc))
+    elif manifest.tensors:
+        report.notes.append("no tile index: rank pulls of this artifact are refused (re-push to add one)")
+    tiled: set[str] = set()
+    if index is not None:
+        problems, tiled = content.index_findings(manifest, index)
+        for kind, obj, message in problems:
+            report.add(kind, obj, message)
+    table = content.table_findings(manifest)
+    for kind, obj, message in table:
+        report.add(kind, obj, message)
+    paths = {f.path for f in manifest.files}
+    copied = {e.file for e in manifest.tensors or [] if e.file in paths}
+    copied |= {p for p in paths if p.endswith((".safetensors", ".gguf"))}
+    _check_room(workdir, sum(f.size for f in manifest.files if f.path in copied))
+    with tempfile.TemporaryDirectory(prefix="shardport-verify-", dir=workdir) as tmp:
+        root = Path(tmp)
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            done = list(
+                pool.map(
+                    lambda f: (f, _fetch(session, f, root if f.path in copied else None)), manifest.files
+                )
+            )
+        intact: set[str] = set()  # the right size: tiles and headers can be read
+        exact: set[str] = set()  # the right bytes: what pull would accept
+        for entry, fetched in done:
+            if fetched is None:
+                report.add("MissingBlob", entry.path, f"blob {entry.digest} is missing from the store")
+                continue
+            _, got, size = fetched
+            report.checked_files += 1
+            report.checked_bytes += size
+            if got != entry.digest or size != entry.size:
+                report.add(
+                    "DigestMismatch",
+                    entry.path,
+                    f"blob {entry.digest}: expected {entry.size} bytes hashing to {entry.digest}, found "
+                    + (
+                        f"more than {entry.size} bytes (read no further)"
+                        if size > entry.size
+                        else f"{size} bytes hashing to {got}"
+                    ),
+                )
+            if size == entry.size:
+                intact.add(entry.path)
+                if got == entry.digest:
+                    exact.add(entry.path)
+        if index is not None:
+            names = {n for n in tiled if index.tensors[n].file in intact}
+            report.checked_tiles, problems = content.tile_findings(root, index, names)
+            for kind, obj, message in problems:
+                report.add(kind, obj, message)
+        for kind, obj, message in content.header_findings(root, manifest, intact):
+            report.add(kind, obj, message)
+        if table or not copied <= exact:
+            if manifest.weights:
+                report.notes.append(
+                    "witnesses not re-decoded: the stored bytes or tensor table already failed"
+                )
+            return report
+        report.weights_checked, problems = content.check_weights(root, manifest)
+        for kind, obj, message in problems:
+            report.add(kind, obj, message)
     return report
 
 
@@ -199,9 +353,8 @@ def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Repor
     for rel, _ in scan(folder):
         if rel not in expected:
             report.add("ExtraFile", rel, "present in the folder but not in the manifest")
-    if report.ok and manifest.tensors and manifest.weights:
-        try:
-            report.weights_checked = check_stored(folder, manifest.tensors, manifest.weights)
-        except ShardportError as exc:
-            report.add_error("weights", exc)
+    if report.ok:
+        report.weights_checked, problems = content.check_weights(folder, manifest)
+        for kind, obj, message in problems:
+            report.add(kind, obj, message)
     return report
