@@ -129,7 +129,7 @@ def _manifest_of(session: Session, ref: Ref, report: Report) -> Manifest | None:
         report.add(type(exc).__name__, digest, str(exc))
         return None
     try:
-        report.signers = verify_manifest(session, ref.name, digest)
+        report.signers = verify_manifest(session, ref.name, digest, ref.tag)
     except VerificationError as exc:
         report.add(type(exc).__name__, digest, str(exc))
     try:
@@ -323,10 +323,12 @@ def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Repor
         return report
     signers: list[str] = []
     errors: list[str] = []
+    pulled = str(ref.get("ref", ""))  # the tag a pull went through vouches for tag-scoped keys
+    pulled_tag = pulled.rpartition(":")[2] if "@" not in pulled and ":" in pulled else None
     for sig in sorted((meta / "signatures").glob("*.json")):
         try:
             signers += check_envelope(
-                session, sig.read_bytes(), str(ref.get("repository", "")), digest, str(sig)
+                session, sig.read_bytes(), str(ref.get("repository", "")), digest, str(sig), pulled_tag
             )
         except VerificationError as exc:
             errors.append(str(exc))

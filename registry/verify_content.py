@@ -24,6 +24,7 @@ from shardport import ShardportError
 from shardport.registry.analysis import check_stored
 from shardport.registry.formats import parse_gguf, parse_safetensors
 from shardport.registry.manifest import FileEntry, Manifest, TensorEntry
+from shardport.registry.notes import Notes
 from shardport.registry.tiles import (
     TensorTiles,
     TileGridError,
@@ -183,10 +184,10 @@ def header_findings(root: Path, manifest: Manifest, present: set[str]) -> list[F
             continue
         try:
             if f.path.endswith(".gguf"):
-                g = parse_gguf(root / f.path)
+                g = parse_gguf(root / f.path, notes=Notes(root=root))  # noted at push: not refused
                 found = {t.name: (t.start, t.end, t.ggml_type, tuple(t.shape)) for t in g.tensors}
             else:
-                s = parse_safetensors(root / f.path)
+                s = parse_safetensors(root / f.path, notes=Notes(root=root))
                 found = {t.name: (t.start, t.end, t.dtype, tuple(t.shape)) for t in s.tensors}
         except ShardportError as exc:
             out.append((type(exc).__name__, f.path, str(exc)))
