@@ -193,6 +193,7 @@ def test_tag_scoped_key_pushes_what_can_be_pulled(
     pushed = cli.ok("push", make_checkpoint(tmp_path / "c", size=2000), "m/a:prod")
     assert cli.ok("pull", "m/a:prod", tmp_path / "d")["digest"] == pushed["digest"]
     assert cli.ok("verify", "m/a:prod")["ok"]
+    assert cli.ok("verify", tmp_path / "d")["ok"]
     code, out = cli("pull", f"m/a@{pushed['digest']}", tmp_path / "e")  # no tag resolved: not vouched for
     assert code == 1 and out["error"]["type"] == "UntrustedSignerError", out
     # A tag outside the key's scope is refused before anything is written.
