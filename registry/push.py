@@ -31,6 +31,7 @@ from shardport.registry.store import file_identity
 from shardport.registry.tagging import DEFAULT_VALIDITY, history, move_tag
 from shardport.registry.tags import format_time
 from shardport.registry.tiles import CheckpointReader, build_tile_index
+from shardport.registry.tiles_splits import plane_cuts
 
 LEASE_TIME = timedelta(hours=6)
 WORKERS = 4
@@ -159,7 +160,10 @@ def push(
     index_bytes = None
     if analysis is not None and analysis.tensors:
         with CheckpointReader(src) as read:
-            index = build_tile_index(analysis.tensors, read, target=tile_target, minimum=tile_minimum)
+            cuts = plane_cuts(analysis.weights, analysis.tensors, analysis.params)
+            index = build_tile_index(
+                analysis.tensors, read, target=tile_target, minimum=tile_minimum, cuts=cuts
+            )
             index_bytes = index.to_bytes()
     index_digest = digest_bytes(index_bytes) if index_bytes else None
     manifest = build_manifest(src, entries, format_time(now), analysis, index_digest)
