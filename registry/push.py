@@ -68,6 +68,11 @@ class PushResult:
         }
 
 
+def _plan_params(src: Path, entries: list[FileEntry], analysis: Analysis) -> Mapping[str, Any]:
+    """The model parameters placement will plan with: the manifest's (as :func:`build_manifest` picks)."""
+    return model_of(src, {e.path: e for e in entries}).params or analysis.params
+
+
 def build_manifest(
     src: Path,
     entries: list[FileEntry],
@@ -160,7 +165,7 @@ def push(
     index_bytes = None
     if analysis is not None and analysis.tensors:
         with CheckpointReader(src) as read:
-            cuts = plane_cuts(analysis.weights, analysis.tensors, analysis.params)
+            cuts = plane_cuts(analysis.weights, analysis.tensors, _plan_params(src, entries, analysis))
             index = build_tile_index(
                 analysis.tensors, read, target=tile_target, minimum=tile_minimum, cuts=cuts
             )

@@ -256,6 +256,8 @@ def _cut_grid(layout: PlaneLayout, cuts: PlaneCuts, target: int) -> GridChoice:
         return GridChoice(max(rows, 1), max(row_bytes, 1), 1, 1)
     row_blocks = _cut_blocks(rows, cuts.rows)
     col_blocks = _cut_blocks(row_bytes // q, cuts.cols)
+    if not cuts.cols.points and row_blocks[0] * row_bytes <= target:  # whole rows: contiguous tiles
+        col_blocks = [row_bytes // q]
     below: tuple[int, int, int, int] | None = None
     above: tuple[int, int, int, int] | None = None
     for units in col_blocks:
