@@ -249,8 +249,10 @@ def _cut_blocks(length: int, axis: AxisCuts) -> list[int]:
 
 
 def _cut_grid(layout: PlaneLayout, cuts: PlaneCuts, target: int) -> GridChoice:
-    """The largest tile ≤ ``target`` (ties to the wider) among blocks that honour ``cuts``; if every
-    such tile is larger, the smallest. ``row_align`` / ``col_align`` report the units kept."""
+    """The largest tile ≤ ``target`` (ties to the wider) among blocks that honour ``cuts``.
+
+    If every such tile is larger, the smallest. ``row_align`` / ``col_align`` report the units kept.
+    """
     rows, row_bytes, q = layout.rows, layout.row_bytes, layout.quantum
     if layout.nbytes == 0:
         return GridChoice(max(rows, 1), max(row_bytes, 1), 1, 1)

@@ -20,6 +20,7 @@ tile is still verified.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -117,8 +118,10 @@ def model_param(params: Mapping[str, Any], name: str) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class AxisCuts:
-    """Along one axis of a byte matrix (rows, or column quanta): ``points`` that must be tile
-    boundaries, and the ``unit`` every tile boundary must be a multiple of."""
+    """Cuts along one axis of a byte matrix (rows, or column quanta).
+
+    ``points`` must be tile boundaries; every tile boundary must be a multiple of ``unit``.
+    """
 
     unit: int = 1
     points: tuple[int, ...] = ()
@@ -216,7 +219,7 @@ def _constraint_units(maps: Mapping[str, tuple[_Map, ...]], axis: str) -> set[in
 def _attention(
     q: _Dim | None, kv: _Dim | None, heads: int | None, kv_heads: int | None, head_dim: int | None, tp: int
 ) -> bool:
-    """Put the points of a layer's heads and kv dims at ``tp`` (as the planner splits them); False if refused."""
+    """Record a layer's heads and kv points at ``tp`` (as the planner splits them); False if it refuses."""
     if heads is None or head_dim is None:
         return False
     kv_heads = kv_heads or heads
@@ -248,7 +251,7 @@ def _attention(
     owned = [r * kv_heads // tp for r in range(tp)]
     if q_pts is not None:
         bounds = [0, *q_pts, q.extent if q is not None else 0]
-        for r, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        for r, (a, b) in enumerate(itertools.pairwise(bounds)):
             first, last = a // head_dim // group, (b // head_dim - 1) // group
             if not owned[r] <= first <= last < owned[r] + 1:
                 return False
@@ -298,6 +301,24 @@ def plane_cuts(
         dim = dims.setdefault(key, _Dim(extents[axis], set(), {}))
         dim.units |= _constraint_units(maps, axis)
         member_of[w.name] = key, axis
+    feasible = _feasible(dims, params)
+    out: dict[str, PlaneCuts] = {}
+    for w, maps, _ in placed:
+        key, axis = member_of.get(w.name, ("", ""))
+        shared = dims.get(key)
+        logical: tuple[str, tuple[int, ...]] | None = None
+        if shared is not None:
+            logical = axis, tuple(sorted({p for tp in feasible for p in shared.points.get(tp, ())}))
+        experts = _expert_points(w.shape.extents[0]) if w.shape.axes[0] == "E" else ()
+        for name, ms in maps.items():
+            cuts = _plane(by_name[name], ms, logical, experts)
+            if cuts is not None:
+                out[name] = cuts
+    return out
+
+
+def _feasible(dims: Mapping[str, _Dim], params: Mapping[str, Any]) -> list[int]:
+    """The tps of :data:`SPLITS` the planner accepts for every shared dim (their points recorded)."""
     heads, kv_heads = model_param(params, "num_heads"), model_param(params, "num_kv_heads")
     head_dim = model_param(params, "head_dim")
     hidden = model_param(params, "hidden")
@@ -324,19 +345,7 @@ def plane_cuts(
                     dim.points[tp] = pts
         if ok:
             feasible.append(tp)
-    out: dict[str, PlaneCuts] = {}
-    for w, maps, _ in placed:
-        key, axis = member_of.get(w.name, ("", ""))
-        dim = dims.get(key)
-        logical: tuple[str, tuple[int, ...]] | None = None
-        if dim is not None:
-            logical = axis, tuple(sorted({p for tp in feasible for p in dim.points.get(tp, ())}))
-        experts = _expert_points(w.shape.extents[0]) if w.shape.axes[0] == "E" else ()
-        for name, ms in maps.items():
-            cuts = _plane(by_name[name], ms, logical, experts)
-            if cuts is not None:
-                out[name] = cuts
-    return out
+    return feasible
 
 
 def _plane(

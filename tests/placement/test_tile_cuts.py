@@ -96,7 +96,9 @@ def shapes(draw: st.DrawFn) -> tuple[Shape, str, int]:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shapes())
-@example((Shape(layers=1, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152, tied=True), "gguf", 32))
+@example(
+    (Shape(layers=1, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152, tied=True), "gguf", 32)
+)
 @example((Shape(layers=1, heads=32, kv_heads=32, head_dim=128, intermediate=11008, vocab=64), "gptq", 128))
 def test_every_split_point_is_a_tile_boundary(case: tuple[Shape, str, int]) -> None:
     shape, fmt, group = case
