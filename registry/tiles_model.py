@@ -184,25 +184,26 @@ class TileIndex(BaseModel):
         """Canonical JSON (RFC 8785) of the version-2 document (see :mod:`.tiles`)."""
         files = sorted({t.file for t in self.tensors.values()})
         number = {f: k for k, f in enumerate(files)}
-        doc = {
+        rows: dict[str, list[int | str]] = {
+            name: [
+                number[t.file],
+                t.start,
+                t.rows,
+                t.row_bytes,
+                t.row_block,
+                t.col_block,
+                t.layout,
+                base64.b64encode(binascii.unhexlify("".join(t.hashes))).decode("ascii"),
+            ]
+            for name, t in self.tensors.items()
+        }
+        doc: dict[str, int | str | list[str] | dict[str, list[int | str]]] = {
             "version": INDEX_VERSION,
             "hash": self.hash,
             "tile_target": self.tile_target,
             "tile_minimum": self.tile_minimum,
             "files": files,
-            "tensors": {
-                name: [
-                    number[t.file],
-                    t.start,
-                    t.rows,
-                    t.row_bytes,
-                    t.row_block,
-                    t.col_block,
-                    t.layout,
-                    base64.b64encode(binascii.unhexlify("".join(t.hashes))).decode("ascii"),
-                ]
-                for name, t in self.tensors.items()
-            },
+            "tensors": rows,
         }
         return rfc8785.dumps(doc)
 
