@@ -9,15 +9,17 @@ accepts on the model. A rectangle edge off a tile boundary would make two ranks 
 from __future__ import annotations
 
 import math
+import random
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from placement_builders import Shape, inventory
+from placement_builders import Shape, inventory, lay_out
 
 from shardport.loader.rank_pull import slices_of
 from shardport.placement import Inventory, Topology, TopologyError, UnsplittableError, plan
+from shardport.registry.contracts import TensorInfo, infer_gguf
 from shardport.registry.contracts.gguf_blocks import BLOCK_SIZES
-from shardport.registry.tiles import choose_grid, plane_layout
+from shardport.registry.tiles import TensorTiles, TileIndex, choose_grid, plane_layout
 from shardport.registry.tiles_splits import SPLITS, plane_cuts, split_points
 
 
@@ -152,3 +154,53 @@ def test_gguf_block_size_is_the_column_quantum() -> None:
     inv = inventory(shape, "gguf", qtype="Q4_1")
     _, _, q, _, cb = _grids(inv)["blk.0.ffn_down.weight"]
     assert q == BLOCK_SIZES["Q4_1"][1] and cb % q == 0
+
+
+def test_tile_index_of_the_30_layer_135m_gguf_is_under_0_1_percent() -> None:
+    """The bench's checkpoint (SmolLM-135M's dims, 30 layers, Q4_1 + tied Q8_0 embedding), as pushed:
+    its tile index, cut at every split point, stays under 0.1% of the checkpoint."""
+    hidden, inter, vocab, kv = 576, 1536, 49152, 192
+    infos = [TensorInfo("token_embd.weight", "Q8_0", (vocab, hidden))]
+    for n in range(30):
+        infos.append(TensorInfo(f"blk.{n}.attn_norm.weight", "F32", (hidden,)))
+        for stem, shape in {
+            "attn_q": (hidden, hidden),
+            "attn_k": (kv, hidden),
+            "attn_v": (kv, hidden),
+            "attn_output": (hidden, hidden),
+            "ffn_gate": (inter, hidden),
+            "ffn_up": (inter, hidden),
+            "ffn_down": (hidden, inter),
+        }.items():
+            infos.append(TensorInfo(f"blk.{n}.{stem}.weight", "Q4_1", shape))
+        infos.append(TensorInfo(f"blk.{n}.ffn_norm.weight", "F32", (hidden,)))
+    infos.append(TensorInfo("output_norm.weight", "F32", (hidden,)))
+    params = {  # as the manifest records a GGUF's keys
+        "llama.attention.head_count": 9,
+        "llama.attention.head_count_kv": 3,
+        "llama.block_count": 30,
+        "llama.embedding_length": hidden,
+        "llama.feed_forward_length": inter,
+    }
+    tensors = [e.model_copy(update={"file": "model.gguf"}) for e in lay_out(infos, header=1 << 20)]
+    inv = Inventory(tuple(infer_gguf({"general.architecture": "llama"}, infos)), tuple(tensors), params)
+    cuts = plane_cuts(inv.weights, inv.tensors, inv.params)
+    rng = random.Random(0)
+    tiles = {}
+    for e in inv.tensors:
+        layout = plane_layout(e)
+        g = choose_grid(layout, cuts=cuts.get(e.name))
+        count = -(-layout.rows // g.row_block) * -(-layout.row_bytes // g.col_block)
+        tiles[e.name] = TensorTiles(
+            file=e.file,
+            start=e.start,
+            rows=layout.rows,
+            row_bytes=layout.row_bytes,
+            row_block=g.row_block,
+            col_block=g.col_block,
+            hashes=tuple(rng.randbytes(32).hex() for _ in range(count)),
+        )
+    assert _check(inv, "gguf", 32, SPLITS) == 3  # tp 2, 3 and 6 plan, and hit tile edges
+    checkpoint = tensors[-1].end
+    size = len(TileIndex(tensors=tiles).to_bytes())
+    assert size / checkpoint < 0.001, (size, checkpoint)
