@@ -1,5 +1,11 @@
 """Tile grid choice: how a tensor's bytes are cut into tiles (pure; see :mod:`.tiles` for the spec).
 
+With *cuts* (:class:`.tiles_splits.PlaneCuts`, given by push for every plane of a weight): along each axis
+the block divides the gcd of the axis's split points and is a multiple of its unit (no minimum: a small
+tensor is cut at its split points too); without points, any multiple of the unit. Among those pairs the
+largest tile ≤ ``target`` wins, ties going to the wider, whole rows when the columns have no points; if
+none is ≤ ``target``, the smallest. Without cuts, the generic rule below.
+
 A tensor is a physical byte matrix of ``rows`` x ``row_bytes``; the column *quantum* ``q`` is the
 smallest byte unit that is never split (the element size, rounded up to whole bytes for sub-byte
 dtypes: 1 for F4, 3 for F6; bytes per block for GGUF block types). :func:`plan_grid` returns
