@@ -10,7 +10,9 @@ and the node (all ranks, one shared read), with the ledger's assigned and fetche
 amplification — or the planner's refusal for a tp it cannot split this model at. For comparison, the
 amplification the previous grid (no split points; small tensors one tile) would give every rank is
 computed from the same plans (whole tiles touched / assigned). Last, the tile index blob's size as a
-share of the checkpoint.
+share of the checkpoint. With ``--s3``, the same pushed to a SeaweedFS S3 server on 127.0.0.1, converted
+to the tiled layout (on S3 a column split of row-major rows is one GET per row), and every rank and node
+of each accepted tp pulled from there.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from bench_range_reads import cli, in_scratch
 from llama_artifacts import SMOL, gguf_smollm
+from servers import start_seaweedfs
 
 from shardport.loader.rank_pull import slices_of
 from shardport.placement import Plan, Topology, UnsplittableError, plan
@@ -77,7 +80,57 @@ def tiles_per_tensor(index: TileIndex, tensors: dict[str, TensorEntry]) -> dict[
     return out
 
 
-def run(tmp: Path, layers: int) -> dict[str, Any]:
+def pulls(store: str, ref: str, tmp: Path, tp: int) -> dict[str, Any]:
+    """Every rank of ``tp`` alone, then the node: ledger figures and seconds."""
+    ranks = []
+    for rank in range(tp):
+        t0 = time.perf_counter()
+        res = cli(
+            "--store", store, "pull", ref, str(tmp / f"r{tp}-{rank}"), "--tp", str(tp), "--rank", str(rank)
+        )
+        ranks.append(
+            {
+                "rank": rank,
+                "bytes_assigned": res["bytes_assigned"],
+                "bytes_fetched": res["bytes_fetched"],
+                "read_amplification": res["read_amplification"],
+                "requests": res["requests"],
+                "seconds": time.perf_counter() - t0,
+            }
+        )
+    t0 = time.perf_counter()
+    node = cli("--store", store, "pull", ref, str(tmp / f"n{tp}"), "--tp", str(tp), "--ranks", "all")
+    return {
+        "ranks": ranks,
+        "max_read_amplification": max(r["read_amplification"] for r in ranks),
+        "node": {
+            "bytes_assigned": node["bytes_assigned"],
+            "bytes_fetched": node["bytes_fetched"],
+            "read_amplification": node["read_amplification"],
+            "requests": node["requests"],
+            "seconds": time.perf_counter() - t0,
+        },
+    }
+
+
+def seaweed(src: Path, tmp: Path, tps: list[int]) -> dict[str, Any]:
+    """The checkpoint on SeaweedFS, converted to the tiled layout; per-rank and node pulls of it."""
+    server = start_seaweedfs()
+    try:
+        os.environ.update(server.env())
+        store = f"s3://{server.new_bucket()}/registry"
+        t0 = time.perf_counter()
+        cli("--store", store, "push", str(src), "smol/135m:q4")
+        cli("--store", store, "convert", "smol/135m:q4", "smol/135m:tiled", "--layout", "tiled")
+        out: dict[str, Any] = {"push_and_convert_seconds": time.perf_counter() - t0, "tp": {}}
+        for tp in tps:
+            out["tp"][str(tp)] = pulls(store, "smol/135m:tiled", tmp / "s3", tp)
+        return out
+    finally:
+        server.stop()
+
+
+def run(tmp: Path, layers: int, s3: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     src = gguf_smollm(tmp / "ck", layers=layers)
     build_seconds = time.perf_counter() - t0
@@ -160,6 +213,9 @@ def run(tmp: Path, layers: int) -> dict[str, Any]:
             "requests": node["requests"],
         }
         report["tp"][str(tp)] = entry
+    if s3:
+        accepted = [int(tp) for tp, e in report["tp"].items() if "refused" not in e]
+        report["seaweedfs_tiled"] = seaweed(src, tmp, accepted)
     return report
 
 
@@ -167,8 +223,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=SMOL["layers"])
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--s3", action="store_true", help="also pull from a SeaweedFS server (tiled layout)")
     args = parser.parse_args()
-    in_scratch("bench-tile-amp-", lambda tmp: run(tmp, args.layers), args.out)
+    in_scratch("bench-tile-amp-", lambda tmp: run(tmp, args.layers, args.s3), args.out)
 
 
 if __name__ == "__main__":
