@@ -296,7 +296,9 @@ def plane_cuts(
         extents = dict(zip(w.shape.axes, w.shape.extents, strict=True))
         if axis not in extents:
             continue
-        where = f"{w.binding.layer}.{w.binding.expert}" if kind != "vocab" else w.binding.slot
+        # the planner's shared-dim key: layer, the slot's prefix (self_attn, mlp, mlp.shared_expert…), expert
+        prefix = w.binding.slot.removesuffix(".bias").rpartition(".")[0]
+        where = f"{w.binding.layer}.{prefix}.{w.binding.expert}" if kind != "vocab" else w.binding.slot
         key = f"{where}.{kind}"
         dim = dims.setdefault(key, _Dim(extents[axis], set(), {}))
         dim.units |= _constraint_units(maps, axis)
