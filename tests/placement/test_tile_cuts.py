@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from placement_builders import Shape, inventory, lay_out
@@ -204,3 +205,28 @@ def test_tile_index_of_the_30_layer_135m_gguf_is_under_0_1_percent() -> None:
     checkpoint = tensors[-1].end
     size = len(TileIndex(tensors=tiles).to_bytes())
     assert size / checkpoint < 0.001, (size, checkpoint)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},
+        {"num_attention_heads": "9", "num_key_value_heads": 3},
+        {"num_attention_heads": True, "num_key_value_heads": 3},
+        {"num_attention_heads": 0, "num_key_value_heads": 0},
+        {"num_attention_heads": 9, "num_key_value_heads": 4},  # not whole query groups
+        {"num_attention_heads": 3, "num_key_value_heads": 9},
+        {"num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 7},  # disagrees with the shapes
+    ],
+)
+def test_cuts_of_unusable_parameters_are_still_a_valid_grid(params: dict[str, object]) -> None:
+    """Push computes cuts from the checkpoint's own parameters: odd ones must not fail it."""
+    shape = Shape(layers=1, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=96)
+    inv = inventory(shape, "gguf", qtype="Q4_1")
+    cuts = plane_cuts(inv.weights, inv.tensors, params)
+    for e in inv.tensors:
+        layout = plane_layout(e)
+        g = choose_grid(layout, cuts=cuts.get(e.name))
+        assert 1 <= g.row_block <= max(layout.rows, 1) and g.col_block % layout.quantum == 0
+    if not params or params.get("head_dim") == 7:  # attention cannot be planned: no tp anywhere
+        assert all(not c.rows.points and not c.cols.points for c in cuts.values())
