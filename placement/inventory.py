@@ -14,18 +14,12 @@ from typing import Any, TypeAlias
 
 from shardport.registry.contracts.model import LogicalWeight
 from shardport.registry.manifest import Manifest, TensorEntry
+from shardport.registry.tiles_splits import PARAM_ALIASES as _PARAM_ALIASES
 
 from .errors import InventoryError
 
-#: Parameter spellings, Hugging Face config first, then GGUF metadata suffixes (``llama.block_count``).
-PARAM_ALIASES: dict[str, tuple[str, ...]] = {
-    "num_layers": ("num_hidden_layers", "n_layer", "num_layers", "block_count"),
-    "num_heads": ("num_attention_heads", "n_head", "attention.head_count"),
-    "num_kv_heads": ("num_key_value_heads", "n_head_kv", "attention.head_count_kv"),
-    "head_dim": ("head_dim", "attention.key_length"),
-    "hidden": ("hidden_size", "n_embd", "embedding_length"),
-    "num_experts": ("num_local_experts", "num_experts", "n_routed_experts", "expert_count"),
-}
+PARAM_ALIASES = _PARAM_ALIASES
+"""Parameter spellings (the registry's table, which the tile grid reads the same way)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,17 +30,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shardport.registry.contracts.model import GraphBinding
+from shardport.registry.tiles_splits import COLUMN_OPS, FUSED_OPS, KV_OPS, ROW_OPS, VOCAB_SLOTS
 
 from .errors import UnsupportedSplitError
 from .plan import Rule
 from .topology import stage_of_layer
 
-_COLUMN = {"q_proj": "heads", "gate_proj": "intermediate", "up_proj": "intermediate"}
-_COLUMN.update({"w1": "intermediate", "w3": "intermediate"})
-_ROW = {"o_proj": "heads", "down_proj": "intermediate", "w2": "intermediate"}
-_KV = ("k_proj", "v_proj")
-_VOCAB = ("embed_tokens", "lm_head")
-_FUSED = ("qkv_proj", "gate_up_proj", "query_key_value", "c_attn")
+# the slot facts live in the registry, which cuts tiles at the same split points
+_COLUMN, _ROW, _KV, _VOCAB, _FUSED = COLUMN_OPS, ROW_OPS, KV_OPS, VOCAB_SLOTS, FUSED_OPS
 _LAST = ("lm_head", "norm")
 
 

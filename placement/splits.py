@@ -19,6 +19,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shardport.registry.tiles_splits import split_points
+
 from .errors import SplitRefusedError, UnsplittableError
 from .layout import Constraint
 from .plan import Policy, Range, SplitRecord
@@ -88,13 +90,14 @@ def split_dim(dim: Dim, parts: int, policy: Policy) -> SplitRecord:
             f"multiples of {unit}, or tp in {good}"
         )
     units = -(-extent // unit)
-    if units < parts:
+    inner = split_points(extent, unit, parts)
+    if inner is None:
         raise UnsplittableError(
             f"{dim.where} holds {units} whole unit(s) of {unit} "
             f"({'; '.join(map(str, dim.constraints))}); tp={parts} ranks cannot each get one — "
             f"use tp in {good}"
         )
-    points = [0] + [unit * ((2 * i * units + parts) // (2 * parts)) for i in range(1, parts)] + [extent]
+    points = [0, *inner, extent]
     ranges = [(points[i], points[i + 1]) for i in range(parts)]
     sizes = [b - a for a, b in ranges]
     detail = f"{arithmetic}; split points moved to multiples of {unit}: sizes {sizes}"

@@ -163,7 +163,7 @@ class TileIndexRef(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
     digest: str
     hash: str = "blake3"
-    version: int = 1
+    version: int = 2
 
 
 class ProvenanceInfo(Section):

@@ -32,6 +32,7 @@ from shardport.registry.store import file_identity
 from shardport.registry.tagging import DEFAULT_VALIDITY, history, move_tag, require_signing_scope
 from shardport.registry.tags import format_time
 from shardport.registry.tiles import CheckpointReader, build_tile_index
+from shardport.registry.tiles_splits import plane_cuts
 
 LEASE_TIME = timedelta(hours=6)
 WORKERS = 4
@@ -85,6 +86,11 @@ def source_date(environ: Mapping[str, str] | None = None) -> str | None:
             "(a non-negative integer up to 253402300799); unset it to leave the time out of the manifest"
         )
     return format_time(datetime.fromtimestamp(int(text), tz=timezone.utc))
+
+
+def _plan_params(src: Path, entries: list[FileEntry], analysis: Analysis) -> Mapping[str, Any]:
+    """The model parameters placement will plan with: the manifest's (as :func:`build_manifest` picks)."""
+    return model_of(src, {e.path: e for e in entries}).params or analysis.params
 
 
 def build_manifest(
@@ -172,7 +178,10 @@ def push(
     index_bytes = None
     if analysis is not None and analysis.tensors:
         with CheckpointReader(src) as read:
-            index = build_tile_index(analysis.tensors, read, target=tile_target, minimum=tile_minimum)
+            cuts = plane_cuts(analysis.weights, analysis.tensors, _plan_params(src, entries, analysis))
+            index = build_tile_index(
+                analysis.tensors, read, target=tile_target, minimum=tile_minimum, cuts=cuts
+            )
             index_bytes = index.to_bytes()
     index_digest = digest_bytes(index_bytes) if index_bytes else None
     manifest = build_manifest(src, entries, created_at, analysis, index_digest)

@@ -1,7 +1,7 @@
 """Tile index: per-tile BLAKE3 hashes that let a rank verify every byte it read without reading the rest.
 
-Specification (version 1)
--------------------------
+Specification (version 2; version 1 documents are still read)
+--------------------------------------------------------------
 *Plane as a byte matrix.* Each tensor (plane) of a manifest is viewed as a physical row-major byte
 matrix: ``rows = shape[0]`` (1 for 0-/1-D tensors) and ``row_bytes = nbytes / rows``. The column
 *quantum* ``q`` is the smallest byte unit never split: the element size (sub-byte dtypes rounded up to
@@ -9,14 +9,17 @@ whole bytes holding whole elements: F4 → 1, F6 → 3), or the bytes per block 
 (``Q4_1`` → 20; a GGUF row is ``elements / block_size x bytes_per_block`` bytes).
 
 *Grid.* ``row_block`` rows x ``col_block`` bytes (a multiple of ``q``), recorded per tensor and chosen by
-:func:`plan_grid` (rule in :mod:`.tiles_grid`): along an axis of length ``n`` (rows, or quanta) with
-``L`` = the largest of 24, 12, 8, 6, 4, 3, 2, 1 dividing ``n``, the block divides ``n / L``, so the
-block count is a multiple of ``L`` and every split into ``tp ∈ {2, 3, 4, 6, 8}`` equal parts with
-``tp | n`` lands on tile boundaries (an axis with ``L = 1`` is free: any block, the last one ragged).
-The tile is the largest such ≤ ``tile_target`` (default 1 MiB) and ≥ ``tile_minimum`` (default
-64 KiB), ties to the wider; if none fits, the smallest ≥ the minimum. A tensor of at most
-``tile_minimum`` bytes is one tile. Only when no aligned tile reaches the minimum is the alignment
-relaxed (factor 3 first, then halving), so small quantized matrices may lose tp-8 alignment on one axis.
+:func:`plan_grid` (rules in :mod:`.tiles_grid`). Push gives every plane of a logical weight its *cuts*
+(:func:`.tiles_splits.plane_cuts`): the points along its rows and column quanta where placement can split
+it for any tp ∈ {2, 3, 4, 6, 8} it accepts on the model (column, row, kv-head, vocab and expert splits,
+after the planner's group/block/head alignment) and the unit no tile may cut (a quantization group of a
+packed plane; blocks and words are whole quanta). Each block then divides the gcd of its axis's points
+and is a multiple of its unit, however small the tensor: the tile is the largest such ≤ ``tile_target``
+(ties to the wider), whole rows when the columns have no points. A tensor without cuts (one no weight
+binds) keeps the generic rule: along an axis of length ``n`` with ``L`` = the largest of 24, 12, 8, 6,
+4, 3, 2, 1 dividing ``n``, the block divides ``n / L``; the tile is the largest such ≤ ``tile_target``
+(default 1 MiB) and ≥ ``tile_minimum`` (default 64 KiB); a tensor of at most ``tile_minimum`` bytes is
+one tile.
 
 *Tiles.* Tile ``(i, j)`` covers rows ``[i·rb, min((i+1)·rb, rows))`` and byte columns
 ``[j·cb, min((j+1)·cb, row_bytes))``. Its hash is BLAKE3 (32-byte output, lowercase hex) of the
@@ -32,11 +35,16 @@ each row-major inside itself, so tile ``(i, j)`` is one contiguous run of ``rows
 ``start + i·rb·row_bytes + rows_i·j·cb`` (``rows_i = min(rb, rows - i·rb)``). The hashed byte string
 (the tile's rows, in order) is the same in both layouts, so a conversion keeps every hash.
 
-*Document.* :class:`TileIndex` ``{version: 1, hash: "blake3", tile_target, tile_minimum, tensors: {name:
-TensorTiles{file, start, rows, row_bytes, row_block, col_block, hashes, layout}}}`` serialized as
-canonical JSON (RFC 8785); its blob digest is the sha256 of those bytes. Parsing is bounded: integers in
-``[0, 2**53)``, no offset overflow, blocks within the matrix, hash count = grid size, 64-hex hashes,
-``layout`` one of ``"row_major"``, ``"tiled"`` (absent: ``"row_major"``).
+*Document.* :class:`TileIndex`, serialized as canonical JSON (RFC 8785); its blob digest is the sha256
+of those bytes. Version 2 (written): ``{version: 2, hash: "blake3", tile_target, tile_minimum, files:
+[name, …], tensors: {name: [file, start, rows, row_bytes, row_block, col_block, layout, hashes]}}`` with
+``file`` an index into ``files`` and ``hashes`` the standard base64 (padded) of the tiles' 32-byte
+digests concatenated in tile order — 43 bytes a tile instead of 67, so that cutting small tensors at
+every split point keeps the index well under 0.1% of a checkpoint. Version 1 (read): ``tensors: {name:
+{file, start, rows, row_bytes, row_block, col_block, hashes: [64-hex, …], layout}}``. Parsing is
+bounded: integers in ``[0, 2**53)``, no offset overflow, blocks within the matrix, hash count = grid
+size, canonical base64 of whole digests (64-hex hashes in version 1), ``layout`` one of
+``"row_major"``, ``"tiled"`` (absent in version 1: ``"row_major"``).
 
 Public API: :func:`plan_grid`, :func:`build_tile_index` (+ :class:`CheckpointReader`),
 :func:`tiles_for` (:func:`tile_span`), :func:`tile_pieces`, :func:`verify_tile`, :func:`tile_hash` (streaming:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -23,6 +23,7 @@ from shardport.registry.manifest import TensorEntry
 from .tiles_errors import TileGridError
 from .tiles_grid import DEFAULT_MINIMUM, DEFAULT_TARGET, GridChoice, PlaneLayout, choose_grid, plane_layout
 from .tiles_model import BytesLike, TensorTiles, TileIndex, tile_hash
+from .tiles_splits import PlaneCuts
 
 Reader = Callable[[str, int, int], BytesLike]
 """``read(file, offset, length)`` → exactly ``length`` bytes of ``file`` from ``offset``."""
@@ -50,10 +51,10 @@ def _hash_row_block(
 class _Job:
     """One tensor being hashed: its entry, layout, grid and the hashes collected so far."""
 
-    def __init__(self, entry: TensorEntry, target: int, minimum: int) -> None:
+    def __init__(self, entry: TensorEntry, target: int, minimum: int, cuts: PlaneCuts | None) -> None:
         self.entry = entry
         self.layout = plane_layout(entry)
-        self.choice = choose_grid(self.layout, target=target, minimum=minimum)
+        self.choice = choose_grid(self.layout, target=target, minimum=minimum, cuts=cuts)
         self.blocks: list[Future[list[str]]] = []
 
     def tiles(self) -> TensorTiles:
@@ -78,13 +79,19 @@ def build_tile_index(
     chunk_bytes: int = DEFAULT_CHUNK,
     threads: int | None = None,
     depth: int = 3,
+    cuts: Mapping[str, PlaneCuts] | None = None,
 ) -> TileIndex:
-    """Hash every tile of every tensor in ``entries`` (see the module docstring for the I/O pattern)."""
+    """Hash every tile of every tensor in ``entries`` (see the module docstring for the I/O pattern).
+
+    ``cuts``: per tensor, the split points and units its grid must honour (:func:`.tiles_splits.plane_cuts`);
+    a tensor without gets the generic rule of :mod:`.tiles_grid`.
+    """
     jobs: dict[str, _Job] = {}
+    cuts = cuts or {}
     for entry in entries:
         if entry.name in jobs:
             raise TileGridError(f"tensor {entry.name!r} is listed twice (in {jobs[entry.name].entry.file})")
-        jobs[entry.name] = _Job(entry, target, minimum)
+        jobs[entry.name] = _Job(entry, target, minimum, cuts.get(entry.name))
     order = sorted(jobs.values(), key=lambda job: (job.entry.file, job.entry.start))
     held: deque[list[Future[list[str]]]] = deque()
     with ThreadPoolExecutor(max_workers=threads or min(8, os.cpu_count() or 1)) as pool:

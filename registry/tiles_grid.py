@@ -1,5 +1,11 @@
 """Tile grid choice: how a tensor's bytes are cut into tiles (pure; see :mod:`.tiles` for the spec).
 
+With *cuts* (:class:`.tiles_splits.PlaneCuts`, given by push for every plane of a weight): along each axis
+the block divides the gcd of the axis's split points and is a multiple of its unit (no minimum: a small
+tensor is cut at its split points too); without points, any multiple of the unit. Among those pairs the
+largest tile ≤ ``target`` wins, ties going to the wider, whole rows when the columns have no points; if
+none is ≤ ``target``, the smallest. Without cuts, the generic rule below.
+
 A tensor is a physical byte matrix of ``rows`` x ``row_bytes``; the column *quantum* ``q`` is the
 smallest byte unit that is never split (the element size, rounded up to whole bytes for sub-byte
 dtypes: 1 for F4, 3 for F6; bytes per block for GGUF block types). :func:`plan_grid` returns
@@ -28,6 +34,7 @@ from shardport.registry.formats.safetensors_gate import DTYPE_BITS
 from shardport.registry.manifest import TensorEntry
 
 from .tiles_errors import TileGridError
+from .tiles_splits import AxisCuts, PlaneCuts
 
 LADDER = (24, 12, 8, 6, 4, 3, 2, 1)
 """Alignment ladder: an axis is cut into a multiple of the first of these that divides its length."""
@@ -185,11 +192,17 @@ def _best(rows: _Axis, cols: _Axis, quantum: int, target: int, minimum: int) -> 
 
 
 def choose_grid(
-    layout: PlaneLayout, *, target: int = DEFAULT_TARGET, minimum: int = DEFAULT_MINIMUM
+    layout: PlaneLayout,
+    *,
+    target: int = DEFAULT_TARGET,
+    minimum: int = DEFAULT_MINIMUM,
+    cuts: PlaneCuts | None = None,
 ) -> GridChoice:
     """Grid and kept alignment for ``layout`` (see the module docstring for the rule)."""
     if target < 1 or minimum < 1:
         raise TileGridError(f"tile target {target} and minimum {minimum} must be positive")
+    if cuts is not None:
+        return _cut_grid(layout, cuts, target)
     rows, row_bytes, q = layout.rows, layout.row_bytes, layout.quantum
     if layout.nbytes <= minimum:
         return GridChoice(max(rows, 1), max(row_bytes, 1), 1, 1)
@@ -210,8 +223,60 @@ def choose_grid(
 
 
 def plan_grid(
-    entry: TensorEntry, *, target: int = DEFAULT_TARGET, minimum: int = DEFAULT_MINIMUM
+    entry: TensorEntry,
+    *,
+    target: int = DEFAULT_TARGET,
+    minimum: int = DEFAULT_MINIMUM,
+    cuts: PlaneCuts | None = None,
 ) -> tuple[int, int]:
     """``(row_block, col_block)`` for ``entry``: rows per tile and bytes per tile row."""
-    choice = choose_grid(plane_layout(entry), target=target, minimum=minimum)
+    choice = choose_grid(plane_layout(entry), target=target, minimum=minimum, cuts=cuts)
     return choice.row_block, choice.col_block
+
+
+def _cut_blocks(length: int, axis: AxisCuts) -> list[int]:
+    """Blocks along an axis of ``length`` units whose boundaries hit every point and keep the unit.
+
+    With points: the divisors of their gcd that are multiples of the unit (if the unit does not divide
+    the gcd, the points win). Without: multiples of the unit (one per tile count up to a cap) and the
+    whole axis.
+    """
+    if length <= 0:
+        return [1]
+    unit = max(1, axis.unit)
+    points = [p for p in axis.points if 0 < p < length]
+    if points:
+        g = math.gcd(*points)
+        found = [d for d in _divisors(g) if d % unit == 0]
+        return found or _divisors(g)
+    units = -(-length // unit)
+    counts = range(1, min(units, _FREE_CANDIDATES) + 1)
+    return sorted({min(length, unit * -(-units // k)) for k in counts} | {length})
+
+
+def _cut_grid(layout: PlaneLayout, cuts: PlaneCuts, target: int) -> GridChoice:
+    """The largest tile ≤ ``target`` (ties to the wider) among blocks that honour ``cuts``.
+
+    If every such tile is larger, the smallest. ``row_align`` / ``col_align`` report the units kept.
+    """
+    rows, row_bytes, q = layout.rows, layout.row_bytes, layout.quantum
+    if layout.nbytes == 0:
+        return GridChoice(max(rows, 1), max(row_bytes, 1), 1, 1)
+    row_blocks = _cut_blocks(rows, cuts.rows)
+    col_blocks = _cut_blocks(row_bytes // q, cuts.cols)
+    if not cuts.cols.points and row_blocks[0] * row_bytes <= target:  # whole rows: contiguous tiles
+        col_blocks = [row_bytes // q]
+    below: tuple[int, int, int, int] | None = None
+    above: tuple[int, int, int, int] | None = None
+    for units in col_blocks:
+        width = units * q
+        k = bisect.bisect_right(row_blocks, target // width)
+        if k:
+            rb = row_blocks[k - 1]
+            key = (rb * width, width, rb, width)
+            below = key if below is None or key > below else below
+        key = (row_blocks[0] * width, -width, row_blocks[0], width)
+        above = key if above is None or key < above else above
+    pick = below or above
+    assert pick is not None  # col_blocks is never empty
+    return GridChoice(pick[2], pick[3], max(1, cuts.rows.unit), max(1, cuts.cols.unit))

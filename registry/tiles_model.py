@@ -9,6 +9,7 @@ A tensor's bytes are stored either row-major (``layout="row_major"``: tile ``(i,
 
 from __future__ import annotations
 
+import base64
 import binascii
 import json
 import re
@@ -29,8 +30,12 @@ BytesLike: TypeAlias = bytes | bytearray | memoryview
 """What tile hashing accepts: any contiguous byte buffer."""
 
 HASH_NAME = "blake3"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+"""The version :meth:`TileIndex.to_bytes` writes; :meth:`TileIndex.from_bytes` reads it and version 1."""
+VERSIONS = (1, 2)
 MEDIA_TYPE = "application/vnd.shardport.tile-index.v1+json"
+V2_ROW = ("file", "start", "rows", "row_bytes", "row_block", "col_block", "layout", "hashes")
+"""A version-2 tensor row: ``file`` as an index into ``files``, ``hashes`` base64 of the raw digests."""
 MAX_INT = 2**53 - 1
 """Every integer in the document stays within RFC 8785's exact range."""
 
@@ -162,18 +167,45 @@ class TensorTiles(BaseModel):
 
 
 class TileIndex(BaseModel):
-    """Tile hashes for every tensor of an artifact (a blob referenced from the manifest)."""
+    """Tile hashes for every tensor of an artifact (a blob referenced from the manifest).
+
+    ``version`` is the document version it was read from (new indexes: :data:`INDEX_VERSION`);
+    :meth:`to_bytes` always writes the current version.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-    version: Literal[1] = 1
+    version: Literal[1, 2] = 2
     hash: Literal["blake3"] = "blake3"
     tile_target: Positive = 1 << 20
     tile_minimum: Positive = 64 << 10
     tensors: dict[str, TensorTiles]
 
     def to_bytes(self) -> bytes:
-        """Canonical JSON (RFC 8785)."""
-        return rfc8785.dumps(self.model_dump(mode="json"))
+        """Canonical JSON (RFC 8785) of the version-2 document (see :mod:`.tiles`)."""
+        files = sorted({t.file for t in self.tensors.values()})
+        number = {f: k for k, f in enumerate(files)}
+        rows: dict[str, list[int | str]] = {
+            name: [
+                number[t.file],
+                t.start,
+                t.rows,
+                t.row_bytes,
+                t.row_block,
+                t.col_block,
+                t.layout,
+                base64.b64encode(binascii.unhexlify("".join(t.hashes))).decode("ascii"),
+            ]
+            for name, t in self.tensors.items()
+        }
+        doc: dict[str, int | str | list[str] | dict[str, list[int | str]]] = {
+            "version": INDEX_VERSION,
+            "hash": self.hash,
+            "tile_target": self.tile_target,
+            "tile_minimum": self.tile_minimum,
+            "files": files,
+            "tensors": rows,
+        }
+        return rfc8785.dumps(doc)
 
     def digest(self) -> str:
         """``sha256:<hex>`` of :meth:`to_bytes` (the blob name)."""
@@ -181,15 +213,15 @@ class TileIndex(BaseModel):
 
     @classmethod
     def from_bytes(cls, data: bytes, *, source: str = "tile index") -> TileIndex:
-        """Parse and validate untrusted bytes; errors name ``source`` and the failing field.
+        """Parse and validate untrusted bytes (version 1 or 2); errors name ``source`` and the failing field.
 
-        A valid document is parsed once; a failing one is parsed again for the specific error (not JSON,
-        another version, another hash) before the first failing field is named.
+        A valid version-1 document is parsed once; anything else is parsed again as JSON for the
+        specific error (not JSON, another version, another hash) or the version-2 reading.
         """
         failure: ValidationError | None = None
         try:
             index = cls.model_validate_json(data)
-            if {"version", "hash"} <= index.model_fields_set:  # both stated, not defaulted
+            if {"version", "hash"} <= index.model_fields_set and index.version == 1:  # stated, not defaulted
                 return index
         except ValidationError as exc:
             failure = exc
@@ -199,17 +231,71 @@ class TileIndex(BaseModel):
             raise TileIndexError(f"{source}: not valid JSON ({exc})") from exc
         if not isinstance(doc, dict):
             raise TileIndexError(f"{source}: expected a JSON object, found {type(doc).__name__}")
-        if doc.get("version") != INDEX_VERSION:
+        if doc.get("version") not in VERSIONS or isinstance(doc.get("version"), bool):
             raise SchemaVersionError(
                 f"{source}: tile index version {doc.get('version')!r} is not supported (this shardport "
-                f"understands {INDEX_VERSION}); upgrade shardport"
+                f"understands {', '.join(map(str, VERSIONS))}); upgrade shardport"
             )
         if doc.get("hash") != HASH_NAME:
             raise TileIndexError(f"{source}: tile hash {doc.get('hash')!r}: expected {HASH_NAME!r}")
+        if doc["version"] == 2:
+            return _from_v2(cls, doc, source)
         assert failure is not None  # a document stating version 1 and blake3 that validated returned
-        first = failure.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise TileIndexError(f"{source}: field {where!r}: {first['msg']}") from failure
+        raise _field_error(source, failure, "")
+
+
+def _field_error(source: str, failure: ValidationError, prefix: str) -> TileIndexError:
+    first = failure.errors()[0]
+    where = ".".join([prefix, *map(str, first["loc"])] if prefix else map(str, first["loc"]))
+    return TileIndexError(f"{source}: field {where!r}: {first['msg']}")
+
+
+def _unpack_hashes(value: object, where: str) -> tuple[str, ...]:
+    """Hex digests from the base64 of their concatenated 32-byte values."""
+    if not isinstance(value, str) or not value.isascii():
+        raise TileIndexError(f"{where}: hashes: expected a base64 string, found {type(value).__name__}")
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise TileIndexError(f"{where}: hashes: not base64 ({exc})") from exc
+    if len(raw) % 32 or base64.b64encode(raw).decode("ascii") != value:
+        raise TileIndexError(
+            f"{where}: hashes: {len(raw)} bytes is not a whole number of 32-byte digests in canonical base64"
+        )
+    text = raw.hex()
+    return tuple(text[k : k + 64] for k in range(0, len(text), 64))
+
+
+def _from_v2(cls: type[TileIndex], doc: dict[str, object], source: str) -> TileIndex:
+    """A version-2 document (rows of :data:`V2_ROW` under ``tensors``, file names in ``files``)."""
+    extra = set(doc) - {"version", "hash", "tile_target", "tile_minimum", "files", "tensors"}
+    if extra:
+        raise TileIndexError(f"{source}: field {sorted(extra)[0]!r}: not part of a version-2 tile index")
+    files, rows = doc.get("files"), doc.get("tensors")
+    if not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
+        raise TileIndexError(f"{source}: field 'files': expected a list of file names")
+    if not isinstance(rows, dict):
+        raise TileIndexError(f"{source}: field 'tensors': expected an object of tensor rows")
+    tiles: dict[str, TensorTiles] = {}
+    for name, row in rows.items():
+        where = f"{source}: field 'tensors.{name}'"
+        if not isinstance(row, list) or len(row) != len(V2_ROW):
+            raise TileIndexError(f"{where}: expected a list of {len(V2_ROW)} values {list(V2_ROW)}")
+        fields = dict(zip(V2_ROW, row, strict=True))
+        file = fields["file"]
+        if not isinstance(file, int) or isinstance(file, bool) or not 0 <= file < len(files):
+            raise TileIndexError(f"{where}: file {file!r} is not an index into the {len(files)} files")
+        fields["file"] = files[file]
+        fields["hashes"] = _unpack_hashes(fields["hashes"], where)
+        try:
+            tiles[name] = TensorTiles.model_validate(fields)
+        except ValidationError as exc:
+            raise _field_error(source, exc, f"tensors.{name}") from exc
+    body = {k: v for k, v in doc.items() if k not in ("files", "tensors")}
+    try:
+        return cls.model_validate({**body, "tensors": tiles})
+    except ValidationError as exc:
+        raise _field_error(source, exc, "") from exc
 
 
 def _check_rect(tiles: TensorTiles, row0: int, row1: int, col0: int, col1: int) -> None:

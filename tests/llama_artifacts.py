@@ -152,3 +152,59 @@ def reassemble(manifest: Manifest, src: Path, outs: list[Path]) -> None:
         source = np.fromfile(src / e.file, dtype=np.uint8, count=e.end - e.start, offset=e.start)
         assert covered[name].all(), name
         assert np.array_equal(images[name], source), name
+
+
+SMOL = {"hidden": 576, "heads": 9, "kv_heads": 3, "inter": 1536, "vocab": 49152, "layers": 30}
+"""A 135M-parameter llama (SmolLM-135M's dims): head_dim 64, tied embeddings."""
+
+
+def gguf_smollm(folder: Path, layers: int = 2, *, vocab: int = SMOL["vocab"]) -> Path:
+    """A GGUF at SmolLM-135M's dims as llama.cpp writes it: Q4_1 linears, a tied Q8_0 token embedding
+    (no ``output.weight``), F32 norms, llama metadata keys; ``layers`` blocks (the real model has 30)."""
+    import gguf
+    from gguf.quants import quantize
+
+    hidden, heads, kv_heads, inter = SMOL["hidden"], SMOL["heads"], SMOL["kv_heads"], SMOL["inter"]
+    head_dim = hidden // heads
+    rng = np.random.default_rng(7)
+    folder.mkdir(parents=True)
+    w = gguf.GGUFWriter(str(folder / "model.gguf"), "llama")
+    w.add_name("SmolLM 135M")
+    w.add_context_length(2048)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(inter)
+    w.add_rope_dimension_count(head_dim)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1)
+    w.add_vocab_size(vocab)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    q41, q80 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0
+
+    def weight(shape: tuple[int, int], qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+        return quantize((rng.standard_normal(shape) * 0.02).astype(np.float32), qtype)
+
+    w.add_tensor("token_embd.weight", weight((vocab, hidden), q80), raw_dtype=q80)
+    shapes = {
+        "attn_q": (hidden, hidden),
+        "attn_k": (kv_heads * head_dim, hidden),
+        "attn_v": (kv_heads * head_dim, hidden),
+        "attn_output": (hidden, hidden),
+        "ffn_gate": (inter, hidden),
+        "ffn_up": (inter, hidden),
+        "ffn_down": (hidden, inter),
+    }
+    for layer in range(layers):
+        w.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        for stem, shape in shapes.items():
+            w.add_tensor(f"blk.{layer}.{stem}.weight", weight(shape, q41), raw_dtype=q41)
+        w.add_tensor(f"blk.{layer}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return folder

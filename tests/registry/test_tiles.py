@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import pickle
@@ -268,7 +269,8 @@ def _doc(**changes: object) -> bytes:
     [
         (b"{", TileIndexError, "not valid JSON"),
         (b"[]", TileIndexError, "JSON object"),
-        (_doc(version=2), SchemaVersionError, "version 2"),
+        (_doc(version=3), SchemaVersionError, "version 3"),
+        (_doc(version=2), TileIndexError, "field 'files'"),  # a version-1 body stating version 2
         (_doc(hash="sha256"), TileIndexError, "tile hash"),
         (_doc(hashes=["a" * 64]), TileIndexError, "1 hashes for a grid of 2 x 1"),
         (_doc(hashes=["A" * 64] * 2), TileIndexError, "hex"),
@@ -293,6 +295,61 @@ def test_hostile_index_documents_are_refused(raw: bytes, error: type[Exception],
     assert TileIndex.from_bytes(_doc())  # the unmodified document is fine
     with pytest.raises(error, match=match):
         TileIndex.from_bytes(raw)
+
+
+def _doc2(row: list[object] | None = None, **changes: object) -> bytes:
+    two = base64.b64encode(bytes(range(64))).decode()
+    doc: dict[str, object] = {
+        "version": 2,
+        "hash": "blake3",
+        "tile_target": 1024,
+        "tile_minimum": 64,
+        "files": ["f"],
+        "tensors": {"t": row if row is not None else [0, 0, 4, 8, 2, 8, "row_major", two]},
+    }
+    doc.update(changes)
+    return json.dumps(doc).encode()
+
+
+TWO = base64.b64encode(bytes(range(64))).decode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        (_doc2([0, 0, 4, 8, 2, 8, "row_major"]), "list of 8 values"),
+        (_doc2([1, 0, 4, 8, 2, 8, "row_major", TWO]), "file 1 is not an index"),
+        (_doc2([True, 0, 4, 8, 2, 8, "row_major", TWO]), "file True is not an index"),
+        (_doc2([0, 0, 4, 8, 2, 8, "row_major", TWO[:-4]]), "not a whole number of 32-byte digests"),
+        (_doc2([0, 0, 4, 8, 2, 8, "row_major", "!" + TWO[1:]]), "not base64"),
+        (_doc2([0, 0, 4, 8, 2, 8, "row_major", TWO.replace("=", "")]), "not base64"),
+        (_doc2([0, 0, 4, 8, 2, 8, "row_major", ["a" * 64] * 2]), "expected a base64 string"),
+        (_doc2([0, 0, 4, 8, 1, 8, "row_major", TWO]), "2 hashes for a grid of 4 x 1"),
+        (_doc2([0, 2**53 - 2, 4, 8, 2, 8, "row_major", TWO]), "overflows"),
+        (_doc2([0, 0, 4, 8, 2, 8, "zigzag", TWO]), "tensors.t.layout"),
+        (_doc2([0, 0, 4, 8, "2", 8, "row_major", TWO]), "tensors.t.row_block"),
+        (_doc2(files=[""]), "field 'files'"),
+        (_doc2(files="f"), "field 'files'"),
+        (_doc2(tensors=[]), "field 'tensors'"),
+        (_doc2(extra=1), "field 'extra'"),
+        (_doc2(tile_target=0), "field 'tile_target'"),
+    ],
+)
+def test_hostile_version_2_documents_are_refused(raw: bytes, match: str) -> None:
+    index = TileIndex.from_bytes(_doc2())  # the unmodified document is fine
+    assert index.tensors["t"].hashes == (bytes(range(32)).hex(), bytes(range(32, 64)).hex())
+    with pytest.raises(TileIndexError, match=match):
+        TileIndex.from_bytes(raw)
+
+
+def test_version_1_documents_still_read_and_are_rewritten_as_version_2() -> None:
+    old = TileIndex.from_bytes(_doc())
+    assert old.version == 1
+    raw = old.to_bytes()
+    assert json.loads(raw)["version"] == 2 and json.loads(raw)["files"] == ["f"]
+    new = TileIndex.from_bytes(raw)
+    assert new.tensors == old.tensors and new.version == 2
+    assert len(raw) < len(_doc())  # a digest is 43 base64 characters, not 66 with quotes
 
 
 def llama_inventory(
