@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from shardport.registry.hashing import check_digest
 from shardport.registry.tags import SeenTag
 
 
@@ -37,7 +38,8 @@ class TrustState:
         entry = self._load().get(f"{repository}:{tag}")
         if not entry:
             return None
-        return SeenTag(version=int(str(entry["version"])), digest=str(entry["digest"]))
+        digest = check_digest(entry["digest"], what=f"client state {self.path}: {repository}:{tag}")
+        return SeenTag(version=int(str(entry["version"])), digest=digest)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
