@@ -206,7 +206,7 @@ def test_tamper_cases_leave_other_tags_usable(
 
 
 def forge(session: Session, doc: dict[str, object], tag: str = TAG) -> str:
-    """Store ``doc`` as a manifest (bypassing the model), sign it with the trusted key, point ``tag`` at it."""
+    """Store ``doc`` as a manifest (bypassing the model), sign it with the trusted key, tag it."""
     digest = session.store.put_blob(rfc8785.dumps(doc))
     sign_manifest(session, NAME, digest)
     move_tag(session, NAME, tag, digest)
