@@ -17,6 +17,7 @@ hold it as exactly one file that reads the same everywhere. Refused:
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from pathlib import PurePosixPath
 
@@ -26,6 +27,7 @@ from shardport.registry.errors import RegistryError, UnsafePathError
 MAX_PATH_BYTES = 1024
 MAX_SEGMENT_BYTES = 255
 _BIDI = frozenset(range(0x202A, 0x202F)) | frozenset(range(0x2066, 0x206A))
+_ASCII_BAD = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
 def _bad_character(c: str) -> str | None:
@@ -49,12 +51,16 @@ def path_problem(raw: str) -> str | None:
     """Why ``raw`` is not an acceptable checkpoint path, or None (the rules of this module)."""
     if not raw:
         return "empty path"
-    for c in raw:
-        if c == "\\":
-            return "backslashes are refused (a folder separator on Windows)"
-        bad = _bad_character(c)
-        if bad:
-            return f"{bad}: control and format characters are refused"
+    ascii_bad = _ASCII_BAD.search(raw)
+    if ascii_bad and ascii_bad.group() == "\\":
+        return "backslashes are refused (a folder separator on Windows)"
+    if ascii_bad:
+        return f"{_bad_character(ascii_bad.group())}: control and format characters are refused"
+    if not raw.isascii():
+        for c in raw:
+            bad = _bad_character(c) if ord(c) > 0x7F else None
+            if bad:
+                return f"{bad}: control and format characters are refused"
     if len(raw.encode()) > MAX_PATH_BYTES:
         return f"longer than {MAX_PATH_BYTES} bytes of UTF-8"
     if raw.startswith("/") or (len(raw) > 1 and raw[1] == ":"):
@@ -77,6 +83,8 @@ def path_problem(raw: str) -> str | None:
 
 def fold(path: str) -> str:
     """The form under which two paths are one file on a case- and normalisation-insensitive system."""
+    if path.isascii():
+        return path.lower()
     return unicodedata.normalize("NFC", unicodedata.normalize("NFC", path).casefold())
 
 
@@ -110,9 +118,11 @@ def check_paths(
             )
         seen[key] = raw
         out.append(PurePosixPath(raw))
-    for p in out:
-        for parent in p.parents:
-            folder = seen.get(fold(str(parent)))
+    for key, raw in seen.items():
+        cut = key.rfind("/")
+        while cut > 0:
+            folder = seen.get(key[:cut])
             if folder is not None:
-                raise error(f"{source}: {folder!r} is both a file and the folder of {str(p)!r}")
+                raise error(f"{source}: {folder!r} is both a file and the folder of {raw!r}")
+            cut = key.rfind("/", 0, cut)
     return out

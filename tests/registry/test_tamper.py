@@ -330,3 +330,21 @@ def test_malformed_referrer_attaches_nothing(
     )
     assert referrers(session, NAME, d["v2"]) == []
     expect_refused(cli, tmp_path, "UnsignedError", "no signature")
+
+
+def test_verify_dir_checks_the_pulled_manifest(
+    tensors_world: tuple[Cli, Session, dict[str, object]], tmp_path: Path
+) -> None:
+    """A pulled folder whose recorded manifest names a file it does not list: a finding, not a crash."""
+    cli, _, doc = tensors_world
+    dest = tmp_path / "pulled"
+    cli.ok("pull", f"{NAME}:{TAG}", dest)
+    doc["tensors"][0]["file"] = "gone.safetensors"  # type: ignore[index]
+    raw = rfc8785.dumps(doc)
+    (dest / ".shardport" / "manifest.json").write_bytes(raw)
+    ref = json.loads((dest / ".shardport" / "ref.json").read_text())
+    (dest / ".shardport" / "ref.json").write_text(json.dumps({**ref, "digest": digest_bytes(raw)}))
+    code, out = cli("verify", dest)
+    assert code == 1, out
+    assert [f["kind"] for f in out["findings"]] == ["ManifestInconsistentError"], out
+    assert "'gone.safetensors'" in out["findings"][0]["message"]
