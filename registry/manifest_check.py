@@ -6,8 +6,8 @@ and on a pulled folder's manifest (verify DIR). It checks:
 
 - every file path against the one set of path rules (:mod:`shardport.registry.paths`);
 - every tensor names a file listed in ``files`` exactly (not a case or Unicode-form variant), once, with
-  a non-negative shape and a byte range ``start <= end <= size`` of that file whose length is what
-  its dtype and shape need;
+  a non-negative shape, a known layout (``row_major``, or ``shardport-tiled`` with its tile size) and a
+  byte range ``start <= end <= size`` of that file whose length is what its dtype and shape need;
 - every weight is named once and each of its planes names a listed tensor, with that tensor's dtype and
   shape; a tensor that names its weight names a listed one.
 
@@ -21,8 +21,8 @@ from typing import NoReturn
 from shardport.registry.errors import ManifestInconsistentError
 from shardport.registry.manifest import Manifest, TensorEntry
 from shardport.registry.paths import check_paths, fold
+from shardport.registry.tiled_layout import LAYOUT
 from shardport.registry.tiles_errors import TileGridError
-from shardport.registry.tiles_grid import plane_layout
 
 
 def _fail(source: str, field: str, value: object, why: str) -> NoReturn:
@@ -48,6 +48,13 @@ def _check_tensor(t: TensorEntry, field: str, sizes: dict[str, int], source: str
     if t.end < t.start or t.end > size:
         why = f"tensor {t.name!r}: range [{t.start}, {t.end}) is not inside {t.file!r} ({size} bytes)"
         _fail(source, f"{field}.end", t.end, why)
+    if t.layout not in ("row_major", LAYOUT):
+        _fail(source, f"{field}.layout", t.layout, f"tensor {t.name!r}: expected 'row_major' or {LAYOUT!r}")
+    if t.layout == LAYOUT and not (t.tile_rows and t.tile_cols and t.tile_rows > 0 and t.tile_cols > 0):
+        why = f"tensor {t.name!r}: the {LAYOUT} layout needs positive tile_rows and tile_cols"
+        _fail(source, f"{field}.tile_rows", (t.tile_rows, t.tile_cols), why)
+    from shardport.registry.tiles_grid import plane_layout  # lazily: it loads the container formats
+
     try:
         plane_layout(t)
     except TileGridError as exc:

@@ -183,6 +183,9 @@ def test_consistent_manifest_passes() -> None:
         ({"dtype": "X9"}, "tensors.0.dtype", "no known element"),
         ({"name": "b"}, "tensors.1.name", "listed twice"),
         ({"weight": "nowhere"}, "tensors.0.weight", "'weights' does not list"),
+        ({"layout": "zigzag"}, "tensors.0.layout", "expected 'row_major'"),
+        ({"layout": "shardport-tiled", "tile_rows": 2}, "tensors.0.tile_rows", "positive tile_rows"),
+        ({"layout": "shardport-tiled", "tile_rows": 2, "tile_cols": -1}, "tensors.0.tile_rows", "positive"),
     ],
 )
 def test_inconsistent_tensor_table(change: dict[str, object], field: str, text: str) -> None:
