@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -23,11 +24,13 @@ from shardport.registry.tagging import (
 from shardport.registry.tags import RollbackOf, TagEntry
 from shardport.registry.trust import TrustPolicy
 
+_KEY_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a whole-string match: names become file names
+
 
 def keygen(name: str = "default", scopes: tuple[str, ...] = ("*",)) -> dict[str, str]:
     """Make an Ed25519 key pair under ``$SHARDPORT_HOME/keys`` and trust it locally."""
-    if not name.replace("-", "").replace("_", "").isalnum():
-        raise UsageError(f"key name {name!r}: use letters, digits, '-' and '_'")
+    if not _KEY_NAME.fullmatch(name):
+        raise UsageError(f"key name {name!r}: use 1-64 ASCII letters, digits, '-' and '_'")
     private = home.keys_dir() / f"{name}.key"
     public = home.keys_dir() / f"{name}.pub"
     if private.exists():

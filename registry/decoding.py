@@ -19,6 +19,7 @@ from shardport.registry.analysis import analyze, decode
 from shardport.registry.describe import METADATA_DIR, scan
 from shardport.registry.errors import DigestMismatchError, UsageError
 from shardport.registry.manifest import Manifest
+from shardport.registry.manifest_check import check_manifest
 from shardport.registry.refs import Ref
 from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
@@ -58,7 +59,9 @@ def decode_local(path: Path, name: str) -> tuple[str, str, npt.NDArray[np.float3
     """Decode from a pulled folder or a plain checkpoint folder/file."""
     meta = path / METADATA_DIR / "manifest.json"
     if path.is_dir() and meta.exists():
-        return _from_manifest(path, Manifest.from_bytes(meta.read_bytes(), source=str(meta)), name)
+        manifest = Manifest.from_bytes(meta.read_bytes(), source=str(meta))
+        check_manifest(manifest, source=str(meta))
+        return _from_manifest(path, manifest, name)
     root, paths = (path.parent, [path.name]) if path.is_file() else (path, [r for r, _ in scan(path)])
     analysis = analyze(root, paths, witnesses=False)
     if analysis is None:

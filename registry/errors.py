@@ -16,6 +16,8 @@ Tree::
         ├── StateFileError                 (1)  this client's trust state file is unreadable
         └── VerificationError              (1)  the store or a file lied
             ├── DigestMismatchError
+            ├── MalformedDigestError            a digest that is not sha256:<64 lowercase hex>
+            ├── ManifestInconsistentError       a manifest names what it does not have
             ├── SchemaVersionError
             ├── UnsafePathError
             ├── SignatureError
@@ -75,6 +77,18 @@ class VerificationError(RegistryError):
 
 class DigestMismatchError(VerificationError):
     """Bytes do not hash to the digest that names them."""
+
+
+class MalformedDigestError(VerificationError):
+    """A digest read from the store or a manifest is not ``sha256:`` + 64 lowercase hex digits."""
+
+
+class ManifestInconsistentError(VerificationError):
+    """A manifest contradicts itself (the error names the manifest, the field and the value).
+
+    For example a tensor in a file ``files`` does not list, a byte range outside its file, or a plane
+    naming a tensor the tensor table does not have.
+    """
 
 
 class SchemaVersionError(VerificationError):

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeGuard
+
+from shardport.registry.errors import MalformedDigestError
 
 CHUNK = 8 * 1024 * 1024
+DIGEST_FORM = "'sha256:' followed by 64 lowercase hex digits"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def digest_bytes(data: bytes) -> str:
@@ -14,9 +20,29 @@ def digest_bytes(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def is_digest(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a digest in the one accepted form: ``sha256:`` + 64 lowercase hex digits."""
+    return isinstance(value, str) and _DIGEST.fullmatch(value) is not None
+
+
+def check_digest(value: object, *, what: str = "digest") -> str:
+    """Return ``value`` if it is a well-formed digest, else raise :class:`MalformedDigestError`.
+
+    Every digest read from the store (manifests, tag documents, referrers, leases, client state) goes
+    through here or :data:`shardport.registry.digests.Digest` before it names a key or a file.
+    """
+    if not isinstance(value, str) or _DIGEST.fullmatch(value) is None:
+        raise MalformedDigestError(f"{what}: {value!r} is not a digest; expected {DIGEST_FORM}")
+    return value
+
+
 def hex_of(digest: str) -> str:
-    """The hex part of ``sha256:<hex>``."""
-    return digest.partition(":")[2]
+    """The hex part of ``sha256:<hex>``; :class:`MalformedDigestError` for anything else.
+
+    Every store key built from a digest (blobs, referrers) goes through here, so a digest such as
+    ``sha256:../../etc/passwd`` can never name a key outside ``blobs/sha256/``.
+    """
+    return check_digest(digest)[len("sha256:") :]
 
 
 def digest_file(path: Path, progress: Callable[[int], None] | None = None) -> tuple[str, int]:

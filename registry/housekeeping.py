@@ -18,8 +18,9 @@ from shardport.provenance.errors import EnvelopeFormatError
 from shardport.provenance.keys import VerifyingKey
 from shardport.provenance.statement import Statement
 from shardport.registry.errors import RegistryError, VerificationError
-from shardport.registry.hashing import digest_bytes, hex_of
+from shardport.registry.hashing import digest_bytes, hex_of, is_digest
 from shardport.registry.manifest import Manifest
+from shardport.registry.manifest_check import check_manifest
 from shardport.registry.session import Session
 from shardport.registry.signatures import SIGNATURE_ARTIFACT, SIGNATURE_PREDICATE, SIGSTORE_ARTIFACT
 from shardport.registry.store import blob_key
@@ -31,7 +32,7 @@ from shardport.registry.verify import _stream_digest
 GRACE = timedelta(hours=1)
 MAX_SIGNATURE = 16 << 20
 """Bytes a signature envelope or bundle may have; a larger blob linked as one is not read."""
-_HEX = re.compile(r"^[0-9a-f]{64}$")
+_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 def repositories(session: Session) -> list[str]:
@@ -92,7 +93,7 @@ def _mark_manifest(session: Session, name: str, digest: str, live: set[str]) -> 
     if manifest.tile_index is not None:
         live.add(manifest.tile_index.digest)
     folder = f"repos/{name}/referrers/{hex_of(digest)}"
-    live.update("sha256:" + child for child in session.store.listdir(folder) if _HEX.match(child))
+    live.update("sha256:" + child for child in session.store.listdir(folder) if _HEX.fullmatch(child))
 
 
 def gc(session: Session, *, dry_run: bool = False, grace: timedelta = GRACE) -> GcReport:
@@ -109,7 +110,7 @@ def gc(session: Session, *, dry_run: bool = False, grace: timedelta = GRACE) -> 
             try:
                 lease = json.loads(store.read(obj.key))
                 expires = parse_time(lease["expires"])
-                digests = [str(d) for d in lease["digests"]]
+                digests = [d for d in lease["digests"] if is_digest(d)]
             except (ValueError, KeyError, TypeError):
                 expires, digests = obj.mtime + grace, []
             if expires > now:
@@ -132,7 +133,7 @@ def gc(session: Session, *, dry_run: bool = False, grace: timedelta = GRACE) -> 
                     _mark_manifest(session, name, target, live)
     for obj in store.walk("blobs/sha256"):
         digest = "sha256:" + obj.key.rsplit("/", 1)[-1]
-        if digest in live or obj.mtime > now - grace:
+        if digest in live or obj.mtime > now - grace or not is_digest(digest):  # not a blob: not ours
             report.kept_blobs += 1
             continue
         report.removed_blobs.append(digest)
@@ -313,6 +314,10 @@ def _check_tag(
         except VerificationError as exc:
             report.dangling.append(f"{where}: target manifest unreadable: {exc}")
             continue
+        try:  # what resolve() refuses, so a pull of this version would fail
+            check_manifest(manifest, source=f"manifest {e.doc.target}")
+        except VerificationError as exc:
+            report.broken_tags.append(f"{where}: {exc}")
         report.dangling.extend(
             f"{where}: file {f.path} blob {f.digest} is missing"
             for f in manifest.files
@@ -335,6 +340,9 @@ def fsck(session: Session) -> FsckReport:
     for obj in store.walk("blobs/sha256"):
         digest = "sha256:" + obj.key.rsplit("/", 1)[-1]
         report.blobs += 1
+        if not is_digest(digest):
+            report.corrupt.append(f"{obj.key}: not a blob name (expected 64 lowercase hex digits)")
+            continue
         present[digest] = obj.size
         got, _ = _stream_digest(session, digest, limit=obj.size)  # never more than listed + 1 byte
         if got != digest:

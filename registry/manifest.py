@@ -23,7 +23,9 @@ import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shardport.registry.contracts.model import LogicalWeight
-from shardport.registry.errors import SchemaVersionError, UsageError, VerificationError
+from shardport.registry.digests import ERROR_TYPE as DIGEST_ERROR
+from shardport.registry.digests import Digest
+from shardport.registry.errors import MalformedDigestError, SchemaVersionError, UsageError, VerificationError
 from shardport.registry.hashing import digest_bytes
 from shardport.registry.notes import Note
 
@@ -75,7 +77,7 @@ class ModelInfo(Section):
 
     architecture: str | None = None
     revision: str | None = None
-    tokenizer_digest: str | None = None
+    tokenizer_digest: Digest | None = None
     params: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -85,10 +87,10 @@ class QuantizationInfo(Section):
     section = "quantization"
 
     family: str = "none"
-    config_digest: str | None = None
+    config_digest: Digest | None = None
     producer: str | None = None
     producer_version: str | None = None
-    calibration_digest: str | None = None
+    calibration_digest: Digest | None = None
 
 
 class PackingInfo(Section):
@@ -130,7 +132,7 @@ class FileEntry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
     path: str
     size: int = Field(ge=0)
-    digest: str
+    digest: Digest
 
 
 class TensorEntry(BaseModel):
@@ -161,7 +163,7 @@ class TileIndexRef(BaseModel):
     """The tile index blob of the artifact (per-tile BLAKE3 hashes; :mod:`shardport.registry.tiles`)."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
-    digest: str
+    digest: Digest
     hash: str = "blake3"
     version: int = 2
 
@@ -176,11 +178,11 @@ class ProvenanceInfo(Section):
 
     section = "provenance"
 
-    source_digest: str | None = None
+    source_digest: Digest | None = None
     converter: str | None = None
     converter_version: str | None = None
-    source_manifest: str | None = None
-    parent: str | None = None
+    source_manifest: Digest | None = None
+    parent: Digest | None = None
     created_at: str | None = None
 
 
@@ -248,6 +250,10 @@ class Manifest(BaseModel):
                 inner = (err.get("ctx") or {}).get("error")
                 if isinstance(inner, SchemaVersionError):
                     raise SchemaVersionError(f"{source}: {inner}") from exc
+            for err in exc.errors():
+                if err["type"] == DIGEST_ERROR:
+                    where = ".".join(str(p) for p in err["loc"])
+                    raise MalformedDigestError(f"{source}: field {where!r}: {err['msg']}") from exc
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise VerificationError(f"{source}: field {where!r}: {first['msg']}") from exc

@@ -25,6 +25,8 @@ from shardport.registry.describe import container_of, model_of, quantization_of,
 from shardport.registry.errors import UnsignedError, UsageError
 from shardport.registry.hashing import digest_bytes, digest_file
 from shardport.registry.manifest import FileEntry, Manifest, ProvenanceInfo, TileIndexRef
+from shardport.registry.manifest_check import check_manifest
+from shardport.registry.paths import check_paths
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.session import Session
 from shardport.registry.signatures import attach_sigstore_bundle, manifest_statement, sign_manifest
@@ -165,6 +167,7 @@ def push(
     created_at = source_date()  # a bad SOURCE_DATE_EPOCH fails before anything is read
     reporter = reporter or Quiet()
     files = scan(src)
+    check_paths([rel for rel, _ in files], source=f"push {src}", error=UsageError)  # before any work
     total = sum(p.stat().st_size for _, p in files)
     analysis = analyze(src, [rel for rel, _ in files], declare=declare, reference=reference, strict=strict)
 
@@ -229,6 +232,7 @@ def publish(
     signature(s), tag document. ``unchanged``: the tag already points at ``manifest`` (no new version).
     ``move``: the files are the caller's work files; a local store may rename them into place.
     """
+    check_manifest(manifest, source=f"manifest of {name}:{tag}")  # before anything is written
     store = session.store
     now = session.clock()
     manifest_bytes = manifest.to_bytes()

@@ -6,10 +6,11 @@ import re
 from dataclasses import dataclass
 
 from shardport.registry.errors import UsageError
+from shardport.registry.hashing import DIGEST_FORM, is_digest
 
-_SEGMENT = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
-_HEX = re.compile(r"^[0-9a-f]{64}$")
+# Whole-string matches only (``fullmatch``): ``re.match`` with ``$`` accepts a trailing newline.
+_SEGMENT = re.compile(r"[a-z0-9][a-z0-9._-]*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 RESERVED_SEGMENTS = frozenset({"tags", "referrers"})
 
 
@@ -22,7 +23,7 @@ def validate_name(name: str) -> str:
     if not name or len(name) > 255:
         raise UsageError(f"repository name {name!r}: expected 1-255 characters")
     for seg in name.split("/"):
-        if not _SEGMENT.match(seg) or set(seg) == {"."}:
+        if not _SEGMENT.fullmatch(seg) or set(seg) == {"."}:
             raise UsageError(
                 f"repository name {name!r}: segment {seg!r} must be lowercase letters, digits and "
                 "'._-', starting with a letter or digit"
@@ -34,16 +35,15 @@ def validate_name(name: str) -> str:
 
 def validate_tag(tag: str) -> str:
     """Return ``tag`` if valid (letters, digits, ``._-``, at most 128), else raise :class:`UsageError`."""
-    if not _TAG.match(tag):
+    if not _TAG.fullmatch(tag):
         raise UsageError(f"tag {tag!r}: expected letters, digits and '._-', at most 128 characters")
     return tag
 
 
 def validate_digest(digest: str) -> str:
     """Return ``digest`` if it is ``sha256:<64 lowercase hex>``, else raise :class:`UsageError`."""
-    algo, _, hexpart = digest.partition(":")
-    if algo != "sha256" or not _HEX.match(hexpart):
-        raise UsageError(f"digest {digest!r}: expected 'sha256:' followed by 64 lowercase hex digits")
+    if not is_digest(digest):
+        raise UsageError(f"digest {digest!r}: expected {DIGEST_FORM}")
     return digest
 
 

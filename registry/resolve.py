@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from shardport.registry.errors import NotFoundError
 from shardport.registry.manifest import Manifest
+from shardport.registry.manifest_check import check_manifest
 from shardport.registry.refs import Ref
 from shardport.registry.session import Session
 from shardport.registry.signatures import verify_manifest
@@ -26,7 +27,11 @@ class Resolved:
 
 
 def resolve(session: Session, ref: Ref) -> Resolved:
-    """Resolve ``ref``: verify the tag history (for ``NAME:TAG``), the manifest digest and signature."""
+    """Resolve ``ref``: verify the tag history (for ``NAME:TAG``), the manifest digest and signature.
+
+    The manifest must also be consistent (:func:`check_manifest`): everything that resolves a reference
+    (pull, rank pulls, inspect, tag, rollback, verify REF, decode) refuses one that is not.
+    """
     entry = None
     if ref.tag is not None:
         entries = history(session, ref.name, ref.tag)
@@ -43,6 +48,7 @@ def resolve(session: Session, ref: Ref) -> Resolved:
         raise NotFoundError(f"manifest {digest} ({ref}): not found in store {session.store.url}") from exc
     manifest = Manifest.from_bytes(raw, source=f"manifest {digest}")
     signers = verify_manifest(session, ref.name, digest, ref.tag)
+    check_manifest(manifest, source=f"manifest {digest}")
     return Resolved(
         ref=ref, digest=digest, manifest=manifest, raw=raw, tag_entry=entry, signers=tuple(signers)
     )

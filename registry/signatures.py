@@ -13,7 +13,7 @@ from shardport.provenance.dsse import Envelope
 from shardport.provenance.errors import EnvelopeFormatError
 from shardport.provenance.statement import PAYLOAD_TYPE, Statement, Subject
 from shardport.registry.errors import SignatureError, UnsignedError, UntrustedSignerError, VerificationError
-from shardport.registry.hashing import hex_of
+from shardport.registry.hashing import hex_of, is_digest
 from shardport.registry.session import Session
 from shardport.registry.store import referrer_key
 
@@ -47,8 +47,8 @@ def referrers(session: Session, name: str, manifest: str, artifact_type: str | N
         except (ValueError, UnicodeDecodeError):
             continue
         if isinstance(doc, dict) and (artifact_type is None or doc.get("artifactType") == artifact_type):
-            digest = str(doc.get("digest", ""))
-            if hex_of(digest) == child:
+            digest = doc.get("digest")
+            if is_digest(digest) and hex_of(digest) == child:  # a malformed link attaches nothing
                 out.append(digest)
     return out
 

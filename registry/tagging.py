@@ -15,7 +15,7 @@ from shardport.registry.session import Session
 from shardport.registry.store import AlreadyExists, tag_dir, tag_key
 from shardport.registry.tags import RollbackOf, SeenTag, TagEntry, next_document, verify_history
 
-_DOC_NAME = re.compile(r"^(\d{12})\.json$")
+_DOC_NAME = re.compile(r"([0-9]{12})\.json")
 DEFAULT_VALIDITY = timedelta(days=365)
 MIN_VALIDITY = timedelta(seconds=1)  # documents carry whole seconds: less would publish an expired head
 MAX_VALIDITY_DAYS = 36525.0  # 100 years
@@ -65,7 +65,7 @@ def require_signing_scope(session: Session, name: str, tag: str) -> None:
 def read_raw_history(session: Session, name: str, tag: str) -> dict[int, bytes]:
     """Every stored document of a tag, by the version in its key."""
     versions = [
-        int(m.group(1)) for n in session.store.listdir(tag_dir(name, tag)) if (m := _DOC_NAME.match(n))
+        int(m.group(1)) for n in session.store.listdir(tag_dir(name, tag)) if (m := _DOC_NAME.fullmatch(n))
     ]
     if session.store.is_local or len(versions) < 2:  # a pool pays off for object-store round trips only
         return {v: session.store.read(tag_key(name, tag, v)) for v in versions}

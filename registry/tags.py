@@ -23,7 +23,7 @@ from shardport.registry.errors import (
     TagExpiredError,
     VerificationError,
 )
-from shardport.registry.hashing import digest_bytes, hex_of
+from shardport.registry.hashing import DIGEST_FORM, digest_bytes, hex_of, is_digest
 from shardport.registry.trust import TrustPolicy
 
 TAG_PREDICATE = "https://shardport.dev/tag/v1"
@@ -108,6 +108,9 @@ class TagDocument:
             parse_time(doc.expires)
         except (KeyError, TypeError, ValueError) as exc:
             raise TagChainError(f"{source}: malformed tag document ({exc})") from exc
+        for field, value in (("target", doc.target), ("previous", doc.previous)):
+            if value is not None and not is_digest(value):
+                raise TagChainError(f"{source}: field {field!r} = {value!r}: expected {DIGEST_FORM}")
         if [s.sha256 for s in st.subjects] != [hex_of(doc.target)]:
             raise TagChainError(f"{source}: statement subject does not match target {doc.target}")
         return doc

@@ -18,6 +18,7 @@ from shardport.registry.errors import NotFoundError, RegistryError, UsageError, 
 from shardport.registry.formats import ContainerError
 from shardport.registry.hashing import CHUNK, digest_file
 from shardport.registry.manifest import FileEntry, Manifest
+from shardport.registry.manifest_check import check_manifest
 from shardport.registry.paths import check_paths
 from shardport.registry.refs import Ref
 from shardport.registry.session import Session
@@ -134,6 +135,7 @@ def _manifest_of(session: Session, ref: Ref, report: Report) -> Manifest | None:
         report.add(type(exc).__name__, digest, str(exc))
     try:
         check_paths([f.path for f in manifest.files], source=f"manifest {digest}")
+        check_manifest(manifest, source=f"manifest {digest}")  # what resolve() refuses for a pull
     except VerificationError as exc:
         report.add(type(exc).__name__, digest, str(exc))
         return None  # nothing is written under paths that could escape the work folder
@@ -317,6 +319,7 @@ def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Repor
         )
     try:
         manifest = Manifest.from_bytes(raw, source=f"{folder}/{METADATA_DIR}/manifest.json")
+        check_manifest(manifest, source=f"manifest {digest}")
         paths = check_paths([f.path for f in manifest.files], source=f"manifest {digest}")
     except RegistryError as exc:
         report.add(type(exc).__name__, "manifest.json", str(exc))

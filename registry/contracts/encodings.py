@@ -27,12 +27,12 @@ DTYPE_BYTES: dict[str, int] = {
 }
 INT_DTYPES = ("I64", "I32", "U32", "I16", "U16", "I8", "U8")
 
-_ENCODING_RE = re.compile(r"^(?:u([1-8])|s([2-7])_twos|s(8)|s([2-8])_offset(\d+))$")
+_ENCODING_RE = re.compile(r"u([1-8])|s([2-7])_twos|s(8)|s([2-8])_offset([0-9]+)")  # whole-string match
 
 
 def encoding_bits(encoding: str) -> int:
     """Return the bit width of a value encoding (``u4`` → 4, ``s4_offset8`` → 4, ``s8`` → 8)."""
-    match = _ENCODING_RE.match(encoding)
+    match = _ENCODING_RE.fullmatch(encoding)
     if match is None:
         raise ValueError(f"unknown value encoding {encoding!r} (u<b>, s<b>_twos, s8, s<b>_offset<2^(b-1)>)")
     width = next(group for group in match.groups() if group is not None)

@@ -11,12 +11,13 @@ import re
 
 from .model import GraphBinding
 
+# Whole-string matches (``fullmatch``); ``[0-9]``, not ``\d`` (which also matches non-ASCII digits).
 _HF_LAYER = re.compile(
-    r"^(?:model\.|transformer\.|language_model\.model\.)?(?:layers|h|blocks)\.(\d+)\.(.+)$"
+    r"(?:model\.|transformer\.|language_model\.model\.)?(?:layers|h|blocks)\.([0-9]+)\.(.+)"
 )
-_HF_TOP = re.compile(r"^(?:model\.|transformer\.|language_model\.model\.)?(.+)$")
-_EXPERT = re.compile(r"^(.*?)\.experts\.(\d+)\.(.+)$")
-_GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
+_HF_TOP = re.compile(r"(?:model\.|transformer\.|language_model\.model\.)?(.+)")
+_EXPERT = re.compile(r"(.*?)\.experts\.([0-9]+)\.(.+)")
+_GGUF_LAYER = re.compile(r"blk\.([0-9]+)\.(.+)")
 
 #: GGUF tensor stem → Hugging Face operator slot.
 GGUF_SLOTS: dict[str, str] = {
@@ -52,14 +53,14 @@ def hf_binding(name: str, architecture: str | None, tied_alias: str | None) -> G
     """Bind a Hugging Face logical weight name; ``bias`` tensors get the slot ``<op>.bias``."""
     stem, leaf = _split_suffix(name)
     layer: int | None = None
-    match = _HF_LAYER.match(stem)
+    match = _HF_LAYER.fullmatch(stem)
     if match is not None:
         layer, rest = int(match.group(1)), match.group(2)
     else:
-        top = _HF_TOP.match(stem)
+        top = _HF_TOP.fullmatch(stem)
         rest = top.group(1) if top is not None else stem
     expert: int | None = None
-    expert_match = _EXPERT.match(rest)
+    expert_match = _EXPERT.fullmatch(rest)
     if expert_match is not None:
         rest = f"{expert_match.group(1)}.experts.{expert_match.group(3)}"
         expert = int(expert_match.group(2))
@@ -73,7 +74,7 @@ def gguf_binding(name: str, architecture: str | None, tied_alias: str | None) ->
     """Bind a GGUF tensor name (``blk.N.<stem>.weight``, ``token_embd.weight``…)."""
     stem, leaf = _split_suffix(name)
     layer: int | None = None
-    match = _GGUF_LAYER.match(stem)
+    match = _GGUF_LAYER.fullmatch(stem)
     if match is not None:
         layer, stem = int(match.group(1)), match.group(2)
     slot = GGUF_SLOTS.get(stem, stem)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from support import Cli, make_checkpoint
 
+from shardport.registry.errors import StateFileError
 from shardport.registry.housekeeping import fsck, gc
 from shardport.registry.manifest import Manifest
 from shardport.registry.progress import Quiet, reporter
@@ -126,3 +127,29 @@ def test_progress_bars_on_a_terminal(tmp_path: Path, home: Path) -> None:
         os.close(master)
         assert (b"hashing" in seen or b"uploading" in seen) is expect, seen[:300]
         assert proc.stdout
+
+
+def test_a_file_in_blobs_that_is_not_a_blob_name(pushed: tuple[Cli, Session, str]) -> None:
+    """fsck reports it, gc leaves it alone (not ours), and neither builds a key from it."""
+    _, session, _ = pushed
+    session.store.put("blobs/sha256/notes.txt", b"someone's file")
+    report = fsck(session)
+    assert any("blobs/sha256/notes.txt: not a blob name" in c for c in report.corrupt), report.corrupt
+    gc(session, grace=timedelta(0))
+    assert session.store.read("blobs/sha256/notes.txt") == b"someone's file"
+
+
+def test_malformed_digests_in_leases_and_client_state(pushed: tuple[Cli, Session, str]) -> None:
+    _, session, _ = pushed
+    session.store.put(
+        "uploads/odd/lease.json",
+        json.dumps(
+            {"expires": format_time(session.clock() + timedelta(hours=1)), "digests": ["sha256:../../x", 7]}
+        ).encode(),
+    )
+    gc(session, grace=timedelta(0))  # a malformed lease names nothing and breaks nothing
+    state = json.loads(session.state.path.read_text())
+    state["tags"]["a/m:t"]["digest"] = "sha256:../../x"
+    session.state.path.write_text(json.dumps(state))
+    with pytest.raises(StateFileError, match=r"client state .*a/m:t.*'sha256:\.\./\.\./x'"):
+        session.state.get("a/m", "t")

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from shardport.registry.commands import keygen
 from shardport.registry.errors import UnsafePathError, UsageError
 from shardport.registry.paths import check_paths
 from shardport.registry.refs import Ref, parse_ref, validate_name
@@ -39,6 +42,11 @@ def test_parse_ok(text: str, ref: Ref) -> None:
         "-a:t",
         "a:" + "x" * 200,
         "a b:t",
+        "m/y\n:t",  # re.match with $ accepted a trailing newline (and created repos/m/y\n/)
+        "m/y:tag\n",
+        "m/y@sha256:" + "0" * 64 + "\n",
+        "m/y@sha256:" + "A" * 64,
+        "m/\u0661:t",  # a non-ASCII digit
     ],
 )
 def test_parse_refused(text: str) -> None:
@@ -74,8 +82,38 @@ def test_paths_ok() -> None:
         (["a", "a"], "twice"),
         (["a", "a/b"], "both a file and the folder"),
         ([".shardport/manifest.json"], "reserved"),
+        ([".SHARDPORT/manifest.json"], "reserved"),
+        (["evil\u202etxt.exe"], "bidirectional control U\\+202E"),
+        (["a\u2066b"], "bidirectional control U\\+2066"),
+        (["a\u200bb"], "format character U\\+200B"),
+        (["\ufeffa"], "format character U\\+FEFF"),
+        (["a\x7fb"], "control character U\\+007F"),
+        (["a\x85b"], "control character U\\+0085"),
+        (["a\tb"], "control character U\\+0009"),
+        (["a\u2028b"], "separator U\\+2028"),
+        (["a\udcffb"], "surrogate"),
+        (["cafe\u0301.bin"], "not in Unicode NFC"),
+        (["Model.bin", "model.bin"], "only in case or Unicode form"),
+        (["Straße.bin", "STRASSE.bin"], "only in case or Unicode form"),
+        (["A", "a/b"], "both a file and the folder"),
+        (["x" * 256], "longer than 255 bytes"),
+        (["é" * 128], "longer than 255 bytes"),
+        (["/".join(["d" * 200] * 6)], "longer than 1024 bytes"),
     ],
 )
 def test_paths_refused(paths: list[str], text: str) -> None:
     with pytest.raises(UnsafePathError, match=text):
         check_paths(paths, source="manifest X")
+    with pytest.raises(UsageError, match=text):  # the same rules refuse a folder being pushed
+        check_paths(paths, source="push X", error=UsageError)
+
+
+def test_paths_accepted_beyond_ascii() -> None:
+    ok = ["café/modèle.bin", "日本語.txt", "a b/c-d_e.f", "e" * 255, "ÿ", "x/" * 300 + "y"]
+    assert [str(p) for p in check_paths(ok, source="m")] == ok
+
+
+def test_key_names_are_whole_matches(home: Path) -> None:
+    for bad in ["a\n", "é", "", "a/b", "x" * 65]:
+        with pytest.raises(UsageError, match="key name"):
+            keygen(bad)

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
+import unicodedata
 from pathlib import Path
 
+import numpy as np
 import pytest
+import rfc8785
+from safetensors.numpy import save_file
 from support import Cli, make_checkpoint
 
 from shardport.provenance import dsse
 from shardport.provenance.keys import SigningKey
-from shardport.provenance.statement import PAYLOAD_TYPE
+from shardport.provenance.statement import PAYLOAD_TYPE, Statement
 from shardport.registry.hashing import digest_bytes, hex_of
 from shardport.registry.manifest import ContainerInfo, FileEntry, Manifest
 from shardport.registry.session import Session
 from shardport.registry.signatures import SIGNATURE_ARTIFACT, attach, referrers, sign_manifest
 from shardport.registry.store import blob_key, tag_key
 from shardport.registry.tagging import move_tag
+from shardport.registry.tags import TagDocument
 
 NAME, TAG = "acme/model", "prod"
 
@@ -197,3 +204,148 @@ def test_tamper_cases_leave_other_tags_usable(
     cli.ok("tag", f"{NAME}@{d['v1']}", f"{NAME}:stable")
     session.store.delete(tag_key(NAME, TAG, 2))
     assert cli.ok("pull", f"{NAME}:stable", tmp_path / "s")["digest"] == d["v1"]
+
+
+def forge(session: Session, doc: dict[str, object], tag: str = TAG) -> str:
+    """Store ``doc`` as a manifest (bypassing the model), sign it with the trusted key, tag it."""
+    digest = session.store.put_blob(rfc8785.dumps(doc))
+    sign_manifest(session, NAME, digest)
+    move_tag(session, NAME, tag, digest)
+    return digest
+
+
+@pytest.fixture
+def tensors_world(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[Cli, Session, dict[str, object]]:
+    """A pushed float safetensors checkpoint (so the manifest has a tensor table) and its manifest."""
+    src = tmp_path / "src"
+    src.mkdir()
+    save_file(
+        {"w": np.ones((4, 8), np.float16), "b": np.zeros(8, np.float16)}, str(src / "modèle.safetensors")
+    )
+    cli = Cli(capsys, str(tmp_path / "store"))
+    cli.ok("keygen")
+    digest = cli.ok("push", src, f"{NAME}:{TAG}")["digest"]
+    session = Session.open(cli.store)
+    doc = json.loads(session.store.read_blob(digest))
+    assert doc["tensors"] and doc["weights"]
+    return cli, session, doc
+
+
+def test_manifest_digest_outside_the_store(
+    tensors_world: tuple[Cli, Session, dict[str, object]], tmp_path: Path
+) -> None:
+    """A signed manifest naming ``sha256:../../../secret``: refused by form; the file is never read."""
+    cli, session, doc = tensors_world
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not for you" * 100)
+    evil = "sha256:../../../secret"  # relative to <store>/blobs/sha256/
+    doc["files"][0]["digest"] = evil  # type: ignore[index]
+    digest = forge(session, doc)
+    expect_refused(cli, tmp_path, "MalformedDigestError", "'files.0.digest'")
+    for args in (
+        ("verify", f"{NAME}:{TAG}"),
+        ("inspect", f"{NAME}:{TAG}"),
+        ("tag", f"{NAME}@{digest}", f"{NAME}:x"),
+    ):
+        code, out = cli(*args)
+        assert code == 1, out
+        text = json.dumps(out)
+        assert "MalformedDigestError" in text and evil in text
+        assert "1100 bytes" not in text and hashlib.sha256(secret.read_bytes()).hexdigest() not in text
+    assert not session.store.exists(tag_key(NAME, "x", 1))
+
+
+@pytest.mark.parametrize(
+    ("variant", "why"),
+    [
+        ("other.safetensors", "'files' does not list"),
+        ("MODÈLE.safetensors", "differs only in case"),
+        (unicodedata.normalize("NFD", "modèle.safetensors"), "differs only in case or Unicode form"),
+    ],
+)
+def test_tensor_table_names_a_file_not_listed(
+    tensors_world: tuple[Cli, Session, dict[str, object]], tmp_path: Path, variant: str, why: str
+) -> None:
+    """Pull crashed in np.memmap and ``verify REF`` said ok; both now refuse it, naming the field."""
+    cli, session, doc = tensors_world
+    doc["tensors"][0]["file"] = variant  # type: ignore[index]
+    digest = forge(session, doc)
+    expect_refused(cli, tmp_path, "ManifestInconsistentError", f"manifest {digest}: field 'tensors.0.file'")
+    code, out = cli("verify", f"{NAME}:{TAG}")
+    assert code == 1 and out["findings"][0]["kind"] == "ManifestInconsistentError", out
+    assert why in out["findings"][0]["message"] and repr(variant) in out["findings"][0]["message"]
+    code, out = cli("tag", f"{NAME}@{digest}", f"{NAME}:other")
+    assert code == 1 and out["error"]["type"] == "ManifestInconsistentError", out
+    assert not session.store.exists(tag_key(NAME, "other", 1))
+
+
+@pytest.mark.parametrize("bad_path", ["../escape.bin", "/etc/evil", "a\u202etxt.exe", "a\x1bb", "Á.bin"])
+def test_tag_refuses_unsafe_manifest_paths(
+    tensors_world: tuple[Cli, Session, dict[str, object]], tmp_path: Path, bad_path: str
+) -> None:
+    """``registry tag`` no longer publishes content nobody can pull."""
+    cli, session, doc = tensors_world
+    bad = unicodedata.normalize("NFD", bad_path)
+    doc["files"].append({"path": bad, "size": 7, "digest": session.store.put_blob(b"payload")})  # type: ignore[attr-defined]
+    digest = session.store.put_blob(rfc8785.dumps(doc))
+    sign_manifest(session, NAME, digest)
+    code, out = cli("tag", f"{NAME}@{digest}", f"{NAME}:published")
+    assert code == 1 and out["error"]["type"] == "UnsafePathError", out
+    assert repr(bad) in out["error"]["message"]
+    assert not session.store.exists(tag_key(NAME, "published", 1))
+    code, out = cli("verify", f"{NAME}@{digest}")
+    assert code == 1 and out["findings"][0]["kind"] == "UnsafePathError", out
+
+
+def test_forged_tag_document_target(world: tuple[Cli, Session, dict[str, str]], tmp_path: Path) -> None:
+    cli, session, _ = world
+    assert session.key is not None
+    doc = TagDocument(
+        repository=NAME,
+        tag="t",
+        version=1,
+        target="sha256:" + "0" * 64,
+        previous=None,
+        issued_at="2020-01-01T00:00:00Z",
+        expires="2999-01-01T00:00:00Z",
+        signer=session.key.keyid,
+    )
+    st = doc.statement()
+    forged = Statement(st.subjects, st.predicate_type, {**st.predicate, "target": "sha256:../../../x"})
+    session.store.put(
+        tag_key(NAME, "t", 1), dsse.sign(PAYLOAD_TYPE, forged.to_bytes(), [session.key]).to_bytes()
+    )
+    expect_refused(cli, tmp_path, "TagChainError", "field 'target' = 'sha256:../../../x'", ref=f"{NAME}:t")
+
+
+def test_malformed_referrer_attaches_nothing(
+    world: tuple[Cli, Session, dict[str, str]], tmp_path: Path
+) -> None:
+    cli, session, d = world
+    (sig,) = referrers(session, NAME, d["v2"], SIGNATURE_ARTIFACT)
+    session.store.put(
+        f"repos/{NAME}/referrers/{hex_of(d['v2'])}/{hex_of(sig)}",
+        json.dumps({"artifactType": SIGNATURE_ARTIFACT, "digest": "sha256:../" + hex_of(sig)}).encode(),
+    )
+    assert referrers(session, NAME, d["v2"]) == []
+    expect_refused(cli, tmp_path, "UnsignedError", "no signature")
+
+
+def test_verify_dir_checks_the_pulled_manifest(
+    tensors_world: tuple[Cli, Session, dict[str, object]], tmp_path: Path
+) -> None:
+    """A pulled folder whose recorded manifest names a file it does not list: a finding, not a crash."""
+    cli, _, doc = tensors_world
+    dest = tmp_path / "pulled"
+    cli.ok("pull", f"{NAME}:{TAG}", dest)
+    doc["tensors"][0]["file"] = "gone.safetensors"  # type: ignore[index]
+    raw = rfc8785.dumps(doc)
+    (dest / ".shardport" / "manifest.json").write_bytes(raw)
+    ref = json.loads((dest / ".shardport" / "ref.json").read_text())
+    (dest / ".shardport" / "ref.json").write_text(json.dumps({**ref, "digest": digest_bytes(raw)}))
+    code, out = cli("verify", dest)
+    assert code == 1, out
+    assert [f["kind"] for f in out["findings"]] == ["ManifestInconsistentError"], out
+    assert "'gone.safetensors'" in out["findings"][0]["message"]
