@@ -35,7 +35,7 @@ from shardport.registry.writers import write_safetensors
 
 from .read import ReadOptions, read_slices
 from .schedule import PlaneSlice
-from .witness_check import check_rank_witnesses
+from .witness_check import WitnessCount, check_rank_witnesses
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,8 @@ def pull_ranks(
     shared["seconds_plan"] = planned - t0
     shared["seconds_read"] = read_done - planned
     shared["seconds_total"] = time.perf_counter() - t0
-    shared["witness_rows_checked"] = sum(r.ledger["witness_rows_checked"] for r in results)
+    for key in ("witness_cells_checked", "witness_weights_checked", "witness_weights_unchecked"):
+        shared[key] = sum(r.ledger[key] for r in results)
     if len(wanted) == 1:
         name = f"rank-{wanted[0]:05d}.ledger.json"
     else:
@@ -274,7 +275,7 @@ class _RankData:
     arrays: dict[str, npt.NDArray[Any]]
     meta: dict[str, str]
     assigned: int
-    witness_rows: int
+    witness: WitnessCount
 
 
 def _prepare_rank(
@@ -312,15 +313,17 @@ def _prepare_rank(
                 "role": read.role,
             }
         )
-    witness_rows = check_rank_witnesses(manifest.weights or [], entries, loaded)
-    return _RankData(digest, rank, arrays, meta, sum(a.nbytes for a in got), witness_rows)
+    witness = check_rank_witnesses(manifest.weights or [], entries, loaded)
+    return _RankData(digest, rank, arrays, meta, sum(a.nbytes for a in got), witness)
 
 
 def _write_rank(
     dest: Path, topology: Topology, the_plan: Plan, data: _RankData, ledger: dict[str, Any]
 ) -> RankPullResult:
     """Write one rank's safetensors file (verified by reopening) and its plan."""
-    ledger["witness_rows_checked"] = data.witness_rows
+    ledger["witness_cells_checked"] = data.witness.cells
+    ledger["witness_weights_checked"] = data.witness.weights
+    ledger["witness_weights_unchecked"] = len(data.witness.unchecked)
     out = dest / f"rank-{data.rank:05d}-of-{topology.world_size:05d}.safetensors"
     write_safetensors(data.arrays, out, data.meta)
     mine = the_plan.rank(data.rank)

@@ -38,7 +38,6 @@ from shardport.registry.tiled_layout import LAYOUT, from_tiled
 from shardport.registry.tiles import plane_layout
 
 INDEX_FILE = "model.safetensors.index.json"
-WITNESS_ROWS = 2
 #: numpy dtypes of the safetensors element types (BF16 as its raw 16 bits).
 NUMPY_DTYPES = {
     "F64": "<f8",
@@ -290,7 +289,7 @@ def analyze(
                     raise UsageError(f"--reference: no tensor {w.name} in the reference checkpoint")
                 folder, entry = refs[w.name]
                 ref = _as_f32(PlaneReader(folder).typed(entry), entry.dtype).reshape(w.shape.extents)
-            witness = make_witness(w, planes, witness_seed(w.name), count=WITNESS_ROWS, reference=ref)
+            witness = make_witness(w, planes, witness_seed(w.name), reference=ref)
             w = w.model_copy(update={"witness": witness})
         checked.append(w)
     kind = "gguf" if gguf_files and not st_files else "safetensors"
