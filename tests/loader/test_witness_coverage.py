@@ -1,0 +1,188 @@
+"""Every rank of every supported split checks a witness cell of every quantized weight it loads.
+
+Checkpoints are analysed as push does (witnesses made on the real bytes), planned with the real
+planner at tp 2, 3, 4, 6, 8 (and ep for stacked experts), and each rank's slices are cut from the file
+bytes exactly as the plan's byte runs say; :func:`check_rank_witnesses` then runs as a rank load does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from quantized import gptq_planes, quantize_minmax
+from safetensors.numpy import save_file
+
+from shardport.loader.witness_check import check_rank_witnesses
+from shardport.placement import Topology, plan
+from shardport.placement.errors import PlacementError
+from shardport.registry.analysis import Analysis, analyze
+from shardport.registry.contracts import CellWitness, FloatContract
+from shardport.registry.contracts.errors import WitnessMismatchError
+from shardport.registry.contracts.model import cell_positions
+
+TPS = (2, 3, 4, 6, 8)
+
+
+def gptq_llama(root: Path) -> dict[str, Any]:
+    """hidden 768 (24 heads of 32, 8 kv heads), intermediate 2048, GPTQ 4-bit group 32."""
+    rng = np.random.default_rng(0)
+    hidden, inter = 768, 2048
+    tensors: dict[str, np.ndarray] = {"model.norm.weight": np.ones(hidden, dtype=np.float16)}
+    shapes = {
+        "self_attn.q_proj": (hidden, hidden),
+        "self_attn.k_proj": (256, hidden),
+        "self_attn.v_proj": (256, hidden),
+        "self_attn.o_proj": (hidden, hidden),
+        "mlp.gate_proj": (inter, hidden),
+        "mlp.up_proj": (inter, hidden),
+        "mlp.down_proj": (hidden, inter),
+    }
+    for slot, (n, k) in shapes.items():
+        case = quantize_minmax(rng.standard_normal((n, k)).astype(np.float32), 32)
+        tensors.update(gptq_planes(case, f"model.layers.0.{slot}"))
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(root / "model.safetensors"))
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": 1,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False,
+                                "checkpoint_format": "gptq"},
+    }
+    (root / "config.json").write_text(json.dumps(config))
+    return config
+
+
+def gguf_model(root: Path, *, experts: int = 0) -> dict[str, Any]:
+    """The 135M llama's shapes (hidden 576, 9 heads / 3 kv, intermediate 1536; vocab cut to 1152):
+    Q4_1 linears, Q8_0 embeddings; with ``experts``, stacked Q8_0 expert weights ``[E, N, K]``."""
+    import gguf
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(1)
+    hidden, inter, vocab = 576, 1536, 1152
+    w = gguf.GGUFWriter(str(root / "model.gguf"), "llama")
+    w.add_block_count(1)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(9)
+    w.add_head_count_kv(3)
+    q41, q80 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0
+
+    def add(name: str, shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType) -> None:
+        w.add_tensor(name, quantize(rng.standard_normal(shape).astype(np.float32), qtype), raw_dtype=qtype)
+
+    add("token_embd.weight", (vocab, hidden), q80)
+    shapes = {"attn_q": (hidden, hidden), "attn_k": (192, hidden), "attn_v": (192, hidden),
+              "attn_output": (hidden, hidden)}
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(2)
+        shapes.update({"ffn_gate_exps": (experts, 256, 512), "ffn_up_exps": (experts, 256, 512),
+                       "ffn_down_exps": (experts, 512, 256)})
+    else:
+        shapes.update({"ffn_gate": (inter, hidden), "ffn_up": (inter, hidden), "ffn_down": (hidden, inter)})
+    for stem, shape in shapes.items():
+        add(f"blk.0.{stem}.weight", shape, q80 if stem.endswith("exps") else q41)
+    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {}
+
+
+def analysed(root: Path) -> Analysis:
+    result = analyze(root, sorted(p.name for p in root.iterdir()))
+    assert result is not None
+    return result
+
+
+def rank_loads(root: Path, analysis: Analysis, params: dict[str, Any], topology: Topology,
+               tamper: tuple[str, int] | None = None) -> list[tuple[Any, list[Any]]]:
+    """Per rank: (its plan, its loaded (read, bytes)) cut from the file by the plan's runs."""
+    p = plan((analysis.weights, analysis.tensors, params or analysis.params), topology)
+    files: dict[str, np.ndarray] = {}
+    out = []
+    for rank in p.ranks:
+        loaded = []
+        for read in rank.reads:
+            data = files.setdefault(read.file, np.fromfile(root / read.file, dtype=np.uint8)).copy()
+            if tamper is not None and read.tensor == tamper[0]:
+                data[tamper[1]] ^= 0x10
+            pieces = [data[o : o + n] for o, n in read.pieces]
+            loaded.append((read, np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint8)))
+        out.append((rank, loaded))
+    return out
+
+
+def quantized_loaded(rank: Any, analysis: Analysis) -> set[str]:
+    q = {w.name for w in analysis.weights if not isinstance(w.contract, FloatContract)}
+    return {r.weight for r in rank.reads if r.weight in q}
+
+
+def assert_every_rank_checks(root: Path, analysis: Analysis, params: dict[str, Any],
+                             topologies: list[Topology]) -> int:
+    supported = 0
+    for topology in topologies:
+        try:
+            loads = rank_loads(root, analysis, params, topology)
+        except PlacementError:
+            continue  # a split the planner refuses for this model (e.g. tp 4 with 3 kv heads)
+        supported += 1
+        for rank, loaded in loads:
+            count = check_rank_witnesses(analysis.weights, {e.name: e for e in analysis.tensors}, loaded)
+            wanted = quantized_loaded(rank, analysis)
+            assert count.unchecked == (), (topology, rank.rank, count.unchecked)
+            assert count.weights == len(wanted) > 0, (topology, rank.rank)
+    return supported
+
+
+def test_every_rank_checks_every_gptq_weight(tmp_path: Path) -> None:
+    params = gptq_llama(tmp_path)
+    analysis = analysed(tmp_path)
+    assert assert_every_rank_checks(tmp_path, analysis, params, [Topology(tp=t) for t in TPS]) == len(TPS)
+
+
+def test_every_rank_checks_every_gguf_weight(tmp_path: Path) -> None:
+    gguf_model(tmp_path)
+    analysis = analysed(tmp_path)
+    # 3 kv heads: tp 2, 3 and 6 split; 4 and 8 are refused by the planner
+    assert assert_every_rank_checks(tmp_path, analysis, {}, [Topology(tp=t) for t in TPS]) >= 3
+
+
+def test_every_rank_checks_its_experts(tmp_path: Path) -> None:
+    gguf_model(tmp_path, experts=8)
+    analysis = analysed(tmp_path)
+    stacked = [w for w in analysis.weights if w.shape.axes[0] == "E"]
+    assert len(stacked) == 3 and all(isinstance(w.witness, CellWitness) and w.witness.experts == 8 for w in stacked)
+    topologies = [Topology(tp=t, ep=e) for e in (1, 2, 4, 8) for t in (1, 2, 3)]
+    assert assert_every_rank_checks(tmp_path, analysis, {}, topologies) >= 8
+
+
+def test_a_tampered_byte_in_any_ranks_cell_is_caught_by_that_rank(tmp_path: Path) -> None:
+    params = gptq_llama(tmp_path)
+    analysis = analysed(tmp_path)
+    entries = {e.name: e for e in analysis.tensors}
+    for name, tp in (("model.layers.0.mlp.gate_proj.weight", 3), ("model.layers.0.mlp.down_proj.weight", 6)):
+        weight = next(w for w in analysis.weights if w.name == name)
+        assert isinstance(weight.witness, CellWitness)
+        codes = entries[weight.name.removesuffix(".weight") + ".qweight"]  # int32 [K/8, N]
+        n = codes.shape[1]
+        clean = rank_loads(tmp_path, analysis, params, Topology(tp=tp))
+        for rank, _ in clean:
+            box = next(r.slice for r in rank.reads if r.weight == name)
+            (n0, n1), (k0, k1) = box.bounds
+            row, c0, c1 = next(c for c in cell_positions(weight.witness) if n0 <= c[0] < n1 and k0 <= c[1] and c[2] <= k1)
+            offset = codes.start + ((c0 // 8) * n + row) * 4  # the word holding codes c0..c0+7 of ``row``
+            tampered = rank_loads(tmp_path, analysis, params, Topology(tp=tp), tamper=(codes.name, offset))
+            for other, loaded in tampered:
+                if other.rank == rank.rank:
+                    with pytest.raises(WitnessMismatchError, match=name):
+                        check_rank_witnesses(analysis.weights, entries, loaded)
