@@ -368,7 +368,7 @@ class DecodeWitness(_Frozen):
 
 
 #: Bytes of each cell digest of a :class:`CellWitness` (truncated sha256 of the cell's binary32 bytes).
-CELL_DIGEST_BYTES = 8
+CELL_DIGEST_BYTES = 4
 
 
 class CellWitness(_Frozen):
@@ -381,7 +381,7 @@ class CellWitness(_Frozen):
     ``row_grid = (first, stride, count)``: ``first + i·stride`` for ``i < count``, plus the last row; the
     column blocks are ``block_grid`` likewise, plus the last block. Cell ``i`` pairs row ``i mod R``
     with block ``i mod B`` (``max(R, B)`` cells; :func:`cell_positions`). ``digests``: base64 of, for
-    each expert then each cell, the first 8 bytes of sha256 of the cell's little-endian binary32
+    each expert then each cell, the first 4 bytes of sha256 of the cell's little-endian binary32
     decode. ``rel_error``: the Frobenius relative error to ``--reference``, when one was given.
     """
 

@@ -1,7 +1,7 @@
 """Decode witnesses (DESIGN.md "Decode witness"): digests of the reference decode that every rank meets.
 
 A witness (:class:`~.model.CellWitness`) records, for a grid of *cells* — one row and up to 32 columns
-of it, starting on the weight's alignment along K — the first 8 bytes of sha256 of the cell's binary32
+of it, starting on the weight's alignment along K — the first 4 bytes of sha256 of the cell's binary32
 reference decode, per expert. The grid has a row every ``N // 16`` rows (plus the last row) and a cell
 start every ``blocks // 16`` alignment blocks (plus the last), paired diagonally, so:
 
@@ -88,7 +88,7 @@ def _experts_and_rows(weight: LogicalWeight) -> tuple[int, int]:
 
 
 def cell_digest(values: npt.NDArray[np.float32]) -> bytes:
-    """The first 8 bytes of sha256 of ``values`` as little-endian binary32."""
+    """The first 4 bytes of sha256 of ``values`` as little-endian binary32."""
     raw = np.ascontiguousarray(values, dtype="<f4").tobytes()
     return hashlib.sha256(raw).digest()[:CELL_DIGEST_BYTES]
 

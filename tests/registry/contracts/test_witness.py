@@ -144,3 +144,45 @@ def test_reference_gate_catches_a_convention_mislabel(build):
     with pytest.raises(ReferenceErrorTooLargeError, match="zero-point convention"):
         make_witness(wrong, planes, seed=2, reference=reference)
     assert reference_gate(honest, planes, reference) == pytest.approx(witness.rel_error)
+
+
+def _gguf_layer_weights(hidden: int, inter: int, kv: int, vocab: int):
+    from shardport.registry.contracts import TensorInfo, infer_gguf
+    from shardport.registry.contracts.gguf_blocks import row_bytes
+
+    shapes = {"token_embd.weight": ((vocab, hidden), "Q8_0")}
+    for stem, shape in {"attn_q": (hidden, hidden), "attn_k": (kv, hidden), "attn_v": (kv, hidden),
+                        "attn_output": (hidden, hidden), "ffn_gate": (inter, hidden), "ffn_up": (inter, hidden),
+                        "ffn_down": (hidden, inter)}.items():
+        shapes[f"blk.0.{stem}.weight"] = (shape, "Q4_1")
+    inventory = [TensorInfo(name, qtype, shape) for name, (shape, qtype) in shapes.items()]
+    weights = infer_gguf({"general.architecture": "llama"}, inventory)
+    planes = {name: np.zeros(shape[0] * row_bytes(qtype, shape[1], name), dtype=np.uint8)
+              for name, (shape, qtype) in shapes.items()}
+    return weights, planes
+
+
+def test_witness_data_is_well_under_a_thousandth_of_a_checkpoint(build):
+    """The 135M llama GGUF (30 layers of Q4_1 linears, Q8_0 embeddings 49152 x 576) and a 7B GPTQ layer."""
+    weights, planes = _gguf_layer_weights(576, 1536, 192, 49152)
+    per = {w.name: len(make_witness(w, planes, seed=i).model_dump_json()) for i, w in enumerate(weights)}
+    layer = sum(v for k, v in per.items() if k.startswith("blk."))
+    layer_bytes = sum(planes[k].nbytes for k in planes if k.startswith("blk."))
+    total = 30 * layer + per["token_embd.weight"]
+    checkpoint = 30 * layer_bytes + planes["token_embd.weight"].nbytes
+    assert total / checkpoint < 0.0007, (total, checkpoint)  # measured: 0.056%
+
+    prefix = "model.layers.0.mlp.down_proj"
+    gptq = {
+        f"{prefix}.qweight": np.zeros((11008 // 8, 4096), dtype=np.int32),
+        f"{prefix}.qzeros": np.zeros((86, 512), dtype=np.int32),
+        f"{prefix}.scales": np.zeros((86, 4096), dtype=np.float16),
+        f"{prefix}.g_idx": (np.arange(11008) // 128).astype(np.int32),
+    }
+    (down,) = infer_safetensors(
+        {"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+                                 "checkpoint_format": "gptq"}},
+        build.inventory(gptq),
+    )
+    size = len(make_witness(down, gptq, seed=1).model_dump_json())
+    assert size / sum(p.nbytes for p in gptq.values()) < 0.00002  # measured: 0.001%
