@@ -160,16 +160,17 @@ def _zero_points(
 
 @dataclass(frozen=True)
 class AffineTerms:
-    """The parts of an affine decode, ``[rows, K]`` in stored column order (see :func:`affine_terms`).
+    """The parts of an affine decode, in stored column order (see :func:`affine_terms`).
 
-    ``q``: the codes' integer values; ``zero``: each element's zero point (integer, or float for a float
-    zero plane); ``scale``: each element's binary32 scale; ``columns``: the stored column of each
-    logical column under a permutation plane, else None.
+    ``q``: the codes' integer values ``[rows, K]``; ``zero``: zero points ``[rows, G]`` (integer, or float
+    for a float zero plane); ``scale``: binary32 scales ``[rows, G]``; ``group``: each stored column's
+    group ``[K]``; ``columns``: the stored column of each logical column under a permutation plane.
     """
 
     q: I64
     zero: F32 | I64
     scale: F32
+    group: I64
     columns: I64 | None
 
 
@@ -213,7 +214,7 @@ def affine_terms(
         columns = order.reshape(-1).astype(np.int64)
         if not np.array_equal(np.sort(columns), np.arange(k, dtype=np.int64)):
             raise PermutationError(weight, f"{perm.plane} values", f"a permutation of range({k})", "not one")
-    return AffineTerms(q=q, zero=z[:, group], scale=s[:, group], columns=columns)
+    return AffineTerms(q=q, zero=z, scale=s, group=group, columns=columns)
 
 
 def decode_affine(
@@ -225,11 +226,12 @@ def decode_affine(
 ) -> F32:
     """Decode integer codes with grouped scales and zero points (GPTQ, AWQ, compressed-tensors)."""
     terms = affine_terms(contract, planes, shape, rows, weight)
+    group = terms.group
     if terms.zero.dtype == np.int64:
-        diff = (terms.q - terms.zero).astype(np.float32)
+        diff = (terms.q - terms.zero[:, group]).astype(np.float32)
     else:
-        diff = terms.q.astype(np.float32) - terms.zero.astype(np.float32)
-    values = diff * terms.scale
+        diff = terms.q.astype(np.float32) - terms.zero[:, group].astype(np.float32)
+    values = diff * terms.scale[:, group]
     if contract.decode_law == "affine_round_to_scale_format":
         values = round_to_format(values, contract.scales.format)
     if terms.columns is not None:

@@ -64,13 +64,15 @@ class Bounds:
 
 def _affine_bounds(weight: LogicalWeight, contract: AffineIntContract, planes: Planes, rows: Sequence[int]) -> Bounds:
     terms = affine_terms(contract, planes, weight.shape, rows, weight.name)
+    group = terms.group
     if terms.zero.dtype == np.int64:
-        level32 = (terms.q - terms.zero).astype(np.float32)
+        level32 = (terms.q - terms.zero[:, group]).astype(np.float32)
     else:
-        level32 = terms.q.astype(np.float32) - terms.zero.astype(np.float32)
-    decoded = level32 * terms.scale
+        level32 = terms.q.astype(np.float32) - terms.zero[:, group].astype(np.float32)
+    scale = terms.scale[:, group]
+    decoded = level32 * scale
     eps = FORMAT_EPS[contract.scales.format]
-    step = terms.scale.astype(np.float64)
+    step = scale.astype(np.float64)
     bound = np.abs(step) * (0.5 + 2 * eps * np.abs(level32.astype(np.float64)))
     if contract.decode_law == "affine_round_to_scale_format":
         decoded = round_to_format(decoded, contract.scales.format)
