@@ -23,7 +23,7 @@ from shardport.placement.plan import TensorRead
 from shardport.registry.contracts import CellWitness, DecodeWitness, LogicalWeight, decode_weight
 from shardport.registry.contracts.witness import check_cells, compare_witness, witness_values
 from shardport.registry.manifest import TensorEntry
-
+from shardport.registry.witness_file import ProducerWitness, check_producer_box
 
 Range = tuple[int, int]
 
@@ -51,19 +51,21 @@ def check_rank_witnesses(
     weights: Sequence[LogicalWeight],
     entries: Mapping[str, TensorEntry],
     loaded: Sequence[tuple[TensorRead, npt.NDArray[np.uint8]]],
+    producer: ProducerWitness | None = None,
 ) -> WitnessCount:
     """Re-decode the witness cells inside this rank's slices; return what was compared.
 
     Every quantized weight the rank loads has a witness cell inside its slice (see
     :mod:`shardport.registry.contracts.witness`); a weight with a witness and none inside is counted in
-    ``WitnessCount.unchecked``. Raises
+    ``WitnessCount.unchecked``. The producer's witness rows (``push --witness``) inside the slice are held
+    to the rounding bound of their elements. Raises
     :class:`~shardport.registry.contracts.errors.WitnessMismatchError` on any difference.
     """
     by_weight: dict[str, list[tuple[TensorRead, npt.NDArray[np.uint8]]]] = {}
     for read, data in loaded:
         if read.weight:
             by_weight.setdefault(read.weight, []).append((read, data))
-    cells = weights_checked = 0
+    cells = weights_checked = producer_rows = 0
     unchecked: list[str] = []
     for w in weights:
         parts = by_weight.get(w.name)
@@ -87,26 +89,35 @@ def check_rank_witnesses(
                 )
             else:
                 n = _check_rows(w, w.witness, planes, box)
+            if producer is not None:
+                producer_rows += check_producer_box(producer, w, planes, box)
         if n:
             cells += n
             weights_checked += 1
         else:
             unchecked.append(w.name)
-    return WitnessCount(cells=cells, weights=weights_checked, unchecked=tuple(unchecked))
+    return WitnessCount(cells, weights_checked, tuple(unchecked), producer_rows)
 
 
 @dataclass(frozen=True)
 class WitnessCount:
-    """What one rank's witness check compared: cells (rows of a whole-row witness), weights, and the
-    weights it loaded with a witness of which no cell lay inside its slice."""
+    """What one rank's witness check compared.
+
+    ``cells`` (rows, for a whole-row witness), the ``weights`` checked, the weights it loaded with a
+    witness of which no cell lay inside its slice (``unchecked``), and producer witness rows.
+    """
 
     cells: int
     weights: int
     unchecked: tuple[str, ...]
+    producer_rows: int = 0
 
 
 def _check_rows(
-    w: LogicalWeight, witness: DecodeWitness, planes: Mapping[str, npt.NDArray[np.uint8]], box: Mapping[str, Range]
+    w: LogicalWeight,
+    witness: DecodeWitness,
+    planes: Mapping[str, npt.NDArray[np.uint8]],
+    box: Mapping[str, Range],
 ) -> int:
     """A whole-row witness (manifests written before cells): the rows inside the slice, its columns."""
     if len(w.shape.extents) != 2:

@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sign", choices=["ed25519", "sigstore"], default="ed25519")
     p.add_argument("--declare", help="contract declarations: a JSON object or a JSON file")
     p.add_argument("--reference", type=Path, help="the unquantized float checkpoint, to measure error")
+    p.add_argument(
+        "--witness", type=Path, help="the producer's rows of its weights (safetensors; README: Witnesses)"
+    )
     p.add_argument("--strict", action="store_true", help="inventory must match the architecture exactly")
     p.add_argument("--tile-size", type=int, default=1 << 20, help="target tile size in bytes (tile index)")
     p.add_argument("--tile-min", type=int, default=64 << 10, help="smallest tile in bytes (tile index)")
@@ -173,6 +176,7 @@ def _dispatch(
                 valid_for=timedelta(days=args.expires_days),
                 declare=_declare(args.declare),
                 reference=args.reference,
+                witness=args.witness,
                 strict=args.strict,
                 sign=args.sign,
                 tile_target=args.tile_size,

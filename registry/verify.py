@@ -19,6 +19,8 @@ from shardport.registry.refs import Ref
 from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
 from shardport.registry.signatures import check_envelope
+from shardport.registry.witness_file import FOLDER_NAME as WITNESS_FILE
+from shardport.registry.witness_file import load_producer
 
 
 @dataclass
@@ -201,7 +203,18 @@ def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Repor
             report.add("ExtraFile", rel, "present in the folder but not in the manifest")
     if report.ok and manifest.tensors and manifest.weights:
         try:
-            report.weights_checked = check_stored(folder, manifest.tensors, manifest.weights)
+            producer = load_producer(
+                manifest,
+                lambda _: (meta / WITNESS_FILE).read_bytes(),
+                source=f"{METADATA_DIR}/{WITNESS_FILE}",
+            )
+            report.weights_checked = check_stored(
+                folder, manifest.tensors, manifest.weights, producer=producer
+            )
+        except OSError as exc:
+            report.add(
+                "MissingFile", f"{METADATA_DIR}/{WITNESS_FILE}", f"the producer witness: {exc.strerror}"
+            )
         except ShardportError as exc:
             report.add_error("weights", exc)
     return report

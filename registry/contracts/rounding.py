@@ -29,16 +29,22 @@ import numpy.typing as npt
 from .decode import affine_terms, decode_weight
 from .encodings import encoding_value_range
 from .errors import ReferenceErrorTooLargeError
+from .formats import round_to_format
 from .gguf_blocks import BLOCK_SIZES, _fifth_bits, _half, _nibbles32, _scale_min_k4, as_gguf_rows
 from .model import AffineIntContract, FloatContract, GgufBlockContract, LogicalWeight
-from .formats import round_to_format
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 Planes = Mapping[str, npt.NDArray[np.generic]]
 
 #: Unit roundoff of each scale/float storage format.
-FORMAT_EPS = {"binary32": 2.0**-24, "binary16": 2.0**-11, "bfloat16": 2.0**-8, "e8m0": 2.0**-24, "e4m3": 2.0**-4}
+FORMAT_EPS = {
+    "binary32": 2.0**-24,
+    "binary16": 2.0**-11,
+    "bfloat16": 2.0**-8,
+    "e8m0": 2.0**-24,
+    "e4m3": 2.0**-4,
+}
 _GGUF_EPS = {"F32": 2.0**-24, "F16": 2.0**-11, "BF16": 2.0**-8}
 #: Slack for binary32 evaluation of the decode itself, relative to the value.
 _ARITH = 2.0**-21
@@ -62,7 +68,9 @@ class Bounds:
     unit: int
 
 
-def _affine_bounds(weight: LogicalWeight, contract: AffineIntContract, planes: Planes, rows: Sequence[int]) -> Bounds:
+def _affine_bounds(
+    weight: LogicalWeight, contract: AffineIntContract, planes: Planes, rows: Sequence[int]
+) -> Bounds:
     terms = affine_terms(contract, planes, weight.shape, rows, weight.name)
     group = terms.group
     if terms.zero.dtype == np.int64:
@@ -86,7 +94,9 @@ def _affine_bounds(weight: LogicalWeight, contract: AffineIntContract, planes: P
     return Bounds(decoded.astype(np.float32, copy=False), bound, step, low_edge, high_edge, unit)
 
 
-def _gguf_terms(ggml_type: str, blocks: npt.NDArray[np.uint8]) -> tuple[F64, F64, F64, npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+def _gguf_terms(
+    ggml_type: str, blocks: npt.NDArray[np.uint8]
+) -> tuple[F64, F64, F64, npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
     """Per element of ``[B, block]``: step, level, additive offset, lowest and highest code."""
     count = blocks.shape[0]
     if ggml_type == "Q8_0":
@@ -115,17 +125,29 @@ def _gguf_terms(ggml_type: str, blocks: npt.NDArray[np.uint8]) -> tuple[F64, F64
         step = (_half(blocks, 0).astype(np.float64) * scale).reshape(count, 8, 1) * np.ones((1, 1, 32))
         offset = (_half(blocks, 2).astype(np.float64) * mins).reshape(count, 8, 1) * np.ones((1, 1, 32))
         flat = (count, 256)
-        return step.reshape(flat), q.reshape(flat).astype(np.float64), offset.reshape(flat), (q == 0).reshape(flat), (q == top).reshape(flat)
+        return (
+            step.reshape(flat),
+            q.reshape(flat).astype(np.float64),
+            offset.reshape(flat),
+            (q == 0).reshape(flat),
+            (q == top).reshape(flat),
+        )
     if ggml_type == "Q6_K":
-        ql = blocks[:, 0:128].astype(np.int64).reshape(count, 2, 2, 32)
-        qh = blocks[:, 128:192].astype(np.int64).reshape(count, 2, 1, 32)
-        low = np.concatenate([ql & 0x0F, ql >> 4], axis=2)
-        high = (qh >> (2 * np.arange(4).reshape(1, 1, 4, 1))) & 3
-        q = (low | (high << 4)).reshape(count, 16, 16)
+        ql6 = blocks[:, 0:128].astype(np.int64).reshape(count, 2, 2, 32)
+        qh6 = blocks[:, 128:192].astype(np.int64).reshape(count, 2, 1, 32)
+        low = np.concatenate([ql6 & 0x0F, ql6 >> 4], axis=2)
+        high = (qh6 >> (2 * np.arange(4).reshape(1, 1, 4, 1))) & 3
+        q6 = (low | (high << 4)).reshape(count, 16, 16)
         sub = blocks[:, 192:208].view(np.int8).astype(np.float64)
         step = (_half(blocks, 208).astype(np.float64) * sub).reshape(count, 16, 1) * np.ones((1, 1, 16))
         flat = (count, 256)
-        return step.reshape(flat), (q - 32).reshape(flat).astype(np.float64), np.zeros(flat), (q == 0).reshape(flat), (q == 63).reshape(flat)
+        return (
+            step.reshape(flat),
+            (q6 - 32).reshape(flat).astype(np.float64),
+            np.zeros(flat),
+            (q6 == 0).reshape(flat),
+            (q6 == 63).reshape(flat),
+        )
     zeros = np.zeros((count, BLOCK_SIZES[ggml_type][0]))
     none = np.zeros(zeros.shape, dtype=bool)
     return zeros, zeros, zeros, none, none
@@ -135,10 +157,14 @@ def _wide(column: F32, like: npt.NDArray[np.int64]) -> F64:
     return np.broadcast_to(column.astype(np.float64), like.shape).copy()
 
 
-def _gguf_bounds(weight: LogicalWeight, contract: GgufBlockContract, planes: Planes, rows: Sequence[int]) -> Bounds:
+def _gguf_bounds(
+    weight: LogicalWeight, contract: GgufBlockContract, planes: Planes, rows: Sequence[int]
+) -> Bounds:
     shape = weight.shape
     decoded = decode_weight(weight, planes, rows)
-    table = as_gguf_rows(planes[contract.plane], contract.ggml_type, shape.rows, shape.columns, contract.plane)
+    table = as_gguf_rows(
+        planes[contract.plane], contract.ggml_type, shape.rows, shape.columns, contract.plane
+    )
     block, size = BLOCK_SIZES[contract.ggml_type]
     blocks = np.ascontiguousarray(table[np.asarray(list(rows), dtype=np.int64)]).reshape(-1, size)
     step, level, offset, low, high = _gguf_terms(contract.ggml_type, blocks)
@@ -202,7 +228,14 @@ def check_against(
     b = bounds_of(weight, planes, rows)
     if columns is not None:
         c0, c1 = columns
-        b = Bounds(b.decoded[:, c0:c1], b.bound[:, c0:c1], b.step[:, c0:c1], b.low_edge[:, c0:c1], b.high_edge[:, c0:c1], b.unit)
+        b = Bounds(
+            b.decoded[:, c0:c1],
+            b.bound[:, c0:c1],
+            b.step[:, c0:c1],
+            b.low_edge[:, c0:c1],
+            b.high_edge[:, c0:c1],
+            b.unit,
+        )
     else:
         c0 = 0
     bad = violations(b, values)

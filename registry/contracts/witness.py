@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from .decode import decode_weight
 from .errors import WitnessMismatchError
+from .gguf_blocks import BLOCK_SIZES
 from .model import (
     CELL_DIGEST_BYTES,
     AffineIntContract,
@@ -41,7 +42,6 @@ from .model import (
     LogicalWeight,
     cell_positions,
 )
-from .gguf_blocks import BLOCK_SIZES
 from .rounding import reference_gate
 
 F32 = npt.NDArray[np.float32]
@@ -70,7 +70,9 @@ def witness_alignment(weight: LogicalWeight) -> int:
             unit = math.lcm(unit, contract.scales.group_size)
         codes = contract.codes
         if codes.packing.axis == "K":
-            unit = math.lcm(unit, codes.packing.container_bits // math.gcd(codes.bits, codes.packing.container_bits))
+            unit = math.lcm(
+                unit, codes.packing.container_bits // math.gcd(codes.bits, codes.packing.container_bits)
+            )
     return min(unit, weight.shape.columns)
 
 
@@ -93,7 +95,9 @@ def cell_digest(values: npt.NDArray[np.float32]) -> bytes:
     return hashlib.sha256(raw).digest()[:CELL_DIGEST_BYTES]
 
 
-def _cell_table(weight: LogicalWeight, witness: CellWitness, planes: Planes, experts: Sequence[int]) -> dict[tuple[int, int], bytes]:
+def _cell_table(
+    weight: LogicalWeight, witness: CellWitness, planes: Planes, experts: Sequence[int]
+) -> dict[tuple[int, int], bytes]:
     """Digest of every cell of ``experts``, keyed by (expert, cell index)."""
     cells = cell_positions(witness)
     rows = sorted({e * witness.rows + r for e in experts for r, _, _ in cells})
@@ -257,7 +261,9 @@ def compare_witness(
         )
 
 
-def check_witness(weight: LogicalWeight, planes: Planes, witness: DecodeWitness | CellWitness | None = None) -> int:
+def check_witness(
+    weight: LogicalWeight, planes: Planes, witness: DecodeWitness | CellWitness | None = None
+) -> int:
     """Re-decode every witness cell (or whole-row witness row) with the reference decoder and compare.
 
     Returns the cells (rows) compared.

@@ -52,8 +52,13 @@ def gptq_llama(root: Path) -> dict[str, Any]:
         "intermediate_size": inter,
         "num_attention_heads": 24,
         "num_key_value_heads": 8,
-        "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False,
-                                "checkpoint_format": "gptq"},
+        "quantization_config": {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": 32,
+            "desc_act": False,
+            "checkpoint_format": "gptq",
+        },
     }
     (root / "config.json").write_text(json.dumps(config))
     return config
@@ -79,13 +84,22 @@ def gguf_model(root: Path, *, experts: int = 0) -> dict[str, Any]:
         w.add_tensor(name, quantize(rng.standard_normal(shape).astype(np.float32), qtype), raw_dtype=qtype)
 
     add("token_embd.weight", (vocab, hidden), q80)
-    shapes = {"attn_q": (hidden, hidden), "attn_k": (192, hidden), "attn_v": (192, hidden),
-              "attn_output": (hidden, hidden)}
+    shapes = {
+        "attn_q": (hidden, hidden),
+        "attn_k": (192, hidden),
+        "attn_v": (192, hidden),
+        "attn_output": (hidden, hidden),
+    }
     if experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(2)
-        shapes.update({"ffn_gate_exps": (experts, 256, 512), "ffn_up_exps": (experts, 256, 512),
-                       "ffn_down_exps": (experts, 512, 256)})
+        shapes.update(
+            {
+                "ffn_gate_exps": (experts, 256, 512),
+                "ffn_up_exps": (experts, 256, 512),
+                "ffn_down_exps": (experts, 512, 256),
+            }
+        )
     else:
         shapes.update({"ffn_gate": (inter, hidden), "ffn_up": (inter, hidden), "ffn_down": (hidden, inter)})
     for stem, shape in shapes.items():
@@ -104,8 +118,13 @@ def analysed(root: Path) -> Analysis:
     return result
 
 
-def rank_loads(root: Path, analysis: Analysis, params: dict[str, Any], topology: Topology,
-               tamper: tuple[str, int] | None = None) -> list[tuple[Any, list[Any]]]:
+def rank_loads(
+    root: Path,
+    analysis: Analysis,
+    params: dict[str, Any],
+    topology: Topology,
+    tamper: tuple[str, int] | None = None,
+) -> list[tuple[Any, list[Any]]]:
     """Per rank: (its plan, its loaded (read, bytes)) cut from the file by the plan's runs."""
     p = plan((analysis.weights, analysis.tensors, params or analysis.params), topology)
     files: dict[str, np.ndarray] = {}
@@ -127,8 +146,9 @@ def quantized_loaded(rank: Any, analysis: Analysis) -> set[str]:
     return {r.weight for r in rank.reads if r.weight in q}
 
 
-def assert_every_rank_checks(root: Path, analysis: Analysis, params: dict[str, Any],
-                             topologies: list[Topology]) -> int:
+def assert_every_rank_checks(
+    root: Path, analysis: Analysis, params: dict[str, Any], topologies: list[Topology]
+) -> int:
     supported = 0
     for topology in topologies:
         try:
@@ -161,7 +181,9 @@ def test_every_rank_checks_its_experts(tmp_path: Path) -> None:
     gguf_model(tmp_path, experts=8)
     analysis = analysed(tmp_path)
     stacked = [w for w in analysis.weights if w.shape.axes[0] == "E"]
-    assert len(stacked) == 3 and all(isinstance(w.witness, CellWitness) and w.witness.experts == 8 for w in stacked)
+    assert len(stacked) == 3 and all(
+        isinstance(w.witness, CellWitness) and w.witness.experts == 8 for w in stacked
+    )
     topologies = [Topology(tp=t, ep=e) for e in (1, 2, 4, 8) for t in (1, 2, 3)]
     assert assert_every_rank_checks(tmp_path, analysis, {}, topologies) >= 8
 
@@ -179,10 +201,38 @@ def test_a_tampered_byte_in_any_ranks_cell_is_caught_by_that_rank(tmp_path: Path
         for rank, _ in clean:
             box = next(r.slice for r in rank.reads if r.weight == name)
             (n0, n1), (k0, k1) = box.bounds
-            row, c0, c1 = next(c for c in cell_positions(weight.witness) if n0 <= c[0] < n1 and k0 <= c[1] and c[2] <= k1)
+            row, c0, _ = next(
+                c for c in cell_positions(weight.witness) if n0 <= c[0] < n1 and k0 <= c[1] and c[2] <= k1
+            )
             offset = codes.start + ((c0 // 8) * n + row) * 4  # the word holding codes c0..c0+7 of ``row``
             tampered = rank_loads(tmp_path, analysis, params, Topology(tp=tp), tamper=(codes.name, offset))
             for other, loaded in tampered:
                 if other.rank == rank.rank:
                     with pytest.raises(WitnessMismatchError, match=name):
                         check_rank_witnesses(analysis.weights, entries, loaded)
+
+
+def test_ranks_check_the_producer_witness_rows_in_their_slice(tmp_path: Path) -> None:
+    from shardport.registry.analysis import PlaneReader
+    from shardport.registry.contracts import decode_weight
+    from shardport.registry.contracts.errors import ReferenceErrorTooLargeError
+    from shardport.registry.witness_file import ProducerWitness
+
+    params = gptq_llama(tmp_path)
+    analysis = analysed(tmp_path)
+    entries = {e.name: e for e in analysis.tensors}
+    reader = PlaneReader(tmp_path)
+    names = ["model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.down_proj.weight"]
+    rows, values = {}, {}
+    for w in analysis.weights:
+        if w.name in names:
+            rows[w.name] = np.arange(0, w.shape.rows, w.shape.rows // 8, dtype=np.int64)
+            values[w.name] = decode_weight(w, reader.planes(w, entries), [int(r) for r in rows[w.name]])
+    producer = ProducerWitness(rows=rows, values=values)
+    for rank, loaded in rank_loads(tmp_path, analysis, params, Topology(tp=3)):
+        count = check_rank_witnesses(analysis.weights, entries, loaded, producer)
+        assert count.producer_rows >= 8 + 2, rank.rank  # all 8 rows of down_proj, 2+ of gate_proj
+    wrong = ProducerWitness(rows=rows, values={k: v * 1.25 for k, v in values.items()})
+    for _rank, loaded in rank_loads(tmp_path, analysis, params, Topology(tp=3)):
+        with pytest.raises(ReferenceErrorTooLargeError, match="producer witness"):
+            check_rank_witnesses(analysis.weights, entries, loaded, wrong)

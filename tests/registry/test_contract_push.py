@@ -147,7 +147,8 @@ def test_pull_refuses_bytes_that_contradict_the_signed_witness(cli: Cli, tmp_pat
     doc = json.loads(session.store.read_blob(out["digest"]))
     w = next(w for w in doc["weights"] if w["name"] == WEIGHT)
     raw = base64.b64decode(w["witness"]["digests"])
-    w["witness"]["digests"] = base64.b64encode(raw[8:] + raw[:8]).decode()  # a producer bug: witness of other cells
+    # a producer bug: the witness of other cells
+    w["witness"]["digests"] = base64.b64encode(raw[8:] + raw[:8]).decode()
     forged = Manifest.model_validate(doc)
     digest = session.store.put_blob(forged.to_bytes())
     assert session.key is not None

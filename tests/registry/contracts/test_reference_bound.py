@@ -18,11 +18,25 @@ from shardport.registry.contracts import (
 from shardport.registry.contracts.errors import ReferenceErrorTooLargeError
 from shardport.registry.contracts.witness import relative_error
 
-GPTQ = {"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False,
-                                "checkpoint_format": "gptq"}}
+GPTQ = {
+    "quantization_config": {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": 32,
+        "desc_act": False,
+        "checkpoint_format": "gptq",
+    }
+}
 AWQ = {"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"}}
-SLOTS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-         "mlp.up_proj", "mlp.down_proj"]
+SLOTS = [
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+]
 NAMES = [f"model.layers.{i}.{slot}" for i in range(19) for slot in SLOTS][:128]
 OLD_BUDGET = 3.5 / 15  # the fixed 4-bit budget the gate used to apply to two rows chosen by name
 
@@ -53,7 +67,9 @@ def test_scales_on_the_wrong_axis_are_refused_for_every_name() -> None:
         reference_gate(honest, planes, reference)  # the honest contract passes
         wrong = _scales_on_the_wrong_axis(honest)  # [G, N] read as [N, G]: G == N == 16
         passed_old += relative_error(decode_weight(wrong, planes), reference) <= OLD_BUDGET
-        with pytest.raises(ReferenceErrorTooLargeError, match=rf"{prefix}\.weight: row \d+ column \d+ \(group/block \d+\)"):
+        with pytest.raises(
+            ReferenceErrorTooLargeError, match=rf"{prefix}\.weight: row \d+ column \d+ \(group/block \d+\)"
+        ):
             reference_gate(wrong, planes, reference)
         refused += 1
     assert refused == len(NAMES) == 128
@@ -73,7 +89,9 @@ def test_honest_gguf_passes_and_a_scaled_reference_does_not(qtype: str) -> None:
     reference = (rng.standard_normal((16, 512)) * 0.05).astype(np.float32)
     reference[3, 7] = 0.9  # an outlier: its block's scale is large, and its own error is in bounds
     data = quants.quantize(reference, GGMLQuantizationType[qtype])
-    weights = infer_gguf({"general.architecture": "llama"}, [TensorInfo("blk.0.ffn_up.weight", qtype, (16, 512))])
+    weights = infer_gguf(
+        {"general.architecture": "llama"}, [TensorInfo("blk.0.ffn_up.weight", qtype, (16, 512))]
+    )
     planes = {weights[0].contract.plane: data}
     reference_gate(weights[0], planes, reference)
     with pytest.raises(ReferenceErrorTooLargeError, match="ffn_up"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -43,8 +45,8 @@ def test_cells_are_a_pure_function_of_seed_and_cover_both_axes(build):
     rows = sorted({r for r, _, _ in cells})
     starts = sorted({c for _, c, _ in cells})
     assert 16 <= len(cells) <= 18 and rows[-1] == 511 and starts[-1] == 1024 - 32
-    assert max(b - a for a, b in zip(rows, rows[1:])) <= 512 // 16  # a row in every 1/16 of N
-    assert max(b - a for a, b in zip(starts, starts[1:])) <= 1024 // 16
+    assert max(b - a for a, b in itertools.pairwise(rows)) <= 512 // 16  # a row in every 1/16 of N
+    assert max(b - a for a, b in itertools.pairwise(starts)) <= 1024 // 16
     assert all(c % 32 == 0 and c1 - c == 32 for _, c, c1 in cells)  # whole cells inside one group
 
 
@@ -151,14 +153,22 @@ def _gguf_layer_weights(hidden: int, inter: int, kv: int, vocab: int):
     from shardport.registry.contracts.gguf_blocks import row_bytes
 
     shapes = {"token_embd.weight": ((vocab, hidden), "Q8_0")}
-    for stem, shape in {"attn_q": (hidden, hidden), "attn_k": (kv, hidden), "attn_v": (kv, hidden),
-                        "attn_output": (hidden, hidden), "ffn_gate": (inter, hidden), "ffn_up": (inter, hidden),
-                        "ffn_down": (hidden, inter)}.items():
+    for stem, shape in {
+        "attn_q": (hidden, hidden),
+        "attn_k": (kv, hidden),
+        "attn_v": (kv, hidden),
+        "attn_output": (hidden, hidden),
+        "ffn_gate": (inter, hidden),
+        "ffn_up": (inter, hidden),
+        "ffn_down": (hidden, inter),
+    }.items():
         shapes[f"blk.0.{stem}.weight"] = (shape, "Q4_1")
     inventory = [TensorInfo(name, qtype, shape) for name, (shape, qtype) in shapes.items()]
     weights = infer_gguf({"general.architecture": "llama"}, inventory)
-    planes = {name: np.zeros(shape[0] * row_bytes(qtype, shape[1], name), dtype=np.uint8)
-              for name, (shape, qtype) in shapes.items()}
+    planes = {
+        name: np.zeros(shape[0] * row_bytes(qtype, shape[1], name), dtype=np.uint8)
+        for name, (shape, qtype) in shapes.items()
+    }
     return weights, planes
 
 
@@ -180,8 +190,15 @@ def test_witness_data_is_well_under_a_thousandth_of_a_checkpoint(build):
         f"{prefix}.g_idx": (np.arange(11008) // 128).astype(np.int32),
     }
     (down,) = infer_safetensors(
-        {"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
-                                 "checkpoint_format": "gptq"}},
+        {
+            "quantization_config": {
+                "quant_method": "gptq",
+                "bits": 4,
+                "group_size": 128,
+                "desc_act": False,
+                "checkpoint_format": "gptq",
+            }
+        },
         build.inventory(gptq),
     )
     size = len(make_witness(down, gptq, seed=1).model_dump_json())
