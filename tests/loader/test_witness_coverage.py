@@ -236,3 +236,36 @@ def test_ranks_check_the_producer_witness_rows_in_their_slice(tmp_path: Path) ->
     for _rank, loaded in rank_loads(tmp_path, analysis, params, Topology(tp=3)):
         with pytest.raises(ReferenceErrorTooLargeError, match="producer witness"):
             check_rank_witnesses(analysis.weights, entries, loaded, wrong)
+
+
+def test_every_range_of_every_split_holds_a_cell() -> None:
+    """The grid argument against the planner's own split arithmetic, over many extents and units."""
+    from shardport.placement.errors import UnsplittableError
+    from shardport.placement.layout import Constraint
+    from shardport.placement.splits import Dim, split_dim
+    from shardport.registry.contracts.witness import MAX_CELL_WIDTH, _axis_grid
+
+    checked = 0
+    for align, extra in ((1, 1), (32, 1), (32, 3), (128, 1), (256, 1), (8, 12), (16, 6)):
+        unit = align * extra  # the planner's unit is a multiple of the weight's alignment
+        for extent in range(unit, 64 * unit + 1, max(1, unit // 8) * 5 + align):
+            blocks = -(-extent // align)
+            seed = extent * 7919
+            witness = CellWitness.model_construct(
+                kind="cells", seed=seed, experts=1, rows=extent, columns=extent, align=align,
+                width=min(align, MAX_CELL_WIDTH), row_grid=_axis_grid(extent, seed),
+                block_grid=_axis_grid(blocks, seed >> 24), digests="", rel_error=None,
+            )  # fmt: skip
+            cells = cell_positions(witness)
+            for parts in TPS:
+                dim = Dim("d", "N", extent, (Constraint(unit, f"unit {unit}", "test"),), ("w",))
+                try:
+                    ranges = split_dim(dim, parts, "align").ranges
+                except UnsplittableError:
+                    continue
+                for lo, hi in ranges:
+                    assert any(lo <= r < hi for r, _, _ in cells), ("rows", extent, unit, parts, lo, hi)
+                    whole = any(lo <= c0 and c1 <= hi for _, c0, c1 in cells)
+                    assert whole, ("K", extent, unit, parts, lo, hi)
+                    checked += 1
+    assert checked > 5000
