@@ -69,7 +69,8 @@ def check_rank_witnesses(
     unchecked: list[str] = []
     for w in weights:
         parts = by_weight.get(w.name)
-        if w.witness is None or not parts:
+        produced = producer is not None and w.name in producer.rows
+        if not parts or (w.witness is None and not produced):
             continue
         have = {r.tensor for r, _ in parts}
         if any(p.tensor not in have for p in w.planes if p.role != "shape"):
@@ -82,15 +83,18 @@ def check_rank_witnesses(
             entry = entries[read.tensor]
             full = planes.setdefault(read.tensor, np.zeros(entry.end - entry.start, dtype=np.uint8))
             _place(full, entry, read, data.reshape(-1))
+        n = 0
         with np.errstate(all="ignore"):  # zero-filled parts outside the slice are never compared
             if isinstance(w.witness, CellWitness):
                 n = check_cells(
                     w, w.witness, planes, experts=box.get("E"), rows=box.get("N"), columns=box.get("K")
                 )
-            else:
+            elif w.witness is not None:
                 n = _check_rows(w, w.witness, planes, box)
             if producer is not None:
                 producer_rows += check_producer_box(producer, w, planes, box)
+        if w.witness is None:
+            continue
         if n:
             cells += n
             weights_checked += 1

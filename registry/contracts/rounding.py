@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .decode import affine_terms, decode_weight
+from .decode import affine_terms, decode_weight, plane_array
 from .encodings import encoding_value_range
 from .errors import ReferenceErrorTooLargeError
 from .formats import round_to_format
@@ -162,9 +162,8 @@ def _gguf_bounds(
 ) -> Bounds:
     shape = weight.shape
     decoded = decode_weight(weight, planes, rows)
-    table = as_gguf_rows(
-        planes[contract.plane], contract.ggml_type, shape.rows, shape.columns, contract.plane
-    )
+    data = plane_array(planes, contract.plane, weight.name)
+    table = as_gguf_rows(data, contract.ggml_type, shape.rows, shape.columns, contract.plane)
     block, size = BLOCK_SIZES[contract.ggml_type]
     blocks = np.ascontiguousarray(table[np.asarray(list(rows), dtype=np.int64)]).reshape(-1, size)
     step, level, offset, low, high = _gguf_terms(contract.ggml_type, blocks)
