@@ -31,11 +31,12 @@ from shardport.registry.refs import Ref
 from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
 from shardport.registry.tiles import TileIndex, plane_layout
+from shardport.registry.witness_file import ProducerWitness, load_producer
 from shardport.registry.writers import write_safetensors
 
 from .read import ReadOptions, read_slices
 from .schedule import PlaneSlice
-from .witness_check import check_rank_witnesses
+from .witness_check import WitnessCount, check_rank_witnesses
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,7 @@ def pull_ranks(
     if not manifest.tensors or not manifest.weights:
         raise UsageError(f"{ref}: no tensor inventory in the manifest; a per-rank pull needs one")
     index = load_tile_index(session, manifest)
+    producer = load_producer(manifest, session.store.read_blob)
     the_plan: Plan = plan(manifest, topology, policy=policy, ranks=wanted)  # type: ignore[arg-type]
     planned = time.perf_counter()
     entries = {e.name: e for e in manifest.tensors}
@@ -240,7 +242,7 @@ def pull_ranks(
         arrays = got.arrays[at : at + sum(len(g) for g in groups)]
         at += len(arrays)
         prepared.append(
-            _prepare_rank(resolved.digest, manifest, entries, topology, rank, reads, groups, arrays)
+            _prepare_rank(resolved.digest, manifest, entries, topology, rank, reads, groups, arrays, producer)
         )
     results = []
     for rank_data in prepared:
@@ -249,7 +251,14 @@ def pull_ranks(
     shared["seconds_plan"] = planned - t0
     shared["seconds_read"] = read_done - planned
     shared["seconds_total"] = time.perf_counter() - t0
-    shared["witness_rows_checked"] = sum(r.ledger["witness_rows_checked"] for r in results)
+    keys = (
+        "witness_cells_checked",
+        "witness_weights_checked",
+        "witness_weights_unchecked",
+        "producer_rows_checked",
+    )
+    for key in keys:
+        shared[key] = sum(r.ledger[key] for r in results)
     if len(wanted) == 1:
         name = f"rank-{wanted[0]:05d}.ledger.json"
     else:
@@ -274,7 +283,7 @@ class _RankData:
     arrays: dict[str, npt.NDArray[Any]]
     meta: dict[str, str]
     assigned: int
-    witness_rows: int
+    witness: WitnessCount
 
 
 def _prepare_rank(
@@ -286,6 +295,7 @@ def _prepare_rank(
     reads: list[TensorRead],
     groups: list[list[PlaneSlice]],
     got: Sequence[npt.NDArray[np.uint8]],
+    producer: ProducerWitness | None = None,
 ) -> _RankData:
     """Assemble one rank's tensors from its verified slices and re-decode its witness rows."""
     arrays: dict[str, npt.NDArray[Any]] = {}
@@ -312,15 +322,18 @@ def _prepare_rank(
                 "role": read.role,
             }
         )
-    witness_rows = check_rank_witnesses(manifest.weights or [], entries, loaded)
-    return _RankData(digest, rank, arrays, meta, sum(a.nbytes for a in got), witness_rows)
+    witness = check_rank_witnesses(manifest.weights or [], entries, loaded, producer)
+    return _RankData(digest, rank, arrays, meta, sum(a.nbytes for a in got), witness)
 
 
 def _write_rank(
     dest: Path, topology: Topology, the_plan: Plan, data: _RankData, ledger: dict[str, Any]
 ) -> RankPullResult:
     """Write one rank's safetensors file (verified by reopening) and its plan."""
-    ledger["witness_rows_checked"] = data.witness_rows
+    ledger["witness_cells_checked"] = data.witness.cells
+    ledger["witness_weights_checked"] = data.witness.weights
+    ledger["witness_weights_unchecked"] = len(data.witness.unchecked)
+    ledger["producer_rows_checked"] = data.witness.producer_rows
     out = dest / f"rank-{data.rank:05d}-of-{topology.world_size:05d}.safetensors"
     write_safetensors(data.arrays, out, data.meta)
     mine = the_plan.rank(data.rank)

@@ -33,13 +33,13 @@ from shardport.registry.contracts.errors import TiedAliasError
 from shardport.registry.describe import read_json_object
 from shardport.registry.errors import UsageError
 from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
-from shardport.registry.manifest import TensorEntry
+from shardport.registry.manifest import TensorEntry, WitnessFileRef
 from shardport.registry.notes import Note, Notes
 from shardport.registry.tiled_layout import LAYOUT, from_tiled
 from shardport.registry.tiles import plane_layout
+from shardport.registry.witness_file import ProducerWitness, check_producer, producer_blob
 
 INDEX_FILE = "model.safetensors.index.json"
-WITNESS_ROWS = 2
 #: numpy dtypes of the safetensors element types (BF16 as its raw 16 bits).
 NUMPY_DTYPES = {
     "F64": "<f8",
@@ -298,7 +298,7 @@ def analyze(
                     raise UsageError(f"--reference: no tensor {w.name} in the reference checkpoint")
                 folder, entry = refs[w.name]
                 ref = _as_f32(PlaneReader(folder).typed(entry), entry.dtype).reshape(w.shape.extents)
-            witness = make_witness(w, planes, witness_seed(w.name), count=WITNESS_ROWS, reference=ref)
+            witness = make_witness(w, planes, witness_seed(w.name), reference=ref)
             w = w.model_copy(update={"witness": witness})
         checked.append(w)
     kind = "gguf" if gguf_files and not st_files else "safetensors"
@@ -313,15 +313,28 @@ def analyze(
     )
 
 
-def check_stored(root: Path, tensors: Iterable[TensorEntry], weights: Iterable[LogicalWeight]) -> int:
-    """Re-run the semantic gates and every witness against bytes on disk; return the weights checked."""
+def check_stored(
+    root: Path,
+    tensors: Iterable[TensorEntry],
+    weights: Iterable[LogicalWeight],
+    *,
+    producer: ProducerWitness | None,
+) -> int:
+    """Re-run the semantic gates, every witness and the producer's witness against bytes on disk.
+
+    ``producer``: the manifest's ``push --witness`` rows
+    (:func:`~shardport.registry.witness_file.load_producer`), or None. Returns the weights checked.
+    """
     by_name = {e.name: e for e in tensors}
     inventory = stored_inventory(by_name.values())
     reader = PlaneReader(root)
     n = 0
-    for w in weights:
+    listed = list(weights)
+    for w in listed:
         check_weight(w, reader.planes(w, by_name), inventory)
         n += 1
+    if producer is not None:
+        check_producer(producer, listed, lambda w: reader.planes(w, by_name))
     return n
 
 
@@ -351,3 +364,10 @@ def decode(
         if w.name == name or any(p.tensor == name for p in w.planes):
             return w, decode_weight(w, PlaneReader(root).planes(w, by_name))
     raise UsageError(f"no weight or tensor named {name!r} in this checkpoint")
+
+
+def producer_witness(root: Path, analysis: Analysis, path: Path) -> tuple[bytes, WitnessFileRef]:
+    """``push --witness FILE``: the file checked against the decode of ``root``'s bytes, as a blob and ref."""
+    reader = PlaneReader(root)
+    by_name = {e.name: e for e in analysis.tensors}
+    return producer_blob(path, analysis.weights, lambda w: reader.planes(w, by_name))

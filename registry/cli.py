@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--declare", help="contract declarations: a JSON object or a JSON file")
     p.add_argument("--reference", type=Path, help="the unquantized float checkpoint, to measure error")
     p.add_argument(
+        "--witness", type=Path, help="the producer's rows of its weights (safetensors; README: Witnesses)"
+    )
+    p.add_argument(
         "--strict",
         action="store_true",
         help="refuse instead of noting: the inventory must match the architecture exactly, and a check of "
@@ -189,6 +192,7 @@ def _dispatch(
                 valid_for=validity(args.expires_days),
                 declare=_declare(args.declare),
                 reference=args.reference,
+                witness=args.witness,
                 strict=args.strict,
                 sign=args.sign,
                 tile_target=args.tile_size,

@@ -92,6 +92,8 @@ def _mark_manifest(session: Session, name: str, digest: str, live: set[str]) -> 
     live.update(f.digest for f in manifest.files)
     if manifest.tile_index is not None:
         live.add(manifest.tile_index.digest)
+    if manifest.producer_witness is not None:
+        live.add(manifest.producer_witness.digest)
     folder = f"repos/{name}/referrers/{hex_of(digest)}"
     live.update("sha256:" + child for child in session.store.listdir(folder) if _HEX.fullmatch(child))
 
@@ -325,6 +327,9 @@ def _check_tag(
         )
         if manifest.tile_index is not None and manifest.tile_index.digest not in present:
             report.dangling.append(f"{where}: tile index {manifest.tile_index.digest} is missing")
+        witness = manifest.producer_witness
+        if witness is not None and witness.digest not in present:
+            report.dangling.append(f"{where}: producer witness {witness.digest} is missing")
 
 
 def fsck(session: Session) -> FsckReport:

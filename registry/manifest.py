@@ -168,6 +168,21 @@ class TileIndexRef(BaseModel):
     version: int = 2
 
 
+class WitnessFileRef(BaseModel):
+    """The producer's own witness (``push --witness``): a blob of rows and their values.
+
+    Checked against the decode at push, pull, verify and rank load
+    (:mod:`shardport.registry.witness_file`). ``exact``: every value equalled our decode bit for bit.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    digest: str
+    size: int = Field(ge=0)
+    weights: int = Field(ge=0)
+    rows: int = Field(ge=0)
+    exact: bool
+
+
 class ProvenanceInfo(Section):
     """Where the artifact came from.
 
@@ -202,6 +217,7 @@ class Manifest(BaseModel):
     tensors: list[TensorEntry] | None = None
     weights: list[LogicalWeight] | None = None
     tile_index: TileIndexRef | None = None
+    producer_witness: WitnessFileRef | None = None
     provenance: ProvenanceInfo = Field(default_factory=ProvenanceInfo)
     notes: list[Note] = Field(default_factory=list)
 

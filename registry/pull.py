@@ -29,6 +29,8 @@ from shardport.registry.refs import Ref
 from shardport.registry.resolve import Resolved, resolve
 from shardport.registry.session import Session
 from shardport.registry.signatures import SIGNATURE_ARTIFACT, referrers
+from shardport.registry.witness_file import FOLDER_NAME as WITNESS_FILE
+from shardport.registry.witness_file import load_producer
 
 WORKERS = 4
 _RENAME_EXCHANGE = 2
@@ -140,9 +142,12 @@ def pull(session: Session, ref: Ref, dest: Path, *, reporter: Reporter | None = 
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             total = sum(pool.map(lambda f: _fetch(session, f, tmp, advance), files))
         manifest = resolved.manifest
+        producer = load_producer(manifest, session.store.read_blob)
         if manifest.tensors and manifest.weights:  # the bytes must still mean what was signed
-            check_stored(tmp, manifest.tensors, manifest.weights)
+            check_stored(tmp, manifest.tensors, manifest.weights, producer=producer)
         write_metadata(session, resolved, tmp)
+        if producer is not None:
+            (tmp / METADATA_DIR / WITNESS_FILE).write_bytes(producer.to_bytes())
         _publish(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import shardport
 from shardport.registry import _failpoints
-from shardport.registry.analysis import Analysis, analyze
+from shardport.registry.analysis import Analysis, analyze, producer_witness
 from shardport.registry.describe import container_of, model_of, quantization_of, scan, source_digest
 from shardport.registry.errors import UnsignedError, UsageError
 from shardport.registry.hashing import digest_bytes, digest_file
@@ -151,6 +151,7 @@ def push(
     sign: str = "ed25519",
     tile_target: int = 1 << 20,
     tile_minimum: int = 64 << 10,
+    witness: Path | None = None,
 ) -> PushResult:
     """Push folder ``src`` as ``name:tag``.
 
@@ -158,6 +159,8 @@ def push(
     logical weight gets its numeric contract (inferred, or ``declare``d), the semantic gates run on its
     planes, and quantized weights get a decode witness (with ``reference``, a float checkpoint, the
     measured error is recorded and a push far beyond the bit width's error is refused).
+    ``witness``: the producer's own rows (:mod:`shardport.registry.witness_file`), checked the same way
+    and stored as a blob the manifest names.
     """
     if session.key is None and not session.allow_unsigned:
         raise UnsignedError(
@@ -170,6 +173,13 @@ def push(
     check_paths([rel for rel, _ in files], source=f"push {src}", error=UsageError)  # before any work
     total = sum(p.stat().st_size for _, p in files)
     analysis = analyze(src, [rel for rel, _ in files], declare=declare, reference=reference, strict=strict)
+    producer = None
+    if witness is not None:
+        if analysis is None:
+            raise UsageError(
+                f"--witness {witness}: {src} holds no safetensors or GGUF weights to check it with"
+            )
+        producer = producer_witness(src, analysis, witness)
 
     advance = reporter.task("hashing", total)
     identities = [file_identity(p) for _, p in files]
@@ -188,6 +198,8 @@ def push(
             index_bytes = index.to_bytes()
     index_digest = digest_bytes(index_bytes) if index_bytes else None
     manifest = build_manifest(src, entries, created_at, analysis, index_digest)
+    if producer is not None:
+        manifest = manifest.model_copy(update={"producer_witness": producer[1]})
     unchanged = _unchanged_head(session, name, tag, manifest)
     manifest_digest = manifest.digest()
 
@@ -202,7 +214,7 @@ def push(
         tag,
         [(path, entry, ident) for (_, path), entry, ident in zip(files, entries, identities, strict=True)],
         manifest,
-        extra_blobs=[index_bytes] if index_bytes is not None else [],
+        extra_blobs=([index_bytes] if index_bytes is not None else []) + ([producer[0]] if producer else []),
         reporter=reporter,
         retries=retries,
         valid_for=valid_for,

@@ -25,6 +25,7 @@ from shardport.registry.session import Session
 from shardport.registry.signatures import check_envelope, referrers, verify_manifest
 from shardport.registry.tagging import history
 from shardport.registry.tiles import TileIndex
+from shardport.registry.witness_file import FOLDER_NAME as WITNESS_FILE
 
 WORKERS = 4
 """Blobs streamed from the store at once by ``verify REF``."""
@@ -266,7 +267,9 @@ def verify_ref(session: Session, ref: Ref, *, workdir: Path | None = None) -> Re
                     "witnesses not re-decoded: the stored bytes or tensor table already failed"
                 )
             return report
-        report.weights_checked, problems = content.check_weights(root, manifest)
+        report.weights_checked, problems = content.check_weights(
+            root, manifest, session.store.read_blob, source="producer witness"
+        )
         for kind, obj, message in problems:
             report.add(kind, obj, message)
     return report
@@ -359,7 +362,12 @@ def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Repor
         if rel not in expected:
             report.add("ExtraFile", rel, "present in the folder but not in the manifest")
     if report.ok:
-        report.weights_checked, problems = content.check_weights(folder, manifest)
+        report.weights_checked, problems = content.check_weights(
+            folder,
+            manifest,
+            lambda _: (meta / WITNESS_FILE).read_bytes(),
+            source=f"{METADATA_DIR}/{WITNESS_FILE}",
+        )
         for kind, obj, message in problems:
             report.add(kind, obj, message)
     return report

@@ -13,7 +13,7 @@ narrow row-major grid is copied once, at most ``tile_target`` bytes), the gates 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from shardport.registry.tiles import (
     plane_layout,
     tile_hash,
 )
+from shardport.registry.witness_file import load_producer
 
 Finding = tuple[str, str, str]
 """``(kind, object, message)``: one line of a verification report."""
@@ -213,24 +214,33 @@ def header_findings(root: Path, manifest: Manifest, present: set[str]) -> list[F
     return out
 
 
-def check_weights(root: Path, manifest: Manifest) -> tuple[int, list[Finding]]:
+def check_weights(
+    root: Path, manifest: Manifest, read_witness: Callable[[str], bytes], *, source: str
+) -> tuple[int, list[Finding]]:
     """Semantic gates and every witness re-decoded on the files under ``root``, as pull runs them.
 
-    The one place ``verify REF`` checks witnesses: the same :func:`check_stored` call pull makes on the
-    whole checkpoint; when it fails, weight by weight again so that every failing weight is reported.
-    Returns (weights checked, findings).
+    The one place ``verify`` checks witnesses: the same :func:`check_stored` call pull makes on the
+    whole checkpoint (with the producer's ``push --witness`` rows, read by ``read_witness`` from its
+    digest and checked against the signed one); when it fails, weight by weight again so that every
+    failing weight is reported. Returns (weights checked, findings).
     """
     tensors, weights = manifest.tensors or [], manifest.weights or []
     if not tensors or not weights:
         return 0, []
     try:
-        return check_stored(root, tensors, weights), []
+        producer = load_producer(manifest, read_witness, source=source)
+    except OSError as exc:
+        return 0, [("MissingFile", source, f"the producer witness: {exc.strerror or exc}")]
+    except ShardportError as exc:
+        return 0, [(type(exc).__name__, source, str(exc))]
+    try:
+        return check_stored(root, tensors, weights, producer=producer), []
     except (ShardportError, ValueError, OSError):
         pass
     out: list[Finding] = []
     for w in weights:
         try:
-            check_stored(root, tensors, [w])
+            check_stored(root, tensors, [w], producer=producer)
         except (ShardportError, ValueError, OSError) as exc:
             out.append((type(exc).__name__, w.name, str(exc)))
     return len(weights), out

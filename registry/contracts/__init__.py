@@ -9,7 +9,8 @@ typed refusals (:mod:`.errors`). numpy only; no torch.
 - :mod:`.infer` — contracts from config + inventory (+ ``--declare``);
 - :mod:`.gates` — semantic gates;
 - :mod:`.decode` — reference decoders (the kernels' oracle);
-- :mod:`.witness` — decode witnesses and the reference-error gate.
+- :mod:`.witness` — decode witnesses (cells every rank meets);
+- :mod:`.rounding` — the honest rounding bound of each element, and the reference gate.
 """
 
 from .declare import DeclareSpec, parse_declare
@@ -18,6 +19,7 @@ from .gates import GateReport, check_contract, check_inventory, check_values, ru
 from .infer import infer_gguf, infer_safetensors
 from .model import (
     AffineIntContract,
+    CellWitness,
     Contract,
     DecodeWitness,
     FloatContract,
@@ -28,10 +30,12 @@ from .model import (
     PlaneRef,
     TensorInfo,
 )
-from .witness import check_witness, compare_witness, make_witness, reference_error_gate
+from .rounding import reference_gate
+from .witness import check_cells, check_witness, compare_witness, make_witness
 
 __all__ = [
     "AffineIntContract",
+    "CellWitness",
     "Contract",
     "DeclareSpec",
     "DecodeWitness",
@@ -43,6 +47,7 @@ __all__ = [
     "LogicalWeight",
     "PlaneRef",
     "TensorInfo",
+    "check_cells",
     "check_contract",
     "check_inventory",
     "check_values",
@@ -53,6 +58,6 @@ __all__ = [
     "infer_safetensors",
     "make_witness",
     "parse_declare",
-    "reference_error_gate",
+    "reference_gate",
     "run_gates",
 ]

@@ -23,6 +23,7 @@ permutation plane, logical column ``k`` is stored column ``perm[k]``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -157,14 +158,30 @@ def _zero_points(
     return np.zeros((count, groups), dtype=np.int64)
 
 
-def decode_affine(
+@dataclass(frozen=True)
+class AffineTerms:
+    """The parts of an affine decode, in stored column order (see :func:`affine_terms`).
+
+    ``q``: the codes' integer values ``[rows, K]``; ``zero``: zero points ``[rows, G]`` (integer, or float
+    for a float zero plane); ``scale``: binary32 scales ``[rows, G]``; ``group``: each stored column's
+    group ``[K]``; ``columns``: the stored column of each logical column under a permutation plane.
+    """
+
+    q: I64
+    zero: F32 | I64
+    scale: F32
+    group: I64
+    columns: I64 | None
+
+
+def affine_terms(
     contract: AffineIntContract,
     planes: Planes,
     shape: LogicalShape,
     rows: Sequence[int] | None = None,
     weight: str = "<weight>",
-) -> F32:
-    """Decode integer codes with grouped scales and zero points (GPTQ, AWQ, compressed-tensors)."""
+) -> AffineTerms:
+    """Unpack the codes, zero points and scales of ``rows`` (all rows when None), element by element."""
     scales = contract.scales
     if scales.group_axis != "K" or scales.levels != 1:
         raise UnsupportedContractError(
@@ -188,14 +205,7 @@ def decode_affine(
     s = s if index is None else s[index]
     z = _zero_points(contract, planes, n, index, weight)
     group = _group_of_columns(contract, planes, k, weight)
-
-    if z.dtype == np.int64:
-        diff = (q - z[:, group]).astype(np.float32)
-    else:
-        diff = q.astype(np.float32) - z[:, group].astype(np.float32)
-    values = diff * s[:, group]
-    if contract.decode_law == "affine_round_to_scale_format":
-        values = round_to_format(values, scales.format)
+    columns: I64 | None = None
     if isinstance(contract.permutation, PermutationPlane):
         perm = contract.permutation
         order = as_plane(
@@ -204,7 +214,28 @@ def decode_affine(
         columns = order.reshape(-1).astype(np.int64)
         if not np.array_equal(np.sort(columns), np.arange(k, dtype=np.int64)):
             raise PermutationError(weight, f"{perm.plane} values", f"a permutation of range({k})", "not one")
-        values = values[:, columns]
+    return AffineTerms(q=q, zero=z, scale=s, group=group, columns=columns)
+
+
+def decode_affine(
+    contract: AffineIntContract,
+    planes: Planes,
+    shape: LogicalShape,
+    rows: Sequence[int] | None = None,
+    weight: str = "<weight>",
+) -> F32:
+    """Decode integer codes with grouped scales and zero points (GPTQ, AWQ, compressed-tensors)."""
+    terms = affine_terms(contract, planes, shape, rows, weight)
+    group = terms.group
+    if terms.zero.dtype == np.int64:
+        diff = (terms.q - terms.zero[:, group]).astype(np.float32)
+    else:
+        diff = terms.q.astype(np.float32) - terms.zero[:, group].astype(np.float32)
+    values = diff * terms.scale[:, group]
+    if contract.decode_law == "affine_round_to_scale_format":
+        values = round_to_format(values, contract.scales.format)
+    if terms.columns is not None:
+        values = values[:, terms.columns]
     return values.astype(np.float32, copy=False)
 
 

@@ -367,6 +367,70 @@ class DecodeWitness(_Frozen):
         return self
 
 
+#: Bytes of each cell digest of a :class:`CellWitness` (truncated sha256 of the cell's binary32 bytes).
+CELL_DIGEST_BYTES = 4
+
+
+class CellWitness(_Frozen):
+    """Digests of the reference decode over a grid of cells that every split of the weight meets.
+
+    A cell is one row ``r`` and the columns ``[b·align, min(b·align + width, K))`` of it, for a column
+    block ``b``: ``align`` is the weight's alignment along K (the lcm of its group size, block size and
+    packed word; every split point along K is a multiple of it) and ``width <= align``. Rows (of each
+    expert: ``experts`` is E for ``[E, N, K]`` weights, else 1; ``rows`` is N) are
+    ``row_grid = (first, stride, count)``: ``first + i·stride`` for ``i < count``, plus the last row; the
+    column blocks are ``block_grid`` likewise, plus the last block. Cell ``i`` pairs row ``i mod R``
+    with block ``i mod B`` (``max(R, B)`` cells; :func:`cell_positions`). ``digests``: base64 of, for
+    each expert then each cell, the first 4 bytes of sha256 of the cell's little-endian binary32
+    decode. ``rel_error``: the Frobenius relative error to ``--reference``, when one was given.
+    """
+
+    kind: Literal["cells"]
+    seed: int = Field(ge=0, le=2**53 - 1)
+    experts: int = Field(ge=1)
+    rows: int = Field(ge=1)
+    columns: int = Field(ge=1)
+    align: int = Field(ge=1)
+    width: int = Field(ge=1)
+    row_grid: tuple[int, int, int]
+    block_grid: tuple[int, int, int]
+    digests: str
+    rel_error: float | None = Field(ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _structure(self) -> CellWitness:
+        blocks = -(-self.columns // self.align)
+        for name, (first, stride, count), extent in (
+            ("row_grid", self.row_grid, self.rows),
+            ("block_grid", self.block_grid, blocks),
+        ):
+            if stride < 1 or count < 1 or first < 0 or first + (count - 1) * stride >= extent:
+                raise ValueError(f"{name} {(first, stride, count)} does not fit an extent of {extent}")
+        if self.width > self.align:
+            raise ValueError(f"cell width {self.width} exceeds the alignment {self.align}")
+        raw = base64.b64decode(self.digests, validate=True)
+        expected = self.experts * len(cell_positions(self)) * CELL_DIGEST_BYTES
+        if len(raw) != expected:
+            raise ValueError(f"witness holds {len(raw)} digest bytes, expected {expected}")
+        return self
+
+
+def _grid(first: int, stride: int, count: int, last: int) -> list[int]:
+    points = [first + i * stride for i in range(count)]
+    return points if points[-1] == last else [*points, last]
+
+
+def cell_positions(witness: CellWitness) -> list[tuple[int, int, int]]:
+    """The cells ``(row, first column, stop column)`` of one expert, in digest order."""
+    rows = _grid(*witness.row_grid, witness.rows - 1)
+    blocks = _grid(*witness.block_grid, (witness.columns - 1) // witness.align)
+    out = []
+    for i in range(max(len(rows), len(blocks))):
+        start = blocks[i % len(blocks)] * witness.align
+        out.append((rows[i % len(rows)], start, min(start + witness.width, witness.columns)))
+    return out
+
+
 class LogicalWeight(_Frozen):
     """A logical weight: name, shape, planes by role, contract, graph binding and decode witness."""
 
@@ -375,7 +439,7 @@ class LogicalWeight(_Frozen):
     planes: tuple[PlaneRef, ...]
     contract: Contract
     binding: GraphBinding
-    witness: DecodeWitness | None
+    witness: DecodeWitness | CellWitness | None
 
     @field_validator("planes")
     @classmethod

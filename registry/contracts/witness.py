@@ -1,47 +1,217 @@
-"""Decode witnesses (DESIGN.md "Decode witness"): a few seeded rows of the reference decode.
+"""Decode witnesses (DESIGN.md "Decode witness"): digests of the reference decode that every rank meets.
 
-The producer records a seed, the rows it picked from that seed, those rows' binary32 reference decode
-(little-endian, base64, with a sha256) and, when it had a float reference, the relative error to it.
-Every consumer re-decodes the same rows its own way and compares (:func:`compare_witness`), or lets
-the reference decoder do it (:func:`check_witness`). A contract that reads the right bytes the wrong
-way — e.g. a swapped nibble order — passes every structural gate but fails here.
+A witness (:class:`~.model.CellWitness`) records, for a grid of *cells* — one row and up to 32 columns
+of it, starting on the weight's alignment along K — the first 4 bytes of sha256 of the cell's binary32
+reference decode, per expert. The grid has a row every ``N // 16`` rows (plus the last row) and a cell
+start every ``blocks // 16`` alignment blocks (plus the last), paired diagonally, so:
 
-Row choice is a pure function of (seed, row count): ``sha256("<seed>:<i>")`` modulo the row count,
-skipping repeats, so it never depends on a random-number library's version.
+- a column (output-dim) split gives each rank at least ``N / 16`` rows at tp <= 8 (the planner moves
+  split points by whole alignment units and gives each rank at least one), which hold a grid row, and
+  each rank holds every column of its rows;
+- a row (input-dim) split gives each rank a K range of whole alignment blocks, at least ``K / 16``
+  long, which holds a cell start — and all rows;
+- stacked experts ``[E, N, K]`` have the grid in every expert, so every ep rank meets its experts'.
+
+Every consumer re-decodes the cells it holds and compares digests (:func:`check_witness`,
+:func:`check_cells`); a contract that reads the right bytes the wrong way — a swapped nibble order —
+passes every structural gate but fails here. The seed (from the weight's name) only picks the grid's
+phase. Witnesses of manifests written before cells (:class:`~.model.DecodeWitness`: whole rows of
+binary32 values) are still checked.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from .decode import decode_weight
-from .errors import ReferenceErrorTooLargeError, WitnessMismatchError
-from .model import AffineIntContract, DecodeWitness, LogicalWeight
+from .errors import WitnessMismatchError
+from .gguf_blocks import BLOCK_SIZES
+from .model import (
+    CELL_DIGEST_BYTES,
+    AffineIntContract,
+    CellWitness,
+    DecodeWitness,
+    GgufBlockContract,
+    GroupMapIndex,
+    LogicalWeight,
+    cell_positions,
+)
+from .rounding import reference_gate
 
 F32 = npt.NDArray[np.float32]
 Planes = Mapping[str, npt.NDArray[np.generic]]
+Range = tuple[int, int]
 
-#: Relative-error budget numerator: honest b-bit decodes stay below ``REFERENCE_ERROR_SCALE / (2^b - 1)``.
-REFERENCE_ERROR_SCALE = 3.5
+#: Grid segments per axis: every rank of a split at tp <= 8 holds at least 1/16 of the split axis.
+SEGMENTS = 16
+#: Columns per cell at most (a cell never crosses an alignment block).
+MAX_CELL_WIDTH = 32
 
 
-def choose_rows(total: int, seed: int, count: int = 4) -> tuple[int, ...]:
-    """Return ``min(count, total)`` distinct row indices, sorted, chosen from ``seed``."""
-    wanted = min(count, total)
-    chosen: list[int] = []
-    attempt = 0
-    while len(chosen) < wanted:
-        digest = hashlib.sha256(f"{seed}:{attempt}".encode()).digest()
-        row = int.from_bytes(digest[:8], "little") % total
-        if row not in chosen:
-            chosen.append(row)
-        attempt += 1
-    return tuple(sorted(chosen))
+def witness_alignment(weight: LogicalWeight) -> int:
+    """Columns per alignment block along K: the lcm of the group size, GGUF block and packed word.
+
+    Every split point the planner puts on K is a multiple of it, so a cell inside one block is held
+    whole by any rank whose K range holds its first column.
+    """
+    contract = weight.contract
+    unit = 1
+    if isinstance(contract, GgufBlockContract):
+        unit = BLOCK_SIZES[contract.ggml_type][0]
+    elif isinstance(contract, AffineIntContract):
+        act_order = isinstance(contract.group_map, GroupMapIndex) and not contract.group_map.sequential
+        if not act_order:
+            unit = math.lcm(unit, contract.scales.group_size)
+        codes = contract.codes
+        if codes.packing.axis == "K":
+            unit = math.lcm(
+                unit, codes.packing.container_bits // math.gcd(codes.bits, codes.packing.container_bits)
+            )
+    return min(unit, weight.shape.columns)
+
+
+def _axis_grid(extent: int, phase_seed: int) -> tuple[int, int, int]:
+    stride = max(1, extent // SEGMENTS)
+    first = phase_seed % stride
+    return first, stride, (extent - 1 - first) // stride + 1
+
+
+def _experts_and_rows(weight: LogicalWeight) -> tuple[int, int]:
+    shape = weight.shape
+    if shape.axes[0] == "E":
+        return shape.extents[0], shape.extents[1]
+    return 1, shape.extents[0]
+
+
+def cell_digest(values: npt.NDArray[np.float32]) -> bytes:
+    """The first 4 bytes of sha256 of ``values`` as little-endian binary32."""
+    raw = np.ascontiguousarray(values, dtype="<f4").tobytes()
+    return hashlib.sha256(raw).digest()[:CELL_DIGEST_BYTES]
+
+
+def _cell_table(
+    weight: LogicalWeight, witness: CellWitness, planes: Planes, experts: Sequence[int]
+) -> dict[tuple[int, int], bytes]:
+    """Digest of every cell of ``experts``, keyed by (expert, cell index)."""
+    cells = cell_positions(witness)
+    rows = sorted({e * witness.rows + r for e in experts for r, _, _ in cells})
+    if not rows:
+        return {}
+    decoded = decode_weight(weight, planes, rows)
+    at = {row: i for i, row in enumerate(rows)}
+    return {
+        (e, i): cell_digest(decoded[at[e * witness.rows + r], c0:c1])
+        for e in experts
+        for i, (r, c0, c1) in enumerate(cells)
+    }
+
+
+def make_witness(
+    weight: LogicalWeight, planes: Planes, seed: int, *, reference: F32 | None = None
+) -> CellWitness:
+    """Decode the weight's witness cells with the reference decoder and record their digests.
+
+    With ``reference`` (the float weight, logical shape), every row of the decode is held to the
+    honest rounding bound of :mod:`.rounding` and the relative error is recorded.
+    """
+    experts, rows = _experts_and_rows(weight)
+    columns = weight.shape.columns
+    align = witness_alignment(weight)
+    blocks = -(-columns // align)
+    grid = CellWitness.model_construct(
+        kind="cells",
+        seed=seed,
+        experts=experts,
+        rows=rows,
+        columns=columns,
+        align=align,
+        width=min(align, MAX_CELL_WIDTH),
+        row_grid=_axis_grid(rows, seed),
+        block_grid=_axis_grid(blocks, seed >> 24),
+        digests="",
+        rel_error=None,
+    )
+    table = _cell_table(weight, grid, planes, range(experts))
+    raw = b"".join(table[key] for key in sorted(table))
+    rel_error = reference_gate(weight, planes, reference) if reference is not None else None
+    return CellWitness.model_validate(
+        {**grid.model_dump(), "digests": base64.b64encode(raw).decode("ascii"), "rel_error": rel_error}
+    )
+
+
+def _stored(witness: CellWitness) -> dict[tuple[int, int], bytes]:
+    raw = base64.b64decode(witness.digests, validate=True)
+    count = len(cell_positions(witness))
+    size = CELL_DIGEST_BYTES
+    return {
+        (e, i): raw[(e * count + i) * size : (e * count + i + 1) * size]
+        for e in range(witness.experts)
+        for i in range(count)
+    }
+
+
+def _fits(weight: LogicalWeight, witness: CellWitness) -> None:
+    experts, rows = _experts_and_rows(weight)
+    if (witness.experts, witness.rows, witness.columns) != (experts, rows, weight.shape.columns):
+        raise WitnessMismatchError(
+            weight.name,
+            "witness extents (experts, rows, columns)",
+            (experts, rows, weight.shape.columns),
+            (witness.experts, witness.rows, witness.columns),
+            "the witness belongs to another weight",
+        )
+
+
+def check_cells(
+    weight: LogicalWeight,
+    witness: CellWitness,
+    planes: Planes,
+    *,
+    experts: Range | None = None,
+    rows: Range | None = None,
+    columns: Range | None = None,
+) -> int:
+    """Re-decode the cells inside the box ``experts`` x ``rows`` x ``columns`` and compare digests.
+
+    Ranges default to the whole axis. A cell counts when its row is inside and its columns are wholly
+    inside. Returns the cells compared; raises :class:`WitnessMismatchError` naming the first differing
+    cell.
+    """
+    _fits(weight, witness)
+    e0, e1 = experts or (0, witness.experts)
+    n0, n1 = rows or (0, witness.rows)
+    k0, k1 = columns or (0, witness.columns)
+    inside = [
+        i for i, (r, c0, c1) in enumerate(cell_positions(witness)) if n0 <= r < n1 and k0 <= c0 and c1 <= k1
+    ]
+    if not inside or e0 >= e1:
+        return 0
+    cells = cell_positions(witness)
+    wanted = sorted({e * witness.rows + cells[i][0] for e in range(e0, e1) for i in inside})
+    decoded = decode_weight(weight, planes, wanted)
+    at = {row: j for j, row in enumerate(wanted)}
+    stored = _stored(witness)
+    for e in range(e0, e1):
+        for i in inside:
+            r, c0, c1 = cells[i]
+            got = cell_digest(decoded[at[e * witness.rows + r], c0:c1])
+            if got != stored[(e, i)]:
+                where = f"expert {e} " if witness.experts > 1 else ""
+                raise WitnessMismatchError(
+                    weight.name,
+                    f"witness cell {where}row {r} columns {c0}..{c1 - 1}",
+                    f"decode digest {stored[(e, i)].hex()} (seed {witness.seed})",
+                    f"{got.hex()}",
+                    "this decode reads the planes differently from the producer (check slot order, "
+                    "zero-point convention and scale format), or the bytes changed",
+                )
+    return len(inside) * (e1 - e0)
 
 
 def relative_error(decoded: F32, reference: F32) -> float:
@@ -51,74 +221,8 @@ def relative_error(decoded: F32, reference: F32) -> float:
     return float(np.linalg.norm(diff)) / norm if norm > 0 else float(np.linalg.norm(diff))
 
 
-def reference_error_gate(
-    decoded_rows: F32,
-    reference_rows: F32,
-    bits: int,
-    *,
-    tensor: str = "<weight>",
-    max_rel_error: float | None = None,
-) -> float:
-    """Refuse a decode far farther from the float reference than ``bits`` allows; return the error.
-
-    The default budget is ``3.5 / (2^bits - 1)`` (23% at 4 bits, 1.4% at 8). Honest group-wise b-bit
-    quantization of Gaussian to heavy-tailed weights lands near ``1.5-2.2 / (2^b - 1)`` (10-15% at
-    4 bits); a mislabelled zero-point convention shifts every element by a whole step, about
-    ``5.4-7.8 / (2^b - 1)`` (36-52% at 4 bits).
-    """
-    error = relative_error(decoded_rows, reference_rows)
-    budget = max_rel_error if max_rel_error is not None else REFERENCE_ERROR_SCALE / ((1 << bits) - 1)
-    if not error <= budget:
-        raise ReferenceErrorTooLargeError(
-            tensor,
-            "relative error to the float reference",
-            f"<= {budget:.4f} for {bits}-bit codes",
-            f"{error:.4f}",
-            "the decode does not reproduce the weights; check the zero-point convention, slot order and "
-            "scale format of the contract",
-        )
-    return error
-
-
-def _rows_of(weight: LogicalWeight, reference: F32) -> F32:
-    return np.asarray(reference, dtype=np.float32).reshape(weight.shape.rows, weight.shape.columns)
-
-
-def make_witness(
-    weight: LogicalWeight,
-    planes: Planes,
-    seed: int,
-    *,
-    count: int = 4,
-    reference: F32 | None = None,
-) -> DecodeWitness:
-    """Decode ``count`` seeded rows with the reference decoder and record them.
-
-    With ``reference`` (the float weight, logical shape), the relative error of those rows is measured
-    and, for integer contracts, held to :func:`reference_error_gate`.
-    """
-    rows = choose_rows(weight.shape.rows, seed, count)
-    values = np.ascontiguousarray(decode_weight(weight, planes, rows), dtype="<f4")
-    rel_error: float | None = None
-    if reference is not None:
-        wanted = _rows_of(weight, reference)[list(rows)]
-        if isinstance(weight.contract, AffineIntContract):
-            rel_error = reference_error_gate(values, wanted, weight.contract.codes.bits, tensor=weight.name)
-        else:
-            rel_error = relative_error(values, wanted)
-    raw = values.tobytes()
-    return DecodeWitness(
-        seed=seed,
-        rows=rows,
-        columns=weight.shape.columns,
-        values_f32le=base64.b64encode(raw).decode("ascii"),
-        values_sha256=hashlib.sha256(raw).hexdigest(),
-        rel_error=rel_error,
-    )
-
-
 def witness_values(witness: DecodeWitness) -> F32:
-    """Return the witness rows as a binary32 array ``[len(rows), columns]``."""
+    """Return the rows of a (pre-cells) whole-row witness as a binary32 array ``[len(rows), columns]``."""
     raw = base64.b64decode(witness.values_f32le, validate=True)
     return np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(len(witness.rows), witness.columns)
 
@@ -131,7 +235,7 @@ def compare_witness(
     atol: float = 0.0,
     rtol: float = 0.0,
 ) -> None:
-    """Compare a consumer's decode of ``witness.rows`` with the witness (exact by default).
+    """Compare a consumer's decode of a whole-row witness's rows with it (exact by default).
 
     Exact means equal binary32 values (+0 equals -0; NaN matches NaN). Raises :class:`WitnessMismatchError`
     naming the first differing element.
@@ -158,14 +262,12 @@ def compare_witness(
 
 
 def check_witness(
-    weight: LogicalWeight,
-    planes: Planes,
-    witness: DecodeWitness | None = None,
-    *,
-    atol: float = 0.0,
-    rtol: float = 0.0,
-) -> None:
-    """Re-decode the witness rows with the reference decoder under ``weight``'s contract and compare."""
+    weight: LogicalWeight, planes: Planes, witness: DecodeWitness | CellWitness | None = None
+) -> int:
+    """Re-decode every witness cell (or whole-row witness row) with the reference decoder and compare.
+
+    Returns the cells (rows) compared.
+    """
     chosen = witness if witness is not None else weight.witness
     if chosen is None:
         raise WitnessMismatchError(
@@ -175,6 +277,8 @@ def check_witness(
             "none",
             "push records one per weight; re-push the artifact",
         )
+    if isinstance(chosen, CellWitness):
+        return check_cells(weight, chosen, planes)
     rows, columns = weight.shape.rows, weight.shape.columns
     if chosen.columns != columns or max(chosen.rows) >= rows:
         raise WitnessMismatchError(
@@ -184,5 +288,5 @@ def check_witness(
             f"rows up to {max(chosen.rows)} and {chosen.columns} columns",
             "the witness belongs to another weight",
         )
-    decoded = decode_weight(weight, planes, chosen.rows)
-    compare_witness(chosen, decoded, tensor=weight.name, atol=atol, rtol=rtol)
+    compare_witness(chosen, decode_weight(weight, planes, chosen.rows), tensor=weight.name)
+    return len(chosen.rows)

@@ -8,6 +8,7 @@ rank reads is caught by that rank, and one in a tile nobody reads is never touch
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import pytest
 from llama_artifacts import cli, gguf_llama, gptq_llama, ok, reassemble
 from safetensors import safe_open
 
-from shardport.registry.contracts import decode_weight
+from shardport.registry.contracts import CellWitness, decode_weight
+from shardport.registry.contracts.model import cell_positions
 from shardport.registry.manifest import Manifest
 from shardport.registry.session import Session
 from shardport.registry.store import blob_key
@@ -47,13 +49,17 @@ def test_rank_pulls_local(kind: str, tmp_path: Path, home: Path) -> None:
             if tp != 3:
                 assert res["read_amplification"] <= 1.05, (tp, rank, res["read_amplification"])
             assert res["ledger"]["peak_staging_bytes"] <= res["ledger"]["staging_bound_bytes"]
-            checked += res["ledger"]["witness_rows_checked"]
+            checked += res["ledger"]["witness_cells_checked"]
+            assert res["ledger"]["witness_weights_unchecked"] == 0
+            assert res["ledger"]["witness_weights_checked"] > 0
             outs.append(Path(res["out"]))
         reassemble(manifest, src, outs)
-        witness_rows = sum(
-            len(w.witness.rows) for w in manifest.weights or [] if w.witness and len(w.shape.extents) == 2
+        cells = sum(
+            len(cell_positions(w.witness)) * w.witness.experts
+            for w in manifest.weights or []
+            if isinstance(w.witness, CellWitness)
         )
-        assert checked >= witness_rows > 0  # every witness row re-decoded by at least one rank
+        assert checked >= cells > 0  # every witness cell re-decoded by at least one rank
     # the reassembled bytes are the source bytes, so every weight's reference decode is exact
     weights = manifest.weights or []
     assert any(w.contract.family in ("affine_int", "gguf_block") for w in weights)
@@ -194,7 +200,8 @@ def test_rank_load_refuses_bytes_contradicting_the_witness(tmp_path: Path, home:
     session = Session.open(store)
     doc = json.loads(session.store.read_blob(digest))
     w = next(w for w in doc["weights"] if w["name"] == "model.layers.0.self_attn.q_proj.weight")
-    w["witness"]["rows"] = [r + 1 for r in w["witness"]["rows"]]  # the witness of other rows
+    raw = base64.b64decode(w["witness"]["digests"])
+    w["witness"]["digests"] = base64.b64encode(raw[8:] + raw[:8]).decode()  # the witness of other cells
     forged = Manifest.model_validate(doc)
     new = session.store.put_blob(forged.to_bytes())
     assert session.key is not None
@@ -208,7 +215,7 @@ def test_rank_load_refuses_bytes_contradicting_the_witness(tmp_path: Path, home:
             assert out["error"]["type"] == "WitnessMismatchError", out
             assert not (tmp_path / "r" / f"rank-{rank:05d}-of-00002.safetensors").exists()
             failures.append(rank)
-    assert failures
+    assert failures == [0, 1]  # every rank holds witness cells of the weight, so each refuses
     # a node pull checks every rank's witnesses before writing any rank's file
     code, out = cli(store, "pull", "acme/llama:q4", tmp_path / "node", "--tp", "2", "--ranks", "all")
     assert code != 0 and out["error"]["type"] == "WitnessMismatchError", out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,7 @@ def test_push_records_contracts_and_witnesses(cli: Cli, tmp_path: Path) -> None:
     assert "quant_method=gptq" in q["contract"]["label"]["evidence"][0]
     assert q["contract"]["zero_point"]["convention"] == "minus_one"
     assert q["binding"]["slot"] == "mlp.down_proj" and q["binding"]["layer"] == 0
-    assert 0.01 < q["witness"]["rel_error"] < 0.12 and len(q["witness"]["rows"]) == 2  # honest 4-bit
+    assert 0.01 < q["witness"]["rel_error"] < 0.12 and q["witness"]["kind"] == "cells"  # honest 4-bit
     roles = {t["name"]: t["role"] for t in m["tensors"]}
     assert roles[f"{PREFIX}.qweight"] == "codes" and roles[f"{PREFIX}.scales"] == "scale"
     assert weights["model.norm.weight"]["contract"]["family"] == "float"
@@ -145,7 +146,9 @@ def test_pull_refuses_bytes_that_contradict_the_signed_witness(cli: Cli, tmp_pat
     session = Session.open(cli.store)
     doc = json.loads(session.store.read_blob(out["digest"]))
     w = next(w for w in doc["weights"] if w["name"] == WEIGHT)
-    w["witness"]["rows"] = [r + 1 for r in w["witness"]["rows"]]  # a producer bug: witness of other rows
+    raw = base64.b64decode(w["witness"]["digests"])
+    # a producer bug: the witness of other cells
+    w["witness"]["digests"] = base64.b64encode(raw[8:] + raw[:8]).decode()
     forged = Manifest.model_validate(doc)
     digest = session.store.put_blob(forged.to_bytes())
     assert session.key is not None
