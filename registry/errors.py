@@ -1,8 +1,8 @@
 """Errors of the registry package.
 
 Every error names the object it is about and what was expected vs found, and carries the CLI exit
-code: 1 verification or contract failure, 2 usage, 3 not found, 4 conflict (tag moved; for container
-parsers, a parse error).
+code (the table is :data:`shardport.EXIT_CODES`): 1 verification failed, 2 usage, 3 not found,
+4 conflict (retry), 5 refused input (a container or contract gate), 6 storage failed, 70 internal error.
 
 Tree::
 
@@ -12,7 +12,12 @@ Tree::
         ├── NotFoundError                  (3)  blob, manifest, tag, key
         ├── ConflictError                  (4)
         │   └── TagMovedError                   another writer took the version first
-        ├── StoreError                     (1)  the storage backend failed (cause chained)
+        ├── RefusedError                   (5)  a checkpoint refused by a gate: the container
+        │                                       errors (``formats.errors``) and contract errors
+        │                                       (``contracts.errors``, also VerificationErrors)
+        ├── StoreError                     (6)  the storage backend failed (cause chained)
+        ├── InternalError                 (70)  an unexpected exception (a bug): the CLI wraps it
+        │                                       and writes its traceback to a file
         └── VerificationError              (1)  the store or a file lied
             ├── DigestMismatchError
             ├── SchemaVersionError
@@ -60,8 +65,22 @@ class TagMovedError(ConflictError):
     """Another writer created the tag version this writer wanted; re-read the tag and retry."""
 
 
+class RefusedError(RegistryError):
+    """A gate refused a checkpoint: its container is malformed or its numeric contract does not hold."""
+
+    exit_code = 5
+
+
 class StoreError(RegistryError):
     """The storage backend failed (the original exception is chained)."""
+
+    exit_code = 6
+
+
+class InternalError(RegistryError):
+    """An exception nobody anticipated (a bug in shardport or a library); the CLI reports it as this."""
+
+    exit_code = 70
 
 
 class VerificationError(RegistryError):
