@@ -16,7 +16,8 @@ Tree::
         ├── InventoryError            (1)  tensors, weights or model parameters disagree
         ├── UnsupportedSplitError     (1)  a layout placement cannot split (fused qkv, a permutation
         │                                  plane under a K split, scales grouped along N)
-        └── PieceError                (1)  a byte piece with a negative offset or non-positive length
+        ├── PieceError                (1)  a byte piece with a negative offset or non-positive length
+        └── PlanFormatError           (1)  a plan document that is not one shardport wrote
 """
 
 from __future__ import annotations
@@ -54,3 +55,7 @@ class UnsupportedSplitError(PlacementError):
 
 class PieceError(PlacementError):
     """A byte piece that is not a valid range of a file."""
+
+
+class PlanFormatError(PlacementError):
+    """A plan document (``Plan.from_json``) is malformed (the pydantic error is chained)."""
