@@ -187,7 +187,8 @@ class Plan(_Record):
         except ValidationError as exc:
             first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": str(exc)}
             where = ".".join(str(part) for part in first["loc"]) or "document"
-            raise PlanFormatError(f"plan {where}: expected a plan written by shardport, {first['msg']}") from exc
+            message = f"plan {where}: expected a plan written by shardport, found: {first['msg']}"
+            raise PlanFormatError(message) from exc
 
     def digest(self) -> str:
         """``sha256:<hex>`` of :meth:`to_json`."""

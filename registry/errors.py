@@ -78,9 +78,13 @@ class StoreError(RegistryError):
 
 
 class InternalError(RegistryError):
-    """An exception nobody anticipated (a bug in shardport or a library); the CLI reports it as this."""
+    """An exception nobody anticipated (a bug in shardport or a library); the CLI reports it as this.
+
+    ``traceback_file`` names the file holding the original traceback (None when none could be written).
+    """
 
     exit_code = 70
+    traceback_file: str | None = None
 
 
 class VerificationError(RegistryError):

@@ -20,25 +20,12 @@ from shardport.registry.hashing import digest_bytes, hex_of
 from shardport.registry.manifest import Manifest
 from shardport.registry.session import Session
 from shardport.registry.store import blob_key
-from shardport.registry.tagging import read_raw_history
+from shardport.registry.tagging import read_raw_history, repositories
 from shardport.registry.tags import TagEntry, parse_time, verify_history
 from shardport.registry.trust import TrustPolicy
-from shardport.registry.verify import _stream_digest
 
 GRACE = timedelta(hours=1)
 _HEX = re.compile(r"^[0-9a-f]{64}$")
-
-
-def repositories(session: Session) -> list[str]:
-    """Every repository name in the store (names may contain ``/``)."""
-    found = set()
-    for obj in session.store.walk("repos"):
-        parts = obj.key.split("/")
-        for marker in ("tags", "referrers"):
-            if marker in parts[2:]:
-                idx = parts.index(marker, 2)
-                found.add("/".join(parts[1:idx]))
-    return sorted(found)
 
 
 def _chain(session: Session, name: str, tag: str) -> list[TagEntry]:
@@ -190,6 +177,8 @@ class FsckReport:
 
 def fsck(session: Session) -> FsckReport:
     """Check every blob's hash, every tag chain, and that everything referenced exists."""
+    from shardport.registry.verify import _stream_digest  # verify loads the gates: only fsck needs it
+
     store = session.store
     report = FsckReport()
     present: set[str] = set()

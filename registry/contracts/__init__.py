@@ -12,23 +12,67 @@ typed refusals (:mod:`.errors`). numpy only; no torch.
 - :mod:`.witness` — decode witnesses and the reference-error gate.
 """
 
-from .declare import DeclareSpec, parse_declare
-from .decode import decode_weight
-from .gates import GateReport, check_contract, check_inventory, check_values, run_gates
-from .infer import infer_gguf, infer_safetensors
-from .model import (
-    AffineIntContract,
-    Contract,
-    DecodeWitness,
-    FloatContract,
-    GgufBlockContract,
-    GraphBinding,
-    LogicalShape,
-    LogicalWeight,
-    PlaneRef,
-    TensorInfo,
-)
-from .witness import check_witness, compare_witness, make_witness, reference_error_gate
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .declare import DeclareSpec, parse_declare
+    from .decode import decode_weight
+    from .gates import GateReport, check_contract, check_inventory, check_values, run_gates
+    from .infer import infer_gguf, infer_safetensors
+    from .model import (
+        AffineIntContract,
+        Contract,
+        DecodeWitness,
+        FloatContract,
+        GgufBlockContract,
+        GraphBinding,
+        LogicalShape,
+        LogicalWeight,
+        PlaneRef,
+        TensorInfo,
+    )
+    from .witness import check_witness, compare_witness, make_witness, reference_error_gate
+
+#: Where each exported name lives. Imported on first use, so that reading a manifest (which needs
+#: only :mod:`.model`) does not load numpy, the decoders and the container gates.
+_HOME = {
+    **dict.fromkeys(("DeclareSpec", "parse_declare"), "declare"),
+    "decode_weight": "decode",
+    **dict.fromkeys(
+        ("GateReport", "check_contract", "check_inventory", "check_values", "run_gates"), "gates"
+    ),
+    **dict.fromkeys(("infer_gguf", "infer_safetensors"), "infer"),
+    **dict.fromkeys(
+        (
+            "AffineIntContract",
+            "Contract",
+            "DecodeWitness",
+            "FloatContract",
+            "GgufBlockContract",
+            "GraphBinding",
+            "LogicalShape",
+            "LogicalWeight",
+            "PlaneRef",
+            "TensorInfo",
+        ),
+        "model",
+    ),
+    **dict.fromkeys(("check_witness", "compare_witness", "make_witness", "reference_error_gate"), "witness"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import an exported name from its module on first use (PEP 562)."""
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AffineIntContract",

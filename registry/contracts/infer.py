@@ -170,7 +170,10 @@ def _ct_weights(params: Mapping[str, Any], module: str) -> Mapping[str, Any]:
     groups = params.get("config_groups") or {}
     if not isinstance(groups, Mapping) or not all(isinstance(g, Mapping) for g in groups.values()):
         raise UnsupportedContractError(
-            f"{module}.weight", "quantization_config.config_groups", "an object of group objects", repr(groups)
+            f"{module}.weight",
+            "quantization_config.config_groups",
+            "an object of group objects",
+            repr(groups),
         )
     for group in groups.values():
         targets = group.get("targets", [])

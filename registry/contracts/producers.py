@@ -15,6 +15,7 @@ returns the logical ``[N, K]`` extents and an :class:`AffineIntContract` (GRIT r
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -103,10 +104,10 @@ def _int(params: Mapping[str, Any], *keys: str, weight: str) -> int | None:
         value = params.get(key)
         if value is None:
             continue
-        try:
-            number = int(value) if not isinstance(value, bool) and isinstance(value, int | str | float) else None
-        except (ValueError, OverflowError):
-            number = None
+        number = None
+        if not isinstance(value, bool) and isinstance(value, int | str | float):
+            with contextlib.suppress(ValueError, OverflowError):
+                number = int(value)
         if number is None or (isinstance(value, float) and number != value):
             raise UnsupportedContractError(weight, f"quantization.{key}", "an integer", repr(value))
         return number
