@@ -114,6 +114,12 @@ def _int(params: Mapping[str, Any], *keys: str, weight: str) -> int | None:
     return None
 
 
+def _positive(weight: str, n: int, k: int, source: str) -> None:
+    """A quantized weight has at least one row and one column."""
+    if n < 1 or k < 1:
+        raise PlaneShapeError(weight, f"logical shape [N, K] from {source}", "N >= 1 and K >= 1", [n, k])
+
+
 def _valid(weight: str, build: Any, *args: Any) -> tuple[tuple[int, int], AffineIntContract]:
     """Run a contract builder; a pydantic ``ValidationError`` becomes a :class:`ContractSchemaError`."""
     try:
@@ -183,6 +189,7 @@ def _gptq(
         _plane(module, leaves, "g_idx", "K")
     n = qweight.shape[1]
     k = leaves["g_idx"].shape[0] if "g_idx" in leaves else qweight.shape[0] * 32 // bits
+    _positive(weight, n, k, "the qweight (and g_idx) shapes")
     group = _int(params, "group_size", weight=weight) or -1
     group = k if group <= 0 else group
     fmt = str(params.get("checkpoint_format", "gptq")).lower()
@@ -262,6 +269,7 @@ def _awq(
     qzeros = _plane(module, leaves, "qzeros", "G,N/pack", ("I32",))
     scales = _plane(module, leaves, "scales", "G,N")
     k, n = qweight.shape[0], qweight.shape[1] * 8
+    _positive(weight, n, k, "the qweight shape")
     group = _int(params, "group_size", "q_group_size", weight=weight) or -1
     group = k if group <= 0 else group
     contract = AffineIntContract(
@@ -357,6 +365,7 @@ def _compressed_tensors(
             "only its shape",
             "per-channel packing does not fix K; pass the weight_shape values",
         )
+    _positive(name, n, k, "weight_packed and weight_shape (or weight_scale)")
     group = group_size if strategy == "group" else k
     encoding = f"s{bits}_offset{1 << (bits - 1)}"
     if weights.get("symmetric", True):

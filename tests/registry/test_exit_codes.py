@@ -250,3 +250,20 @@ def test_exit_code_table_in_readme_and_help() -> None:
     for code, meaning in EXIT_CODES.items():
         assert re.search(rf"^\| *{code} *\|", readme, re.MULTILINE), f"README table lacks exit code {code}"
         assert f"{code} {meaning.split(':')[0]}" in epilog
+
+
+def test_config_counts_are_checked_before_anything_is_built(registry: Registry, tmp_path: Path) -> None:
+    """config.json is untrusted: a huge layer count must not make push enumerate its slots (memory),
+    and a layer count that is not a count is refused with a named error."""
+    folder = tmp_path / "f"
+    folder.mkdir()
+    save_file({"model.norm.weight": np.ones(8, dtype=np.float16)}, str(folder / "model.safetensors"))
+    config = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 10**15}
+    (folder / "config.json").write_text(json.dumps(config))
+    code, out = registry("push", folder, "m/f:1")
+    assert code == 0, out
+    error = registry.error(5, "InventoryMismatchError", "push", folder, "m/f:2", "--strict")
+    assert str(10**15) in error["message"]
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": "32"}))
+    error = registry.error(5, "InventoryMismatchError", "push", folder, "m/f:3")
+    assert "num_hidden_layers" in error["message"] and "'32'" in error["message"]
