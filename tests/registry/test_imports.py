@@ -80,7 +80,8 @@ def test_help_imports_no_heavy_package() -> None:
 
 def test_commands_that_parse_no_checkpoint_load_no_decoder(tmp_path: Path) -> None:
     """log/ls read tag documents only (no pydantic); tag/rollback/inspect read a manifest (pydantic)
-    but none of them loads numpy, gguf, the container gates or the contract decoders."""
+    but none of them loads numpy, gguf, the container gates or the contract decoders, nor (on a local
+    store) fsspec."""
     env = {**os.environ, "SHARDPORT_HOME": str(tmp_path / "home")}
     env.pop("SHARDPORT_STORE", None)
     store = ("--store", str(tmp_path / "store"))
@@ -89,7 +90,7 @@ def test_commands_that_parse_no_checkpoint_load_no_decoder(tmp_path: Path) -> No
         _imports(
             *store, "push", make_checkpoint(tmp_path / f"c{seed}", seed=seed, size=1000), "a/b:c", env=env
         )
-    never = {"numpy", "gguf", "torch", "ray", "safetensors"}
+    never = {"numpy", "gguf", "torch", "ray", "safetensors", "fsspec"}
     gates = {"shardport.registry.formats", "shardport.registry.contracts.decode"}
     for argv in (["log", "a/b:c"], ["ls"]):
         found = _imports(*store, *argv, env=env)
