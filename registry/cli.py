@@ -1,7 +1,7 @@
 """The ``registry`` command line.
 
 Exit codes (:data:`shardport.EXIT_CODES`; each means one thing): 0 ok, 1 verification failed, 2 usage,
-3 not found, 4 conflict (retry), 5 refused input (a container or contract gate), 6 storage failed,
+3 not found, 4 conflict (retry), 5 refused input (a container or contract gate), 6 unavailable,
 70 internal error. ``--json`` prints one JSON document on stdout; errors then go to stdout as
 ``{"error": {...}}`` too. Progress bars appear only on an interactive terminal without ``--json``.
 

@@ -2,7 +2,8 @@
 
 Every error names the object it is about and what was expected vs found, and carries the CLI exit
 code (the table is :data:`shardport.EXIT_CODES`): 1 verification failed, 2 usage, 3 not found,
-4 conflict (retry), 5 refused input (a container or contract gate), 6 storage failed, 70 internal error.
+4 conflict (retry), 5 refused input (a container or contract gate), 6 unavailable (the store or a
+signing service), 70 internal error.
 
 Tree::
 

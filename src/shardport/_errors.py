@@ -8,7 +8,7 @@ EXIT_CODES: dict[int, str] = {
     3: "not found: a tag, manifest, blob or key does not exist",
     4: "conflict: another writer moved the tag first; retry (--retry N)",
     5: "refused input: a container or contract gate refused the checkpoint",
-    6: "storage failed: the store could not be read or written (cause in the message)",
+    6: "unavailable: the store or a signing service failed or could not be reached (cause in the message)",
     70: "internal error: a bug; the message names the file holding the traceback",
 }
 

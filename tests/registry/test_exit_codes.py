@@ -87,6 +87,7 @@ def test_2_usage(registry: Registry, tmp_path: Path) -> None:
     error = registry.error(2, "UsageError", "push", tmp_path, "m/x:1", "--retry", "many")
     assert "--retry" in error["message"]
     registry.error(2, "UsageError", "no-such-command")
+    registry.error(2, "KeyFormatError", "ls", "--key", tmp_path / "missing.key")  # a key file the user named
 
 
 def test_3_not_found(registry: Registry, pushed: str) -> None:
