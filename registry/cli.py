@@ -425,5 +425,10 @@ def run(argv: Sequence[str] | None = None, extensions: Mapping[str, Extension] |
         return _report(args.command, exc, json_mode)
     except Exception as exc:  # the last line of defence; KeyboardInterrupt and SystemExit pass
         return _report(args.command, _internal(exc, argv), json_mode)
-    print(text)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # the reader went away (`registry ls | head -1`): not a failure of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at interpreter exit
     return code

@@ -13,6 +13,7 @@ import os
 import pkgutil
 import re
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 from quantized import gptq_planes, make_quantized
 from safetensors.numpy import save_file
-from support import make_checkpoint
+from support import REGISTRY, make_checkpoint
 
 import shardport
 from shardport import EXIT_CODES, ShardportError
@@ -268,3 +269,17 @@ def test_config_counts_are_checked_before_anything_is_built(registry: Registry, 
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": "32"}))
     error = registry.error(5, "InventoryMismatchError", "push", folder, "m/f:3")
     assert "num_hidden_layers" in error["message"] and "'32'" in error["message"]
+
+
+def test_a_reader_that_goes_away_is_not_a_traceback(registry: Registry, pushed: str) -> None:
+    """``registry inspect REF | head -1``: the pipe closes before the output is written."""
+    child = subprocess.Popen(
+        [REGISTRY, "--store", registry.store, "inspect", "m/x:1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ},
+    )
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.close()  # before the child has started: its write meets a closed pipe
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 0 and "Traceback" not in err, err
