@@ -168,6 +168,7 @@ def _session(args: argparse.Namespace) -> Session:
     )
 
 
+_MAX_GRACE_S = 100 * 365 * 86400.0
 Extension = Callable[["Session", argparse.Namespace], dict[str, Any]]
 
 
@@ -279,6 +280,11 @@ def _dispatch(
     if cmd == "gc":
         from shardport.registry.housekeeping import gc
 
+        if not 0 <= args.grace_seconds <= _MAX_GRACE_S:  # also refuses nan
+            raise UsageError(
+                f"--grace-seconds {args.grace_seconds}: expected 0 .. {_MAX_GRACE_S:.0f} "
+                "(a negative grace would delete the blobs of pushes in flight)"
+            )
         return gc(session, dry_run=args.dry_run, grace=timedelta(seconds=args.grace_seconds)).to_json(), 0
     if cmd == "fsck":
         from shardport.registry.housekeeping import fsck

@@ -158,7 +158,10 @@ class Store:
             raise UsageError(f"store URL {url!r}: expected a local directory or s3://bucket/prefix")
         else:
             path = Path(url.removeprefix("file://")).expanduser().resolve()
-            path.mkdir(parents=True, exist_ok=True)
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(f"store {url}: not a folder that can be created ({exc.strerror})") from exc
             self.fs = LocalFiles()
             self.root = str(path)
             self.is_local = True

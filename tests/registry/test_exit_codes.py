@@ -89,6 +89,11 @@ def test_2_usage(registry: Registry, tmp_path: Path) -> None:
     assert "--retry" in error["message"]
     registry.error(2, "UsageError", "no-such-command")
     registry.error(2, "KeyFormatError", "ls", "--key", tmp_path / "missing.key")  # a key file the user named
+    for grace in ("nan", "inf", "-1", "1e308"):  # tracebacks before; a negative grace deletes pushes
+        registry.error(2, "UsageError", "gc", "--grace-seconds", grace)
+    (tmp_path / "a-file").write_text("not a store")
+    code, out = registry("ls", store=str(tmp_path / "a-file"))
+    assert (code, out["error"]["type"]) == (2, "UsageError") and "a-file" in out["error"]["message"]
 
 
 def test_3_not_found(registry: Registry, pushed: str) -> None:
