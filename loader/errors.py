@@ -11,7 +11,7 @@ Tree::
     └── LoaderError                     (1)
         ├── SliceRequestError           (2)  a requested slice names an unknown tensor or lies outside it
         ├── IndexMismatchError          (1)  the tile index disagrees with the manifest's tensors/files
-        └── RangeReadError              (1)  the store failed or returned short (cause chained)
+        └── RangeReadError              (6)  the store failed or returned short (cause chained)
             └── BlobNotFoundError       (3)  the blob holding a file is not in the store
 """
 
@@ -38,6 +38,8 @@ class IndexMismatchError(LoaderError):
 
 class RangeReadError(LoaderError):
     """A range read failed or returned fewer bytes than asked (the storage error is chained)."""
+
+    exit_code = 6
 
 
 class BlobNotFoundError(RangeReadError):

@@ -2,7 +2,8 @@
 
 Every message shows the arithmetic that failed (extents, per-rank sizes, the unit they must be a
 multiple of) and what to do about it. A topology the user asked for that cannot be realised exits with
-the usage code 2; an inventory or layout placement cannot work with is a contract failure (1).
+the usage code 2; a layout placement cannot split is refused input (5, as for the contract gates); an
+inventory that contradicts itself is a verification failure (1): the manifest lied.
 
 Tree::
 
@@ -14,9 +15,10 @@ Tree::
         │   └── UnsplittableError     (2)  an axis has fewer whole units than the ranks sharing it,
         │                                  even with policy ``align``
         ├── InventoryError            (1)  tensors, weights or model parameters disagree
-        ├── UnsupportedSplitError     (1)  a layout placement cannot split (fused qkv, a permutation
+        ├── UnsupportedSplitError     (5)  a layout placement cannot split (fused qkv, a permutation
         │                                  plane under a K split, scales grouped along N)
-        └── PieceError                (1)  a byte piece with a negative offset or non-positive length
+        ├── PieceError                (1)  a byte piece with a negative offset or non-positive length
+        └── PlanFormatError           (1)  a plan document that is not one shardport wrote
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ class InventoryError(PlacementError):
 class UnsupportedSplitError(PlacementError):
     """A weight's layout is one placement cannot split under the requested topology."""
 
+    exit_code = 5
+
 
 class PieceError(PlacementError):
     """A byte piece that is not a valid range of a file."""
+
+
+class PlanFormatError(PlacementError):
+    """A plan document (``Plan.from_json``) is malformed (the pydantic error is chained)."""

@@ -16,9 +16,9 @@ import hashlib
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .errors import TopologyError
+from .errors import PlanFormatError, TopologyError
 from .inventory import ModelDims
 from .topology import Topology
 
@@ -181,8 +181,14 @@ class Plan(_Record):
 
     @classmethod
     def from_json(cls, data: str | bytes) -> Plan:
-        """Parse a plan written by :meth:`to_json`."""
-        return cls.model_validate_json(data)
+        """Parse a plan written by :meth:`to_json`; a malformed one raises :class:`PlanFormatError`."""
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": str(exc)}
+            where = ".".join(str(part) for part in first["loc"]) or "document"
+            message = f"plan {where}: expected a plan written by shardport, found: {first['msg']}"
+            raise PlanFormatError(message) from exc
 
     def digest(self) -> str:
         """``sha256:<hex>`` of :meth:`to_json`."""

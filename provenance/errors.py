@@ -2,17 +2,19 @@
 
 Every error says what failed and, where there is one, what to do about it. Third-party exceptions
 (sigstore, cryptography, pydantic) are wrapped once, where they are raised, with the cause chained.
-All of them are verification or contract failures for the CLI (exit code 1).
+Exit codes (``shardport.EXIT_CODES``): a document or bundle that does not verify is a verification
+failure (1); a key file the user named that cannot be used is a usage error (2); Sigstore signing
+that cannot happen here, or that the service refused, is an unavailable service (6).
 
 Tree::
 
     ShardportError
     └── ProvenanceError                    (1)
-        ├── KeyFormatError                      a key file is unreadable, not PEM, or not Ed25519
+        ├── KeyFormatError                 (2)  a key file is unreadable, not PEM, or not Ed25519
         ├── EnvelopeFormatError                 bytes are not a well-formed DSSE envelope
-        ├── SigstoreUnavailableError            sigstore cannot sign (or is not installed) here:
+        ├── SigstoreUnavailableError       (6)  sigstore cannot sign (or is not installed) here:
         │                                       no network to Fulcio/Rekor, no OIDC identity
-        ├── SigstoreSigningError                the statement or the request was refused
+        ├── SigstoreSigningError           (6)  the statement or the request was refused
         └── SigstoreVerificationError           a Sigstore bundle does not verify (bad JSON,
                                                 wrong identity or issuer, tampered artifact,
                                                 untrusted CA, bad trusted root)
@@ -32,6 +34,8 @@ class ProvenanceError(ShardportError):
 class KeyFormatError(ProvenanceError):
     """A key is unreadable, not PEM, or not an Ed25519 key (the message names its source)."""
 
+    exit_code = 2
+
 
 class EnvelopeFormatError(ProvenanceError):
     """Bytes are not a well-formed DSSE envelope (the message names the source and the field)."""
@@ -44,6 +48,8 @@ class SigstoreUnavailableError(ProvenanceError):
     or sign with an Ed25519 key (``registry keygen``).
     """
 
+    exit_code = 6
+
 
 class SigstoreSigningError(ProvenanceError):
     """Sigstore signing was attempted and refused.
@@ -51,6 +57,8 @@ class SigstoreSigningError(ProvenanceError):
     The input is not an in-toto statement, or Fulcio/Rekor rejected the request (the service's
     answer is chained).
     """
+
+    exit_code = 6
 
 
 class SigstoreVerificationError(ProvenanceError):

@@ -1,36 +1,51 @@
 """The ``registry`` command line.
 
-Exit codes: 0 ok, 1 verification failure, 2 usage, 3 not found, 4 conflict. ``--json`` prints one
-JSON document on stdout; errors then go to stdout as ``{"error": {...}}`` too.
-Progress bars appear only on an interactive terminal without ``--json``.
+Exit codes (:data:`shardport.EXIT_CODES`; each means one thing): 0 ok, 1 verification failed, 2 usage,
+3 not found, 4 conflict (retry), 5 refused input (a container or contract gate), 6 unavailable,
+70 internal error. ``--json`` prints one JSON document on stdout; errors then go to stdout as
+``{"error": {...}}`` too. Progress bars appear only on an interactive terminal without ``--json``.
+
+Start-up: building the parser imports nothing beyond the standard library and the error classes;
+each command imports its own modules when it runs (``--help`` and ``log`` need no numpy or gguf).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from shardport import EXIT_CODES as _EXIT_TABLE
 from shardport import ShardportError
-from shardport.registry import commands
-from shardport.registry.convert import convert
-from shardport.registry.decoding import run_decode
-from shardport.registry.errors import UsageError
-from shardport.registry.housekeeping import fsck, gc
-from shardport.registry.progress import reporter
-from shardport.registry.pull import pull
-from shardport.registry.push import push
-from shardport.registry.refs import parse_ref
-from shardport.registry.session import Session
-from shardport.registry.tagging import validity
-from shardport.registry.verify import verify_checkpoint, verify_dir, verify_ref
+from shardport.registry.errors import InternalError, UsageError
 
-EXIT_CODES = "exit codes: 0 ok, 1 verification failure, 2 usage, 3 not found, 4 conflict"
+if TYPE_CHECKING:
+    from shardport.registry.session import Session
+
+EXIT_CODES = "exit codes: " + ", ".join(
+    f"{code} {meaning.split(':')[0]}" for code, meaning in sorted(_EXIT_TABLE.items())
+)
+
+
+class _ParseError(UsageError):  # type: ignore[misc, unused-ignore]
+    """argparse refused the command line; ``parser`` is the (sub)parser whose usage applies."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(f"{parser.prog}: {message}")
+        self.parser = parser
+        self.reason = message
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are raised (so that ``--json`` can report them as JSON)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Raise instead of printing and exiting; :func:`run` reports it."""
+        raise _ParseError(self, message)
 
 
 def _common() -> argparse.ArgumentParser:
@@ -50,7 +65,7 @@ def _common() -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
     common = _common()
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog="registry",
         parents=[common],
         epilog=EXIT_CODES,
@@ -151,14 +166,9 @@ def _declare(text: str | None) -> str | None:
         ) from exc
 
 
-def _grace(seconds: float) -> timedelta:
-    """``--grace-seconds``: finite, non-negative, at most ten years."""
-    if not math.isfinite(seconds) or not 0 <= seconds <= 10 * 365 * 86400:
-        raise UsageError(f"--grace-seconds {seconds!r}: expected a finite number of seconds, 0 to 315360000")
-    return timedelta(seconds=seconds)
-
-
 def _session(args: argparse.Namespace) -> Session:
+    from shardport.registry.session import Session
+
     return Session.open(
         getattr(args, "store", None),
         s3_endpoint=getattr(args, "s3_endpoint", None),
@@ -168,17 +178,25 @@ def _session(args: argparse.Namespace) -> Session:
     )
 
 
-Extension = Callable[[Session, argparse.Namespace], dict[str, Any]]
+_MAX_GRACE_S = 100 * 365 * 86400.0
+Extension = Callable[["Session", argparse.Namespace], dict[str, Any]]
 
 
 def _dispatch(
     args: argparse.Namespace, json_mode: bool, extensions: Mapping[str, Extension] | None = None
 ) -> tuple[Any, int]:
     cmd = args.command
+    from shardport.registry import commands  # each command imports what it needs, when it runs
+    from shardport.registry.refs import parse_ref
+
     if cmd == "keygen":
         return commands.keygen(args.name, tuple(args.scope or ["*"])), 0
     session = _session(args)
     if cmd == "push":
+        from shardport.registry.progress import reporter
+        from shardport.registry.push import push
+        from shardport.registry.tagging import validity
+
         ref = parse_ref(args.target, require_tag=True)
         assert ref.tag is not None
         with reporter(json_mode) as rep:
@@ -207,9 +225,14 @@ def _dispatch(
     if cmd == "pull":
         if args.rank is not None or args.ranks is not None:
             raise UsageError("--rank/--ranks select ranks of a topology: give --tp N (and --ep/--pp) too")
+        from shardport.registry.progress import reporter
+        from shardport.registry.pull import pull
+
         with reporter(json_mode) as rep:
             return pull(session, parse_ref(args.ref), args.dest, reporter=rep).to_json(), 0
     if cmd == "tag":
+        from shardport.registry.tagging import validity
+
         ref, target = parse_ref(args.ref), parse_ref(args.target, require_tag=True)
         assert target.tag is not None
         return commands.tag(
@@ -236,6 +259,8 @@ def _dispatch(
     if cmd == "inspect":
         return commands.inspect(session, parse_ref(args.ref)), 0
     if cmd == "verify":
+        from shardport.registry.verify import verify_checkpoint, verify_dir, verify_ref
+
         local = Path(args.target)
         if local.exists():
             if local.is_dir():
@@ -246,6 +271,9 @@ def _dispatch(
             report = verify_ref(session, parse_ref(args.target))
         return report.to_json(), report.exit_code
     if cmd == "convert":
+        from shardport.registry.convert import convert
+        from shardport.registry.progress import reporter
+
         target = parse_ref(args.target, require_tag=True)
         assert target.tag is not None
         with reporter(json_mode) as rep:
@@ -260,10 +288,21 @@ def _dispatch(
             )
         return res.to_json(), 0
     if cmd == "decode":
+        from shardport.registry.decoding import run_decode
+
         return run_decode(session, args.target, args.tensor, args.out).to_json(), 0
     if cmd == "gc":
-        return gc(session, dry_run=args.dry_run, grace=_grace(args.grace_seconds)).to_json(), 0
+        from shardport.registry.housekeeping import gc
+
+        if not 0 <= args.grace_seconds <= _MAX_GRACE_S:  # also refuses nan
+            raise UsageError(
+                f"--grace-seconds {args.grace_seconds}: expected 0 .. {_MAX_GRACE_S:.0f} "
+                "(a negative grace would delete the blobs of pushes in flight)"
+            )
+        return gc(session, dry_run=args.dry_run, grace=timedelta(seconds=args.grace_seconds)).to_json(), 0
     if cmd == "fsck":
+        from shardport.registry.housekeeping import fsck
+
         found = fsck(session)
         return found.to_json(), 0 if found.ok else 1
     raise UsageError(f"unknown command {cmd!r}")
@@ -324,25 +363,92 @@ def _human(cmd: str, result: Any) -> str:
     return json.dumps(result, indent=2, sort_keys=True)
 
 
+def _traceback_file(exc: BaseException, argv: Sequence[str]) -> Path | None:
+    """Write ``exc``'s traceback to ``$SHARDPORT_HOME/logs/`` (else the temp folder); return its path."""
+    import os
+    import tempfile
+    import time
+    import traceback
+    import uuid
+
+    from shardport import __version__
+    from shardport.registry.home import home
+
+    text = f"shardport {__version__}, python {sys.version.split()[0]}, registry {' '.join(argv)}\n" + "".join(
+        traceback.format_exception(exc)
+    )
+    name = f"internal-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}.txt"
+    for folder in (home() / "logs", Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / name
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(text)
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def _internal(exc: Exception, argv: Sequence[str]) -> InternalError:
+    """The last line of defence: an exception nobody anticipated, as an :class:`InternalError`."""
+    path = _traceback_file(exc, argv)
+    where = f"the traceback is in {path}" if path else "the traceback could not be written (see stderr)"
+    if path is None:
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    error = InternalError(
+        f"unexpected {type(exc).__name__}: {exc} — this is a bug in shardport, not in your input; "
+        f"{where}; please attach it to a bug report"
+    )
+    error.traceback_file = str(path) if path else None
+    return error
+
+
+def _report(command: str, exc: ShardportError, json_mode: bool) -> int:
+    """Print ``exc`` (one JSON document under ``--json``) and return its exit code."""
+    if json_mode:
+        body: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}
+        traceback_file = getattr(exc, "traceback_file", None)
+        if traceback_file:
+            body["traceback_file"] = traceback_file
+        print(json.dumps({"error": body}))
+    else:
+        print(f"registry {command}: error: {exc}", file=sys.stderr)
+    return exc.exit_code
+
+
 def run(argv: Sequence[str] | None = None, extensions: Mapping[str, Extension] | None = None) -> int:
     """Run the CLI; return the exit code.
 
     ``extensions`` lets higher layers serve commands the registry cannot (it imports neither the
-    loader nor deploy): ``pull_rank`` serves ``pull --tp``.
+    loader nor deploy): ``pull_rank`` serves ``pull --tp``. Every failure is reported as one typed
+    error: a :class:`ShardportError` with its own exit code, and any other exception (a bug) as an
+    :class:`~shardport.registry.errors.InternalError` (exit 70) whose traceback goes to a file.
     """
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except _ParseError as exc:
+        if "--json" in argv:
+            return _report(exc.parser.prog, UsageError(str(exc)), True)
+        exc.parser.print_usage(sys.stderr)
+        print(f"{exc.parser.prog}: error: {exc.reason}", file=sys.stderr)
+        return exc.exit_code
     json_mode = bool(getattr(args, "json", False))
     try:
         result, code = _dispatch(args, json_mode, extensions)
+        text = json.dumps(result, sort_keys=True) if json_mode else _human(args.command, result)
     except ShardportError as exc:
-        if json_mode:
-            print(
-                json.dumps(
-                    {"error": {"type": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}}
-                )
-            )
-        else:
-            print(f"registry {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    print(json.dumps(result, sort_keys=True) if json_mode else _human(args.command, result))
+        return _report(args.command, exc, json_mode)
+    except Exception as exc:  # the last line of defence; KeyboardInterrupt and SystemExit pass
+        return _report(args.command, _internal(exc, argv), json_mode)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # the reader went away (`registry ls | head -1`): not a failure of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at interpreter exit
     return code

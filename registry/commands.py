@@ -9,9 +9,7 @@ from typing import Any
 from shardport.provenance.keys import SigningKey
 from shardport.registry import home
 from shardport.registry.errors import NotFoundError, UsageError
-from shardport.registry.housekeeping import repositories
 from shardport.registry.refs import Ref
-from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
 from shardport.registry.signatures import SIGNATURE_ARTIFACT, attach, referrers, sign_manifest
 from shardport.registry.tagging import (
@@ -19,6 +17,7 @@ from shardport.registry.tagging import (
     history,
     list_tags,
     move_tag,
+    repositories,
     require_signing_scope,
 )
 from shardport.registry.tags import RollbackOf, TagEntry
@@ -77,6 +76,8 @@ def tag(
 ) -> dict[str, Any]:
     """Point ``name:tag_name`` at what ``ref`` resolves to (verified)."""
     require_signing_scope(session, name, tag_name)
+    from shardport.registry.resolve import resolve  # manifests load pydantic: only where one is read
+
     resolved = resolve(session, ref)
     if name != ref.name:  # the manifest's signatures follow it into the other repository
         for blob in referrers(session, ref.name, resolved.digest, SIGNATURE_ARTIFACT):
@@ -109,6 +110,8 @@ def rollback(
         raise UsageError("rollback needs --to DIGEST or --steps N")
     if target == head.doc.target:
         raise UsageError(f"tag {ref} already points at {target}")
+    from shardport.registry.resolve import resolve
+
     resolve(session, Ref(name=ref.name, digest=target))
     entry = move_tag(
         session,
@@ -148,6 +151,8 @@ def ls(session: Session, name: str | None) -> list[dict[str, Any]]:
 
 def inspect(session: Session, ref: Ref) -> dict[str, Any]:
     """The verified manifest of ``ref`` with its digest, versions and files."""
+    from shardport.registry.resolve import resolve
+
     resolved = resolve(session, ref)
     out: dict[str, Any] = {
         "ref": str(ref),

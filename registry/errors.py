@@ -1,8 +1,9 @@
 """Errors of the registry package.
 
 Every error names the object it is about and what was expected vs found, and carries the CLI exit
-code: 1 verification or contract failure, 2 usage, 3 not found, 4 conflict (tag moved; for container
-parsers, a parse error).
+code (the table is :data:`shardport.EXIT_CODES`): 1 verification failed, 2 usage, 3 not found,
+4 conflict (retry), 5 refused input (a container or contract gate), 6 unavailable (the store or a
+signing service), 70 internal error.
 
 Tree::
 
@@ -12,8 +13,13 @@ Tree::
         ├── NotFoundError                  (3)  blob, manifest, tag, key
         ├── ConflictError                  (4)
         │   └── TagMovedError                   another writer took the version first
-        ├── StoreError                     (1)  the storage backend failed (cause chained)
+        ├── RefusedError                   (5)  a checkpoint refused by a gate: the container
+        │                                       errors (``formats.errors``) and contract errors
+        │                                       (``contracts.errors``, also VerificationErrors)
+        ├── StoreError                     (6)  the storage backend failed (cause chained)
         ├── StateFileError                 (1)  this client's trust state file is unreadable
+        ├── InternalError                 (70)  an unexpected exception (a bug): the CLI wraps it
+        │                                       and writes its traceback to a file
         └── VerificationError              (1)  the store or a file lied
             ├── DigestMismatchError
             ├── MalformedDigestError            a digest that is not sha256:<64 lowercase hex>
@@ -63,8 +69,26 @@ class TagMovedError(ConflictError):
     """Another writer created the tag version this writer wanted; re-read the tag and retry."""
 
 
+class RefusedError(RegistryError):
+    """A gate refused a checkpoint: its container is malformed or its numeric contract does not hold."""
+
+    exit_code = 5
+
+
 class StoreError(RegistryError):
     """The storage backend failed (the original exception is chained)."""
+
+    exit_code = 6
+
+
+class InternalError(RegistryError):
+    """An exception nobody anticipated (a bug in shardport or a library); the CLI reports it as this.
+
+    ``traceback_file`` names the file holding the original traceback (None when none could be written).
+    """
+
+    exit_code = 70
+    traceback_file: str | None = None
 
 
 class StateFileError(RegistryError):

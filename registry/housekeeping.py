@@ -24,27 +24,14 @@ from shardport.registry.manifest_check import check_manifest
 from shardport.registry.session import Session
 from shardport.registry.signatures import SIGNATURE_ARTIFACT, SIGNATURE_PREDICATE, SIGSTORE_ARTIFACT
 from shardport.registry.store import blob_key
-from shardport.registry.tagging import read_raw_history
+from shardport.registry.tagging import read_raw_history, repositories
 from shardport.registry.tags import TagEntry, parse_time, verify_history
 from shardport.registry.trust import TrustPolicy
-from shardport.registry.verify import _stream_digest
 
 GRACE = timedelta(hours=1)
 MAX_SIGNATURE = 16 << 20
 """Bytes a signature envelope or bundle may have; a larger blob linked as one is not read."""
 _HEX = re.compile(r"[0-9a-f]{64}")
-
-
-def repositories(session: Session) -> list[str]:
-    """Every repository name in the store (names may contain ``/``)."""
-    found = set()
-    for obj in session.store.walk("repos"):
-        parts = obj.key.split("/")
-        for marker in ("tags", "referrers"):
-            if marker in parts[2:]:
-                idx = parts.index(marker, 2)
-                found.add("/".join(parts[1:idx]))
-    return sorted(found)
 
 
 def _chain(session: Session, name: str, tag: str) -> list[TagEntry]:
@@ -338,6 +325,8 @@ def fsck(session: Session) -> FsckReport:
     A tag version signed by a key whose manifest has no intact signature link in its repository is
     reported as unsigned: pulling it fails with ``UnsignedError``.
     """
+    from shardport.registry.verify import _stream_digest  # verify loads the gates: only fsck needs it
+
     store = session.store
     report = FsckReport()
     present: dict[str, int] = {}  # digest -> size listed

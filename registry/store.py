@@ -1,5 +1,8 @@
 """The object store: one fsspec code path for a local directory and ``s3://bucket/prefix``.
 
+(A local store answers the same fsspec calls with :class:`~shardport.registry.localfs.LocalFiles`,
+so that a local command does not import fsspec.)
+
 Layout (see DESIGN.md)::
 
     blobs/sha256/<hex>                               immutable, content-addressed
@@ -25,13 +28,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
 from shardport import ShardportError
 from shardport.registry import _failpoints
 from shardport.registry.errors import DigestMismatchError, NotFoundError, StoreError, UsageError
 from shardport.registry.hashing import CHUNK, digest_bytes, hex_of
+from shardport.registry.localfs import LocalFiles
 
 Progress = Callable[[int], None]
 
@@ -150,15 +151,20 @@ class Store:
             if endpoint:
                 opts["client_kwargs"] = {"endpoint_url": endpoint}
                 self.endpoint = endpoint
-            self.fs = fsspec.filesystem("s3", **opts)
+            import fsspec  # only S3 stores need it (it costs a local command most of its start-up)
+
+            self.fs: Any = fsspec.filesystem("s3", **opts)
             self.root = url[len("s3://") :].rstrip("/")
             self.is_local = False
         elif "://" in url and not url.startswith("file://"):
             raise UsageError(f"store URL {url!r}: expected a local directory or s3://bucket/prefix")
         else:
             path = Path(url.removeprefix("file://")).expanduser().resolve()
-            path.mkdir(parents=True, exist_ok=True)
-            self.fs = LocalFileSystem()
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(f"store {url}: not a folder that can be created ({exc.strerror})") from exc
+            self.fs = LocalFiles()
             self.root = str(path)
             self.is_local = True
 

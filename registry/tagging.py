@@ -96,6 +96,18 @@ def history(session: Session, name: str, tag: str, *, remember: bool = True) -> 
     return entries
 
 
+def repositories(session: Session) -> list[str]:
+    """Every repository name in the store (names may contain ``/``)."""
+    found = set()
+    for obj in session.store.walk("repos"):
+        parts = obj.key.split("/")
+        for marker in ("tags", "referrers"):
+            if marker in parts[2:]:
+                idx = parts.index(marker, 2)
+                found.add("/".join(parts[1:idx]))
+    return sorted(found)
+
+
 def list_tags(session: Session, name: str) -> list[str]:
     """Tags of a repository."""
     return session.store.listdir(f"repos/{name}/tags")

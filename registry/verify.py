@@ -14,8 +14,13 @@ from shardport import ShardportError
 from shardport.registry import verify_content as content
 from shardport.registry.analysis import analyze
 from shardport.registry.describe import METADATA_DIR, scan
-from shardport.registry.errors import NotFoundError, RegistryError, UsageError, VerificationError
-from shardport.registry.formats import ContainerError
+from shardport.registry.errors import (
+    NotFoundError,
+    RefusedError,
+    RegistryError,
+    UsageError,
+    VerificationError,
+)
 from shardport.registry.hashing import CHUNK, digest_file
 from shardport.registry.manifest import FileEntry, Manifest
 from shardport.registry.manifest_check import check_manifest
@@ -74,15 +79,15 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """0 clean, 4 when a container could not be parsed, 1 for any other finding."""
+        """0 clean, 5 when a container or contract gate refused the checkpoint, 1 for any other finding."""
         if self.ok:
             return 0
-        return 4 if self.parse_error else 1
+        return 5 if self.parse_error else 1
 
     def add_error(self, obj: str, exc: ShardportError) -> None:
         """Record a raised error as a finding."""
         self.add(type(exc).__name__, obj, str(exc))
-        if isinstance(exc, ContainerError):
+        if exc.exit_code == RefusedError.exit_code:  # a gate refused it (a witness mismatch is a lie: 1)
             self.parse_error = True
 
 

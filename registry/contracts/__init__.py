@@ -13,25 +13,71 @@ typed refusals (:mod:`.errors`). numpy only; no torch.
 - :mod:`.rounding` — the honest rounding bound of each element, and the reference gate.
 """
 
-from .declare import DeclareSpec, parse_declare
-from .decode import decode_weight
-from .gates import GateReport, check_contract, check_inventory, check_values, run_gates
-from .infer import infer_gguf, infer_safetensors
-from .model import (
-    AffineIntContract,
-    CellWitness,
-    Contract,
-    DecodeWitness,
-    FloatContract,
-    GgufBlockContract,
-    GraphBinding,
-    LogicalShape,
-    LogicalWeight,
-    PlaneRef,
-    TensorInfo,
-)
-from .rounding import reference_gate
-from .witness import check_cells, check_witness, compare_witness, make_witness
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .declare import DeclareSpec, parse_declare
+    from .decode import decode_weight
+    from .gates import GateReport, check_contract, check_inventory, check_values, run_gates
+    from .infer import infer_gguf, infer_safetensors
+    from .model import (
+        AffineIntContract,
+        CellWitness,
+        Contract,
+        DecodeWitness,
+        FloatContract,
+        GgufBlockContract,
+        GraphBinding,
+        LogicalShape,
+        LogicalWeight,
+        PlaneRef,
+        TensorInfo,
+    )
+    from .rounding import reference_gate
+    from .witness import check_cells, check_witness, compare_witness, make_witness
+
+#: Where each exported name lives. Imported on first use, so that reading a manifest (which needs
+#: only :mod:`.model`) does not load numpy, the decoders and the container gates.
+_HOME = {
+    **dict.fromkeys(("DeclareSpec", "parse_declare"), "declare"),
+    "decode_weight": "decode",
+    **dict.fromkeys(
+        ("GateReport", "check_contract", "check_inventory", "check_values", "run_gates"), "gates"
+    ),
+    **dict.fromkeys(("infer_gguf", "infer_safetensors"), "infer"),
+    **dict.fromkeys(
+        (
+            "AffineIntContract",
+            "CellWitness",
+            "Contract",
+            "DecodeWitness",
+            "FloatContract",
+            "GgufBlockContract",
+            "GraphBinding",
+            "LogicalShape",
+            "LogicalWeight",
+            "PlaneRef",
+            "TensorInfo",
+        ),
+        "model",
+    ),
+    "reference_gate": "rounding",
+    **dict.fromkeys(("check_cells", "check_witness", "compare_witness", "make_witness"), "witness"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import an exported name from its module on first use (PEP 562)."""
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AffineIntContract",

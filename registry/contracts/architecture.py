@@ -45,10 +45,20 @@ OPTIONAL_SLOTS = frozenset(
 )
 
 
+def _count(architecture: str | None, params: Mapping[str, Any], key: str) -> int:
+    """``params[key]`` as a count: a non-negative integer (config.json is untrusted input)."""
+    value = params.get(key) or 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InventoryMismatchError(
+            str(architecture), f"config.json {key}", "a non-negative integer", repr(value)[:80]
+        )
+    return value
+
+
 def expected_slots(params: Mapping[str, Any]) -> set[tuple[int | None, str, int | None]]:
     """(layer, slot, expert) triples a llama-family checkpoint with these parameters must hold."""
-    layers = int(params["num_hidden_layers"])
-    experts = int(params.get("num_local_experts") or 0)
+    layers = _count(None, params, "num_hidden_layers")
+    experts = _count(None, params, "num_local_experts")
     out: set[tuple[int | None, str, int | None]] = {(None, "embed_tokens", None), (None, "norm", None)}
     if not params.get("tie_word_embeddings", False):
         out.add((None, "lm_head", None))
@@ -72,8 +82,21 @@ def check_architecture(
     """
     if architecture not in LLAMA_FAMILY or "num_hidden_layers" not in params:
         return (f"unchecked: architecture {architecture!r} has no inventory rule",)
-    need = expected_slots(params)
     have = {(w.binding.layer, w.binding.slot, w.binding.expert) for w in weights}
+    layers = _count(architecture, params, "num_hidden_layers")
+    experts = _count(architecture, params, "num_local_experts")
+    if layers * max(experts, 1) > len(have):  # more slots than weights: never enumerate them (memory)
+        notes.add(  # raised under --strict
+            InventoryMismatchError(
+                str(architecture),
+                "inventory",
+                f"{layers} layers{f' of {experts} experts' if experts else ''} (config.json)",
+                f"{len(have)} weights in the checkpoint",
+                "the checkpoint lost tensors, or its config (layers, experts) is wrong",
+            )
+        )
+        return (f"{architecture}: config.json names {layers} layers, more than the {len(have)} weights hold",)
+    need = expected_slots(params)
     missing = sorted(need - have, key=str)
     extra = sorted((h for h in have - need if h[1] not in OPTIONAL_SLOTS), key=str)
     if missing:

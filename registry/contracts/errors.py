@@ -1,15 +1,22 @@
 """Errors of the numeric-contract package.
 
 Every error names the tensor (or logical weight), the contract field, what was expected and what was
-found, and says what to do about it. All of them are verification failures (CLI exit code 1), except
-a malformed ``--declare`` spec, which is a usage error (exit code 2).
+found, and says what to do about it. All of them are refused input for the CLI (exit code 5, as for
+the container gates), except a malformed ``--declare`` spec, which is a usage error (exit code 2), and
+a witness mismatch, which means the bytes lied (a verification failure, exit code 1).
 
 Tree::
 
-    VerificationError                          (shardport.registry.errors)
-    └── ContractError                          a contract or its planes are not as they must be
+    VerificationError, RefusedError            (shardport.registry.errors)
+    └── ContractError                     (5)  a contract or its planes are not as they must be
         ├── PlaneMissingError                  a plane the contract names is absent (dropped plane)
         ├── PlaneShapeError                    a plane's shape/dtype disagrees with its equation
+        │   ├── PlaneRankError                 a plane has the wrong number of dimensions
+        │   └── PlaneDtypeError                a plane's dtype is not one its producer writes
+        ├── DeclaredPlaneError                 a declaration names a plane the weight does not
+        │                                      hold (absent, another weight's, or another role)
+        ├── ContractSchemaError                the planes do not make a valid contract (the
+        │                                      pydantic error is chained)
         ├── PlaneSizeError                     a plane's byte count disagrees (truncated plane)
         ├── ScaleShapeError                    scale plane is not [N, ceil(K/G)] on its declared axes
         ├── TailGroupError                     the tail group is missing, extra, or not allowed
@@ -21,7 +28,7 @@ Tree::
         ├── ZeroPointRangeError                an effective zero point outside the code range
         ├── GroupIndexError                    g_idx out of range or groups of the wrong size
         ├── PermutationError                   a permutation plane that is not a bijection
-        ├── WitnessMismatchError               a re-decode disagrees with the decode witness
+        ├── WitnessMismatchError          (1)  a re-decode disagrees with the decode witness
         ├── ReferenceErrorTooLargeError        decode is much farther from the float reference
         │                                      than the bit width allows (mislabelled contract)
         ├── UnsupportedContractError           a contract this shardport cannot decode
@@ -33,14 +40,18 @@ Tree::
 
 from __future__ import annotations
 
-from shardport.registry.errors import UsageError, VerificationError
+from typing import Any
+
+from shardport.registry.errors import RefusedError, UsageError, VerificationError
 
 
-class ContractError(VerificationError):  # type: ignore[misc, unused-ignore]
+class ContractError(VerificationError, RefusedError):  # type: ignore[misc, unused-ignore]
     """A numeric contract, or the planes it describes, is not as it must be.
 
     Attributes ``tensor``, ``field``, ``expected`` and ``found`` hold the parts of the message.
     """
+
+    exit_code = 5
 
     def __init__(self, tensor: str, field: str, expected: object, found: object, remedy: str = "") -> None:
         self.tensor = tensor
@@ -60,6 +71,29 @@ class PlaneMissingError(ContractError):
 
 class PlaneShapeError(ContractError):
     """A plane's physical shape or dtype disagrees with the contract's equation for it."""
+
+
+class PlaneRankError(PlaneShapeError):
+    """A plane has the wrong number of dimensions (e.g. a 1-D ``weight_scale`` where [N, K/G] is due)."""
+
+
+class PlaneDtypeError(PlaneShapeError):
+    """A plane's dtype is not one its producer writes (e.g. a U8 ``weight_packed``; int32 is packed)."""
+
+
+class DeclaredPlaneError(ContractError):
+    """A declaration names a plane the weight does not hold: absent, another weight's, or another role."""
+
+
+class ContractSchemaError(ContractError):
+    """The planes and settings do not make a valid contract (the pydantic ``ValidationError`` is chained)."""
+
+
+def schema_error(tensor: str, error: Any) -> ContractSchemaError:
+    """A :class:`ContractSchemaError` for a pydantic ``ValidationError`` (its first failure); chain it."""
+    first = error.errors()[0] if error.errors() else {"loc": (), "msg": str(error)}
+    field = ".".join(str(part) for part in first["loc"]) or "contract"
+    return ContractSchemaError(tensor, field, "planes and settings that make a valid contract", first["msg"])
 
 
 class PlaneSizeError(ContractError):
@@ -107,7 +141,13 @@ class PermutationError(ContractError):
 
 
 class WitnessMismatchError(ContractError):
-    """Re-decoding the witness rows does not reproduce the decode witness."""
+    """Re-decoding the witness rows does not reproduce the decode witness.
+
+    The witness is signed evidence of what the bytes decode to, so a mismatch means the stored bytes
+    (or the files) lied: a verification failure (exit code 1), not refused input.
+    """
+
+    exit_code = 1
 
 
 class ReferenceErrorTooLargeError(ContractError):

@@ -19,9 +19,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from . import producers
 from .declare import DeclareSpec, apply_weight_declarations, declared_quantization, parse_declare
-from .errors import ContractAmbiguousError, UnsupportedContractError
+from .errors import ContractAmbiguousError, DeclaredPlaneError, UnsupportedContractError, schema_error
 from .gates import check_contract_shape
 from .grade import grade_contract
 from .model import (
@@ -145,12 +147,16 @@ def _float_weight(info: TensorInfo, label: Label) -> tuple[LogicalShape, FloatCo
             "grit": producers.PENDING,
         }
     )
-    return _logical_shape(info.shape), contract
+    return _logical_shape(info.name, info.shape), contract
 
 
-def _logical_shape(extents: tuple[int, ...]) -> LogicalShape:
+def _logical_shape(name: str, extents: tuple[int, ...]) -> LogicalShape:
     """Name the axes of a rank-1..3 tensor: ``(N,)``, ``(N, K)``, ``(E, N, K)``."""
     axes = {1: ("N",), 2: ("N", "K"), 3: ("E", "N", "K")}[len(extents)]
+    if any(extent < 1 for extent in extents):
+        raise UnsupportedContractError(
+            name, "shape", "positive extents (a weight with at least one element)", list(extents)
+        )
     return LogicalShape.model_validate({"axes": axes, "extents": extents})
 
 
@@ -161,11 +167,25 @@ def _ct_weights(params: Mapping[str, Any], module: str) -> Mapping[str, Any]:
             f"{module}.weight", "quantization_config.format", "pack-quantized", params.get("format")
         )
     candidates = []
-    for group in dict(params.get("config_groups") or {}).values():
-        targets = [str(target) for target in group.get("targets", [])]
+    groups = params.get("config_groups") or {}
+    if not isinstance(groups, Mapping) or not all(isinstance(g, Mapping) for g in groups.values()):
+        raise UnsupportedContractError(
+            f"{module}.weight",
+            "quantization_config.config_groups",
+            "an object of group objects",
+            repr(groups),
+        )
+    for group in groups.values():
+        targets = group.get("targets", [])
+        targets = [str(target) for target in (targets if isinstance(targets, list) else [targets])]
         regex = [t[3:] for t in targets if t.startswith("re:")]
         if any(re.match(pattern, module) for pattern in regex) or (not regex and targets):
-            candidates.append(group.get("weights") or {})
+            weights = group.get("weights") or {}
+            if not isinstance(weights, Mapping):
+                raise UnsupportedContractError(
+                    f"{module}.weight", "config_groups.*.weights", "an object", repr(weights)
+                )
+            candidates.append(weights)
     unique = {repr(sorted(weights.items())) for weights in candidates}
     if len(unique) != 1:
         raise ContractAmbiguousError(
@@ -182,11 +202,35 @@ def _finish(
     name: str, shape: LogicalShape, planes: list[PlaneRef], contract: Any, binding: Any, spec: DeclareSpec
 ) -> LogicalWeight:
     contract = apply_weight_declarations(name, contract, spec)
+    _check_declared_planes(name, contract, planes)
     contract = contract.model_copy(update={"grit": grade_contract(contract)})
     check_contract_shape(name, contract, shape)
-    return LogicalWeight(
-        name=name, shape=shape, planes=tuple(planes), contract=contract, binding=binding, witness=None
-    )
+    try:
+        return LogicalWeight(
+            name=name, shape=shape, planes=tuple(planes), contract=contract, binding=binding, witness=None
+        )
+    except ValidationError as error:
+        raise schema_error(name, error) from error
+
+
+def _check_declared_planes(name: str, contract: Any, planes: list[PlaneRef]) -> None:
+    """Every plane the (declared) contract reads is one of the weight's own tensors, in that role.
+
+    A declaration changes how a weight's tensors are read; it cannot bind a tensor the weight does not
+    hold (an absent one, another weight's, or one of its own in a second role).
+    """
+    bound = {plane.tensor: plane.role for plane in planes}
+    for tensor, role in contract_planes(contract).items():
+        if bound.get(tensor) == role:
+            continue
+        found = f"bound as its {bound[tensor]} plane" if tensor in bound else "not one of its tensors"
+        raise DeclaredPlaneError(
+            name,
+            f"declared {role} plane {tensor}",
+            f"one of the weight's own tensors in that role ({', '.join(sorted(bound))})",
+            found,
+            "declare only planes the checkpoint stores for this weight, in their own role",
+        )
 
 
 def _plane_refs(
@@ -222,7 +266,7 @@ def _quantized_weight(
         (n, k), contract = producers.compressed_tensors(prefix, leaves, weights, values, settings.label)
     extra: dict[str, PlaneRole] = {found["weight_shape"]: "shape"} if "weight_shape" in found else {}
     planes = _plane_refs(contract, tensors, extra)
-    shape = LogicalShape(axes=("N", "K"), extents=(n, k))
+    shape = _logical_shape(name, (n, k))
     return _finish(name, shape, planes, contract, hf_binding(name, architecture, None), spec)
 
 
@@ -322,7 +366,7 @@ def infer_gguf(
                 "grit": producers.PENDING,
             }
         )
-        shape = _logical_shape(info.shape)
+        shape = _logical_shape(name, info.shape)
         alias = tied if name == "token_embd.weight" else None
         weights.append(
             _finish(

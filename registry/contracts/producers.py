@@ -15,11 +15,22 @@ returns the logical ``[N, K]`` extents and an :class:`AffineIntContract` (GRIT r
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import ContractAmbiguousError, PlaneMissingError, UnsupportedContractError
+from pydantic import ValidationError
+
+from .errors import (
+    ContractAmbiguousError,
+    PlaneDtypeError,
+    PlaneMissingError,
+    PlaneRankError,
+    PlaneShapeError,
+    UnsupportedContractError,
+    schema_error,
+)
 from .model import (
     AffineIntContract,
     Axis,
@@ -63,6 +74,61 @@ def _need(module: str, leaves: Mapping[str, TensorInfo], leaf: str) -> TensorInf
     return leaves[leaf]
 
 
+def _plane(
+    module: str, leaves: Mapping[str, TensorInfo], leaf: str, axes: str, dtypes: Sequence[str] = ()
+) -> TensorInfo:
+    """The companion ``leaf`` with as many dimensions as ``axes`` names and (if given) one of ``dtypes``."""
+    info = _need(module, leaves, leaf)
+    if len(info.shape) != len(axes.split(",")):
+        raise PlaneRankError(
+            f"{module}.weight",
+            f"plane {info.name} rank",
+            f"{len(axes.split(','))} dimension(s) [{axes}]",
+            f"{len(info.shape)} dimension(s) {list(info.shape)}",
+            "the plane was flattened or reshaped; re-export the checkpoint with its producer",
+        )
+    if dtypes and info.dtype not in dtypes:
+        raise PlaneDtypeError(
+            f"{module}.weight",
+            f"plane {info.name} dtype",
+            " or ".join(dtypes),
+            info.dtype,
+            "this producer packs its fields into int32 containers; re-export the checkpoint with it",
+        )
+    return info
+
+
+def _int(params: Mapping[str, Any], *keys: str, weight: str) -> int | None:
+    """The first of ``keys`` present in ``params``, as an integer."""
+    for key in keys:
+        value = params.get(key)
+        if value is None:
+            continue
+        number = None
+        if not isinstance(value, bool) and isinstance(value, int | str | float):
+            with contextlib.suppress(ValueError, OverflowError):
+                number = int(value)
+        if number is None or (isinstance(value, float) and number != value):
+            raise UnsupportedContractError(weight, f"quantization.{key}", "an integer", repr(value))
+        return number
+    return None
+
+
+def _positive(weight: str, n: int, k: int, source: str) -> None:
+    """A quantized weight has at least one row and one column."""
+    if n < 1 or k < 1:
+        raise PlaneShapeError(weight, f"logical shape [N, K] from {source}", "N >= 1 and K >= 1", [n, k])
+
+
+def _valid(weight: str, build: Any, *args: Any) -> tuple[tuple[int, int], AffineIntContract]:
+    """Run a contract builder; a pydantic ``ValidationError`` becomes a :class:`ContractSchemaError`."""
+    try:
+        result: tuple[tuple[int, int], AffineIntContract] = build(*args)
+    except ValidationError as error:
+        raise schema_error(weight, error) from error
+    return result
+
+
 def _slots(axis: Literal["N", "K"], bits: int, order: Sequence[int] | None = None) -> Packing:
     per = 32 // bits
     return Packing(
@@ -101,25 +167,30 @@ def _scale(module: str, info: TensorInfo, axes: tuple[Axis, Axis], group: int, k
     )
 
 
-def _int(params: Mapping[str, Any], *keys: str) -> int | None:
-    for key in keys:
-        if params.get(key) is not None:
-            return int(params[key])
-    return None
-
-
 def gptq(
     module: str, leaves: Mapping[str, TensorInfo], settings: Settings
 ) -> tuple[tuple[int, int], AffineIntContract]:
     """Build the contract of a GPTQ module (``checkpoint_format`` gptq → zero-1, gptq_v2 → as is)."""
+    return _valid(f"{module}.weight", _gptq, module, leaves, settings)
+
+
+def _gptq(
+    module: str, leaves: Mapping[str, TensorInfo], settings: Settings
+) -> tuple[tuple[int, int], AffineIntContract]:
     params = settings.params
-    bits = _int(params, "bits", "w_bit") or 0
+    weight = f"{module}.weight"
+    bits = _int(params, "bits", "w_bit", weight=weight) or 0
     if bits not in (2, 4, 8):
         raise UnsupportedContractError(f"{module}.weight", "quantization.bits", "2, 4 or 8 for GPTQ", bits)
-    qweight, qzeros, scales = (_need(module, leaves, leaf) for leaf in ("qweight", "qzeros", "scales"))
+    qweight = _plane(module, leaves, "qweight", "K/pack,N", ("I32",))
+    qzeros = _plane(module, leaves, "qzeros", "G,N/pack", ("I32",))
+    scales = _plane(module, leaves, "scales", "G,N")
+    if "g_idx" in leaves:
+        _plane(module, leaves, "g_idx", "K")
     n = qweight.shape[1]
     k = leaves["g_idx"].shape[0] if "g_idx" in leaves else qweight.shape[0] * 32 // bits
-    group = _int(params, "group_size") or -1
+    _positive(weight, n, k, "the qweight (and g_idx) shapes")
+    group = _int(params, "group_size", weight=weight) or -1
     group = k if group <= 0 else group
     fmt = str(params.get("checkpoint_format", "gptq")).lower()
     if fmt not in ("gptq", "gptq_v2"):
@@ -177,8 +248,15 @@ def awq(
     module: str, leaves: Mapping[str, TensorInfo], settings: Settings
 ) -> tuple[tuple[int, int], AffineIntContract]:
     """Build the contract of an AWQ GEMM module (4-bit, interleaved slot order, zero as is)."""
+    return _valid(f"{module}.weight", _awq, module, leaves, settings)
+
+
+def _awq(
+    module: str, leaves: Mapping[str, TensorInfo], settings: Settings
+) -> tuple[tuple[int, int], AffineIntContract]:
     params = settings.params
-    bits = _int(params, "bits", "w_bit") or 0
+    weight = f"{module}.weight"
+    bits = _int(params, "bits", "w_bit", weight=weight) or 0
     version = str(params.get("version", "gemm")).lower()
     if bits != 4 or version != "gemm" or params.get("zero_point") is False:
         raise UnsupportedContractError(
@@ -187,9 +265,12 @@ def awq(
             "AWQ GEMM, 4-bit, zero_point: true",
             f"bits={bits}, version={version}, zero_point={params.get('zero_point')}",
         )
-    qweight, qzeros, scales = (_need(module, leaves, leaf) for leaf in ("qweight", "qzeros", "scales"))
+    qweight = _plane(module, leaves, "qweight", "K,N/pack", ("I32",))
+    qzeros = _plane(module, leaves, "qzeros", "G,N/pack", ("I32",))
+    scales = _plane(module, leaves, "scales", "G,N")
     k, n = qweight.shape[0], qweight.shape[1] * 8
-    group = _int(params, "group_size", "q_group_size") or -1
+    _positive(weight, n, k, "the qweight shape")
+    group = _int(params, "group_size", "q_group_size", weight=weight) or -1
     group = k if group <= 0 else group
     contract = AffineIntContract(
         family="affine_int",
@@ -242,8 +323,18 @@ def compressed_tensors(
     label: Label,
 ) -> tuple[tuple[int, int], AffineIntContract]:
     """Build the contract of a compressed-tensors ``pack-quantized`` module from its weight args."""
+    return _valid(f"{module}.weight", _compressed_tensors, module, leaves, weights, shape_values, label)
+
+
+def _compressed_tensors(
+    module: str,
+    leaves: Mapping[str, TensorInfo],
+    weights: Mapping[str, Any],
+    shape_values: Sequence[int] | None,
+    label: Label,
+) -> tuple[tuple[int, int], AffineIntContract]:
     name = f"{module}.weight"
-    bits = int(weights.get("num_bits", 0))
+    bits = _int(weights, "num_bits", weight=name) or 0
     strategy = str(weights.get("strategy", ""))
     if weights.get("type", "int") != "int" or not 2 <= bits <= 8 or strategy not in ("group", "channel"):
         raise UnsupportedContractError(
@@ -252,12 +343,20 @@ def compressed_tensors(
             "int, 2..8 bits, strategy group or channel",
             f"type={weights.get('type')}, bits={bits}, strategy={strategy}",
         )
-    packed, scale = _need(module, leaves, "weight_packed"), _need(module, leaves, "weight_scale")
+    packed = _plane(module, leaves, "weight_packed", "N,K/pack", ("I32",))
+    scale = _plane(module, leaves, "weight_scale", "N,G")
+    group_size = _int(weights, "group_size", weight=name) if strategy == "group" else 1
+    if not group_size:
+        raise UnsupportedContractError(name, "weights.group_size", "a positive integer", group_size)
     n = packed.shape[0]
     if shape_values is not None:
+        if len(shape_values) != 2 or not all(isinstance(v, int) and v > 0 for v in shape_values):
+            raise PlaneShapeError(
+                name, f"values of {module}.weight_shape", "[N, K], two positive integers", list(shape_values)
+            )
         k = int(shape_values[-1])
     elif strategy == "group":
-        k = scale.shape[1] * int(weights["group_size"])
+        k = scale.shape[1] * group_size
     else:
         raise ContractAmbiguousError(
             name,
@@ -266,12 +365,13 @@ def compressed_tensors(
             "only its shape",
             "per-channel packing does not fix K; pass the weight_shape values",
         )
-    group = int(weights["group_size"]) if strategy == "group" else k
+    _positive(name, n, k, "weight_packed and weight_shape (or weight_scale)")
+    group = group_size if strategy == "group" else k
     encoding = f"s{bits}_offset{1 << (bits - 1)}"
     if weights.get("symmetric", True):
         zero: ZeroIntPlane | ZeroNone = ZeroNone(kind="none")
     else:
-        zp = _need(module, leaves, "weight_zero_point")
+        zp = _plane(module, leaves, "weight_zero_point", "N/pack,G", ("I32",))
         zero = ZeroIntPlane(
             kind="int_plane",
             plane=zp.name,
@@ -284,7 +384,7 @@ def compressed_tensors(
             convention="as_is",
         )
     if "weight_g_idx" in leaves:
-        g_idx = leaves["weight_g_idx"]
+        g_idx = _plane(module, leaves, "weight_g_idx", "K")
         group_map: GroupMapIndex | GroupMapNone = GroupMapIndex(
             kind="g_idx",
             plane=g_idx.name,

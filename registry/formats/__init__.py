@@ -7,7 +7,7 @@ Hugging Face checkpoints, the path of ``model.safetensors.index.json``.
 Produces: frozen records whose byte ranges are proven to lie inside the file without overlap —
 :class:`SafetensorsHeader` (tensors as :class:`TensorRecord`), :class:`GGUFHeader` (tensors as
 :class:`GGUFTensorRecord`), :class:`ShardedCheckpoint` — or one named
-:class:`~shardport.registry.formats.errors.ContainerError` subclass (CLI exit code 4) whose message
+:class:`~shardport.registry.formats.errors.ContainerError` subclass (CLI exit code 5) whose message
 names the file, tensor, field, expected and found. Reads are bounded by the caps in
 :class:`SafetensorsLimits` / :class:`GGUFLimits`. No torch; the ``gguf`` package is used only
 for its table of ggml block sizes.

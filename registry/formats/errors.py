@@ -1,14 +1,14 @@
 """Errors of the container gates: one named error per way an untrusted file can be malformed.
 
-Every error carries the CLI exit code 4 (a parse error) and names the file, the tensor (when there is
+Every error carries the CLI exit code 5 (refused input) and names the file, the tensor (when there is
 one), the field, what was expected and what was found, plus a remedy where one exists. The parts are
 also kept as attributes (``file``, ``tensor``, ``field``, ``expected``, ``found``, ``remedy``) so that
 callers can render them without parsing the message.
 
 Tree::
 
-    RegistryError
-    └── ContainerError                     (4)  any container parse failure
+    RefusedError                           (shardport.registry.errors)
+    └── ContainerError                     (5)  any container parse failure
         ├── ContainerReadError                  the bytes could not be read (cause chained)
         ├── TruncatedFileError                  the file ends inside a header structure
         ├── HeaderTooLargeError                 the header exceeds the configured cap
@@ -48,14 +48,14 @@ from __future__ import annotations
 
 from functools import partial
 
-from shardport.registry.errors import RegistryError
+from shardport.registry.errors import RefusedError
 
 
-# mypy cannot follow the editable install's package-dir mapping, so RegistryError may type as Any.
-class ContainerError(RegistryError):  # type: ignore[misc, unused-ignore]
+# mypy cannot follow the editable install's package-dir mapping, so RefusedError may type as Any.
+class ContainerError(RefusedError):  # type: ignore[misc, unused-ignore]
     """A checkpoint container (safetensors, GGUF, sharded index) is malformed or hostile."""
 
-    exit_code = 4
+    exit_code = 5
 
     def __init__(
         self,

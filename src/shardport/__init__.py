@@ -5,8 +5,8 @@ The root package holds only the version, the root error class and the CLI entry 
 ``registry`` → ``placement`` → ``loader`` → ``kernels`` → ``deploy``; ``provenance`` is used by all.
 """
 
-from shardport._errors import ShardportError
+from shardport._errors import EXIT_CODES, ShardportError
 
 __version__ = "0.1.0"
 
-__all__ = ["ShardportError", "__version__"]
+__all__ = ["EXIT_CODES", "ShardportError", "__version__"]

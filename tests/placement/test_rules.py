@@ -218,7 +218,7 @@ def test_fused_projections_refused_under_tp():
     assert plan(inv, Topology(1)).ranks[0].reads[0].rule == "replicate"
     with pytest.raises(UnsupportedSplitError, match=r"fused operator 'self_attn\.qkv_proj'") as info:
         plan(inv, Topology(2))
-    assert info.value.exit_code == 1
+    assert info.value.exit_code == 5  # refused input, as for the contract gates
 
 
 def test_exported_names_and_no_torch():

@@ -215,11 +215,14 @@ def test_unreadable_or_malformed_trusted_root_is_rejected(tmp_path: Path) -> Non
         _verify_msg(trusted_root_path=bad)
 
 
-def test_errors_are_provenance_errors_with_exit_code_1() -> None:
-    for cls in (SigstoreUnavailableError, SigstoreSigningError, SigstoreVerificationError):
+def test_errors_are_provenance_errors_with_their_exit_codes() -> None:
+    """A bundle that does not verify is a verification failure (1); signing that cannot happen here
+    or is refused by the service is an unavailable service (6)."""
+    expected = ((SigstoreUnavailableError, 6), (SigstoreSigningError, 6), (SigstoreVerificationError, 1))
+    for cls, code in expected:
         assert issubclass(cls, ProvenanceError)
         assert issubclass(cls, ShardportError)
-        assert cls.exit_code == 1
+        assert cls.exit_code == code
 
 
 # ----------------------------------------------------------------------------------------- signing

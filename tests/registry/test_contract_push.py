@@ -99,7 +99,7 @@ def test_convention_mislabel_is_refused_against_the_reference(cli: Cli, tmp_path
     gptq_checkpoint(tmp_path / "q", config=as_is, original=original())
     ref = reference_checkpoint(tmp_path / "ref", original())
     code, out = cli("push", tmp_path / "q", "acme/q:bad", "--reference", ref)
-    assert code == 1 and out["error"]["type"] == "ReferenceErrorTooLargeError", out
+    assert code == 5 and out["error"]["type"] == "ReferenceErrorTooLargeError", out
     assert WEIGHT in out["error"]["message"]
     code, out = cli("ls")
     assert out == []  # nothing was tagged
@@ -108,7 +108,7 @@ def test_convention_mislabel_is_refused_against_the_reference(cli: Cli, tmp_path
 def test_unknown_convention_needs_a_declaration(cli: Cli, tmp_path: Path) -> None:
     gptq_checkpoint(tmp_path / "q")
     code, out = cli("push", tmp_path / "q", "acme/q:v1")
-    assert code == 1 and out["error"]["type"] == "ContractAmbiguousError", out
+    assert code == 5 and out["error"]["type"] == "ContractAmbiguousError", out
     assert "declare" in out["error"]["message"]
     spec = tmp_path / "declare.json"
     spec.write_text(json.dumps({"quantization": GPTQ}))
@@ -122,11 +122,11 @@ def test_hostile_container_refused_at_push_and_verify(cli: Cli, tmp_path: Path) 
     f = tmp_path / "q" / "model.safetensors"
     f.write_bytes(f.read_bytes()[:-10])  # truncated: the last tensor's interval leaves the file
     code, out = cli("push", tmp_path / "q", "acme/q:v1")
-    assert code == 4 and "model.safetensors" in out["error"]["message"], out
+    assert code == 5 and "model.safetensors" in out["error"]["message"], out
     code, report = cli("verify", tmp_path / "q")
-    assert code == 4 and report["findings"] and not report["ok"]
+    assert code == 5 and report["findings"] and not report["ok"]
     code, report = cli("verify", f)
-    assert code == 4
+    assert code == 5
 
 
 def test_verify_checkpoint_clean_and_semantic_violation(cli: Cli, tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_verify_checkpoint_clean_and_semantic_violation(cli: Cli, tmp_path: Path
     planes[f"{PREFIX}.scales"] = -planes[f"{PREFIX}.scales"]  # signed scales where positive is declared
     save_file(planes, str(tmp_path / "q" / "model.safetensors"))
     code, report = cli("verify", tmp_path / "q")
-    assert code == 1 and report["findings"][0]["kind"] == "ScaleSignError", report
+    assert code == 5 and report["findings"][0]["kind"] == "ScaleSignError", report
 
 
 def test_pull_refuses_bytes_that_contradict_the_signed_witness(cli: Cli, tmp_path: Path) -> None:
@@ -243,7 +243,7 @@ def test_strict_inventory(cli: Cli, tmp_path: Path) -> None:
 
     extra = llama_checkpoint(tmp_path / "extra", extra=True)
     code, report = cli("verify", extra, "--strict")
-    assert code == 1 and report["findings"][0]["kind"] == "InventoryMismatchError"
+    assert code == 5 and report["findings"][0]["kind"] == "InventoryMismatchError"
     assert "unexpected" in report["findings"][0]["message"]
     assert cli.ok("verify", extra)["ok"]  # not strict: noted only
 
@@ -252,12 +252,12 @@ def test_strict_inventory(cli: Cli, tmp_path: Path) -> None:
     cfg["num_hidden_layers"] = 3
     (missing / "config.json").write_text(json.dumps(cfg))
     code, out = cli("push", missing, "acme/l:v2", "--strict")
-    assert code == 1 and out["error"]["type"] == "InventoryMismatchError"
+    assert code == 5 and out["error"]["type"] == "InventoryMismatchError"
     assert "missing" in out["error"]["message"]
 
 
 def test_tied_embeddings_must_be_identical(cli: Cli, tmp_path: Path) -> None:
     bad = llama_checkpoint(tmp_path / "tied", tie=True)
     code, out = cli("push", bad, "acme/t:v1")
-    assert code == 1 and out["error"]["type"] == "TiedAliasError", out
+    assert code == 5 and out["error"]["type"] == "TiedAliasError", out
     assert "lm_head.weight" in out["error"]["message"]

@@ -32,7 +32,7 @@ def test_keyless_push_offline_fails_before_writing(
     t = time.monotonic()
     code, out = cli("push", make_checkpoint(tmp_path / "c"), "acme/m:v1", "--sign", "sigstore")
     assert time.monotonic() - t < 60
-    assert code == 1 and out["error"]["type"] == "SigstoreUnavailableError", out
+    assert code == 6 and out["error"]["type"] == "SigstoreUnavailableError", out
     assert "registry keygen" in out["error"]["message"]
     assert Session.open(cli.store).store.walk("blobs") == []
 

@@ -53,13 +53,13 @@ def _merge(base: dict, changes: dict) -> dict:
     return out
 
 
-def test_errors_are_verification_errors_with_tensor_and_expected_vs_found(build):
+def test_errors_are_refused_input_with_tensor_and_expected_vs_found(build):
     weight, planes = _gptq(build)
     planes[f"{PREFIX}.scales"] = -planes[f"{PREFIX}.scales"]
     with pytest.raises(ScaleSignError) as caught:
         run_gates(weight, planes)
     error = caught.value
-    assert isinstance(error, ContractError) and isinstance(error, VerificationError) and error.exit_code == 1
+    assert isinstance(error, ContractError) and isinstance(error, VerificationError) and error.exit_code == 5
     assert error.tensor == NAME and "expected positive" in str(error) and "found" in str(error)
 
 

@@ -263,7 +263,7 @@ def test_hostile_gguf(
         parse(mutate(gguf_bytes, layout), limits)
     exc = info.value
     assert NAME in str(exc)
-    assert exc.exit_code == 4
+    assert exc.exit_code == 5
     if tensor is not None:
         assert exc.tensor == tensor and repr(tensor) in str(exc)
 

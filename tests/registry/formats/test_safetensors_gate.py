@@ -48,7 +48,7 @@ def expect(
         parse(raw, limits)
     exc = info.value
     assert NAME in str(exc)
-    assert exc.exit_code == 4
+    assert exc.exit_code == 5
     if tensor is not None:
         assert repr(tensor) in str(exc)
         assert exc.tensor == tensor
