@@ -19,7 +19,6 @@ import pytest
 from llama_artifacts import cli
 
 from shardport.provenance import dsse
-from shardport.registry.contracts.witness import witness_values
 from shardport.registry.hashing import hex_of
 from shardport.registry.manifest import Manifest, TileIndexRef
 from shardport.registry.session import Session
@@ -188,13 +187,9 @@ def test_resigned_witness_rows_tampered(local: World) -> None:
     for k in chosen:
         witness = weights[k].witness
         assert witness is not None
-        values = witness_values(witness).copy()
-        values[-1, -1] += 0.5
-        raw = values.astype("<f4").tobytes()
-        update = {
-            "values_f32le": base64.b64encode(raw).decode(),
-            "values_sha256": hashlib.sha256(raw).hexdigest(),
-        }
+        digests = bytearray(base64.b64decode(witness.digests))
+        digests[-1] ^= 0x01  # the last cell's digest no longer matches the decode
+        update = {"digests": base64.b64encode(bytes(digests)).decode()}
         weights[k] = weights[k].model_copy(update={"witness": witness.model_copy(update=update)})
     local.republish(manifest.model_copy(update={"weights": weights}))
     code, report = cli(local.store, "verify", REF)
@@ -358,11 +353,9 @@ def _witness(w: World) -> None:
     k = next(i for i, x in enumerate(weights) if x.witness is not None and x.name.endswith("attn_v.weight"))
     witness = weights[k].witness
     assert witness is not None
-    raw = (witness_values(witness) * np.float32(1.01)).astype("<f4").tobytes()
-    update = {
-        "values_f32le": base64.b64encode(raw).decode(),
-        "values_sha256": hashlib.sha256(raw).hexdigest(),
-    }
+    digests = bytearray(base64.b64decode(witness.digests))
+    digests[0] ^= 0x01  # the first cell's digest no longer matches the decode
+    update = {"digests": base64.b64encode(bytes(digests)).decode()}
     weights[k] = weights[k].model_copy(update={"witness": witness.model_copy(update=update)})
     w.republish(manifest.model_copy(update={"weights": weights}))
 
@@ -399,7 +392,7 @@ TAMPERINGS: dict[str, tuple[Callable[[World], None], bool]] = {
     "re-signed: a tensor missing from the tile index": (_resigned_index(_drop_tensor), False),
     "re-signed: another artifact's tile index": (_other_index, False),
     "re-signed: tile index missing": (_missing_index, True),
-    "re-signed: a witness off by 1%": (_witness, False),
+    "re-signed: a witness cell digest changed": (_witness, False),
     "re-signed: a tensor in a file the manifest lacks": (_tensor_elsewhere, False),
 }
 
