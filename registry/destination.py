@@ -111,8 +111,10 @@ def _foreign(where: Path, listed: set[str]) -> list[str]:
 
 
 def _names(entries: list[str]) -> str:
-    shown = ", ".join(entries[:3])
-    return shown + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+    """``N entries: a, b, c and M more``."""
+    count = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}"
+    shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+    return f"{count}: {shown}"
 
 
 def full_pull_destination(dest: Path, *, store_root: str | None, force: bool) -> Path:
@@ -143,7 +145,7 @@ def full_pull_destination(dest: Path, *, store_root: str | None, force: bool) ->
     listed = _listed(where)
     if listed is None:
         raise UsageError(
-            f"{dest}: is not empty ({len(entries)} entries: {_names(entries)}) and is not an earlier pull "
+            f"{dest}: is not empty ({_names(entries)}) and is not an earlier pull "
             f"(no {METADATA_DIR}/ref.json). A pull replaces DEST as a whole and does not delete what it "
             f"did not write: pull into a new or empty folder, or pass --force to replace {dest} and "
             "everything in it"
@@ -151,7 +153,7 @@ def full_pull_destination(dest: Path, *, store_root: str | None, force: bool) ->
     foreign = _foreign(where, listed)
     if foreign:
         raise UsageError(
-            f"{dest}: is an earlier pull but also holds {len(foreign)} entries that pull did not write "
+            f"{dest}: is an earlier pull but also holds what pull did not write "
             f"({_names(foreign)}). A pull replaces DEST as a whole and does not delete them: move them "
             f"out, pull into a new folder, or pass --force to replace {dest} and everything in it"
         )

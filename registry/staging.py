@@ -38,7 +38,7 @@ Kind = Literal["pull", "part"]
 _STAGED = re.compile(
     r"\.(?P<name>.+)\.(?P<kind>pull|part)-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})-[0-9a-f]{12}", re.S
 )
-_STOPPING = (signal.SIGTERM, signal.SIGHUP)
+_STOPPING = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 def _host() -> str:
@@ -104,7 +104,7 @@ def remove_stale(folder: Path, kind: Kind, *, dir_fd: int | None = None) -> list
 
 
 class StopSignal(BaseException):
-    """A stopping signal (SIGTERM, SIGHUP) arrived while a pull ran."""
+    """A stopping signal (SIGTERM, SIGHUP, or SIGINT without Python's handler) arrived while a pull ran."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}")
@@ -116,10 +116,11 @@ def stop_on_signals() -> Iterator[None]:
     """While the block runs, SIGTERM and SIGHUP raise :class:`StopSignal` in the main thread.
 
     Only signals left at their default action are taken over (a program's own handler stays in
-    charge), and only in the main thread (elsewhere this does nothing). SIGINT already raises
-    ``KeyboardInterrupt``. A second signal while the block cleans up is ignored; when the block has
-    ended, the previous handlers are restored and the first signal is raised again, so the process
-    ends with that signal's status as it would have without the clean-up.
+    charge), and only in the main thread (elsewhere this does nothing); SIGINT is taken over only
+    where Python's own ``KeyboardInterrupt`` handler is not installed. A second signal while the
+    block cleans up is ignored; when the block has ended, the previous handlers are restored and the
+    first signal is raised again, so the process ends with that signal's status as it would have
+    without the clean-up.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
