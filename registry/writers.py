@@ -10,7 +10,8 @@ by an exception or a signal), every temporary file is removed and names already 
 back as they were, so the folder is left as it was.
 
 A safetensors file is written from contiguous buffers, reopened and compared before it is published
-(``safetensors.numpy.save_file`` silently scrambles non-contiguous arrays).
+(``safetensors.numpy.save_file`` silently scrambles non-contiguous arrays; it also renames its own
+temporary file into place, so it is not used here).
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import json
+import mmap
 import os
 import stat
-from collections.abc import Iterator, Mapping
+import struct
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -64,6 +68,84 @@ def renameat2(
 def _check_name(name: str) -> None:
     if not name or name in (".", "..") or "/" in name or "\0" in name:
         raise UsageError(f"{name!r}: not a file name")
+
+
+# the safetensors library's dtype order (largest last): files list tensors by it, descending, then name
+_SAFETENSORS_DTYPES_BY_RANK = (
+    "bool", "uint8", "int8", "int16", "uint16", "float16", "int32", "uint32", "float32", "float64", "int64",
+    "uint64",
+)  # fmt: skip
+_SAFETENSORS_DTYPES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "int64": "I64",
+    "uint64": "U64",
+    "int32": "I32",
+    "uint32": "U32",
+    "int16": "I16",
+    "uint16": "U16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
+_FILE_ORDER = {name: rank for rank, name in enumerate(_SAFETENSORS_DTYPES_BY_RANK)}
+_COMPARE_BYTES = 64 << 20
+TensorBytes = tuple[str, tuple[str, list[int]], npt.NDArray[np.uint8]]
+
+
+def safetensors_layout(
+    arrays: Mapping[str, npt.NDArray[Any]], metadata: Mapping[str, str] | None = None
+) -> tuple[bytes, list[TensorBytes]]:
+    """A safetensors file's header and its tensors' bytes in file order (name, (dtype, shape), bytes).
+
+    The header is the 8-byte little-endian length and the JSON, padded with spaces to a multiple of 8
+    bytes; tensors are ordered as the safetensors library orders them (by dtype, widest first, then
+    name; each then starts aligned to its item size), so the file is byte for byte the one
+    ``safetensors.numpy.save`` would make.
+    """
+    if "__metadata__" in arrays:
+        raise UsageError("a tensor cannot be named __metadata__ in a safetensors file")
+    doc: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    out: list[TensorBytes] = []
+    at = 0
+    order = sorted(arrays, key=lambda k: (-_FILE_ORDER.get(arrays[k].dtype.name, 0), k))
+    for key in order:
+        array = arrays[key]
+        kind = _SAFETENSORS_DTYPES.get(array.dtype.name)
+        if kind is None:
+            raise UsageError(f"tensor {key}: dtype {array.dtype} cannot be written to a safetensors file")
+        little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+        raw = little.reshape(-1).view(np.uint8)
+        shape = [int(n) for n in array.shape]
+        doc[key] = {"dtype": kind, "shape": shape, "data_offsets": [at, at + raw.nbytes]}
+        at += raw.nbytes
+        out.append((key, (kind, shape), raw))
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-(8 + len(text)) % 8)
+    return struct.pack("<Q", len(text)) + text, out
+
+
+def _first_difference(path: str, header: bytes, data: list[TensorBytes]) -> str | None:
+    """What in the file at ``path`` differs from ``header`` and ``data`` (None: every byte equal)."""
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != len(header) + sum(raw.nbytes for _, _, raw in data):
+            return f"the file's size {size}"
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            if mapped[: len(header)] != header:
+                return "the header"
+            at = len(header)
+            for key, _, raw in data:
+                for lo in range(0, raw.nbytes, _COMPARE_BYTES):
+                    hi = min(lo + _COMPARE_BYTES, raw.nbytes)
+                    back = np.frombuffer(mapped, np.uint8, hi - lo, at + lo)
+                    same = np.array_equal(back, raw[lo:hi])
+                    del back  # the mapping closes only once no array views it
+                    if not same:
+                        return f"tensor {key}"
+                at += raw.nbytes
+    return None
 
 
 class StagedFiles:
@@ -121,6 +203,9 @@ class StagedFiles:
 
     def write_bytes(self, name: str, data: bytes | memoryview) -> None:
         """Stage ``data`` as file ``name`` (replacing anything staged under that name before)."""
+        self._write(name, [data])
+
+    def _write(self, name: str, chunks: Iterable[bytes | memoryview]) -> None:
         _check_name(name)
         if name in self._staged:
             self._unlink(self._staged.pop(name)[0])
@@ -130,9 +215,10 @@ class StagedFiles:
         try:
             st = os.fstat(fd)
             self._staged[name] = (temp, st.st_dev, st.st_ino)  # recorded first: discard() removes it
-            view = memoryview(data).cast("B")
-            while view:
-                view = view[os.write(fd, view) :]
+            for chunk in chunks:
+                view = memoryview(chunk).cast("B")
+                while view:
+                    view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
 
@@ -145,23 +231,28 @@ class StagedFiles:
     ) -> None:
         """Stage ``arrays`` as safetensors file ``name``, kept only if every tensor reads back exactly.
 
-        Every name, dtype, shape and byte is compared after reopening the staged file.
+        Each tensor's bytes go from a contiguous little-endian buffer straight to the file (no copy of
+        the whole file in memory). The staged file is then reopened: the safetensors library must
+        read back every name, dtype and shape and the metadata, and every byte is compared through a
+        read-only mapping, a chunk at a time.
         """
         from safetensors import safe_open
-        from safetensors.numpy import save
 
-        contiguous = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
-        self.write_bytes(name, save(contiguous, metadata=dict(metadata) if metadata else None))
+        header, data = safetensors_layout(arrays, metadata)
+        self._write(name, [header, *(raw.data for _, _, raw in data)])
         where = self.folder / name
-        with self._reopen(name) as path, safe_open(path, framework="numpy") as back:
-            if set(back.keys()) != set(contiguous):
-                raise VerificationError(
-                    f"{where}: holds {sorted(back.keys())} after writing {sorted(contiguous)}"
-                )
-            for key, array in contiguous.items():
-                got = back.get_tensor(key)
-                if got.dtype != array.dtype or got.shape != array.shape or got.tobytes() != array.tobytes():
-                    raise VerificationError(f"{where}: tensor {key} does not read back as written")
+        with self._reopen(name) as path:
+            with safe_open(path, framework="numpy") as back:
+                names, meta = set(back.keys()), back.metadata() or {}
+                if names != {key for key, _, _ in data} or meta != dict(metadata or {}):
+                    raise VerificationError(f"{where}: does not read back with the names and metadata it got")
+                for key, (kind, shape), _ in data:
+                    piece = back.get_slice(key)
+                    if piece.get_dtype() != kind or list(piece.get_shape()) != shape:
+                        raise VerificationError(f"{where}: tensor {key} does not read back as written")
+            bad = _first_difference(path, header, data)
+        if bad is not None:
+            raise VerificationError(f"{where}: {bad} does not read back as written")
 
     @contextlib.contextmanager
     def _reopen(self, name: str) -> Iterator[str]:
