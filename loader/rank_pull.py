@@ -207,7 +207,7 @@ def pull_ranks(
     place before every rank's files are staged and verified; on any failure (or SIGTERM/SIGHUP/SIGINT)
     the staged files are removed and DEST is as it was. Memory: the node's assigned bytes (what its
     ranks hold anyway) plus, for a tensor assembled from several slices, one more copy of that tensor
-    while it is assembled, and one serialized copy of a rank's file while it is written.
+    while it is assembled (files are written from the arrays themselves).
     """
     wanted = sorted(set(ranks))
     if not wanted or len(wanted) != len(ranks):
