@@ -121,24 +121,46 @@ def write_metadata(session: Session, resolved: Resolved, root: Path) -> None:
 def _fetch_all(
     session: Session, files: list[FileEntry], tmp: Path, advance: Callable[[int], None]
 ) -> int:
-    """Download every file into ``tmp``; on any failure or signal, stop the workers before returning."""
+    """Download every file into ``tmp``; on any failure or signal, stop the workers before returning.
+
+    A signal can interrupt the pool while it starts a thread, leaving a worker the pool does not know
+    of; so each download registers itself, and none starts once ``stop`` is set: when this returns or
+    raises, no worker writes into ``tmp`` any more.
+    """
     stop = threading.Event()
+    state = threading.Condition()
+    active = [0]
 
     def step(n: int) -> None:
         if stop.is_set():
             raise _Stopped
         advance(n)
 
+    def fetch(entry: FileEntry) -> int:
+        with state:
+            if stop.is_set():
+                raise _Stopped
+            active[0] += 1
+        try:
+            return _fetch(session, entry, tmp, step)
+        finally:
+            with state:
+                active[0] -= 1
+                state.notify_all()
+
     pool = ThreadPoolExecutor(max_workers=WORKERS)
     try:
         total = 0
-        for n in pool.map(lambda f: _fetch(session, f, tmp, step), files):
+        for n in pool.map(fetch, files):
             total += n
             _failpoints.hit("pull-file-fetched")
         return total
     finally:
-        stop.set()  # a worker still copying stops at its next chunk; none writes into tmp afterwards
+        with state:
+            stop.set()  # a running download stops at its next chunk; no new one starts
         pool.shutdown(wait=True, cancel_futures=True)
+        with state:
+            state.wait_for(lambda: active[0] == 0)
 
 
 class _Stopped(Exception):
@@ -172,8 +194,8 @@ def pull(
         where.parent.mkdir(parents=True, exist_ok=True)
         remove_stale(where.parent, "pull")
         tmp = where.parent / temp_name(where.name, "pull")
-        tmp.mkdir()
         try:
+            tmp.mkdir()  # inside the try: a signal right after it still removes it
             total = _fetch_all(session, files, tmp, reporter.task("downloading", sum(f.size for f in files)))
             manifest = resolved.manifest
             if manifest.tensors and manifest.weights:  # the bytes must still mean what was signed

@@ -211,10 +211,15 @@ class StagedFiles:
             self._unlink(self._staged.pop(name)[0])
         temp = temp_name(name, "part")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(temp, flags, 0o644, dir_fd=self._fd)
+        self._staged[name] = (temp, -1, -1)  # recorded first: discard() removes it, even after a signal
+        try:
+            fd = os.open(temp, flags, 0o644, dir_fd=self._fd)
+        except FileExistsError:  # not ours (a fresh random name: practically never)
+            del self._staged[name]
+            raise
         try:
             st = os.fstat(fd)
-            self._staged[name] = (temp, st.st_dev, st.st_ino)  # recorded first: discard() removes it
+            self._staged[name] = (temp, st.st_dev, st.st_ino)
             for chunk in chunks:
                 view = memoryview(chunk).cast("B")
                 while view:

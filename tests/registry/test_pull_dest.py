@@ -199,7 +199,7 @@ def test_signal_mid_download_removes_the_temporary_folder(
         proc.wait(timeout=60)
     finally:
         proc.kill()
-        proc.wait()
-    assert proc.returncode == -sig
-    assert temporaries(tmp_path) == []
+        _, err = proc.communicate()
+    assert proc.returncode == -sig, err
+    assert temporaries(tmp_path) == [], (err.decode(), [sorted(snapshot(tmp_path / t)) for t in temporaries(tmp_path)])
     assert snapshot(dest) == before
