@@ -201,5 +201,6 @@ def test_signal_mid_download_removes_the_temporary_folder(
         proc.kill()
         _, err = proc.communicate()
     assert proc.returncode == -sig, err
-    assert temporaries(tmp_path) == [], (err.decode(), [sorted(snapshot(tmp_path / t)) for t in temporaries(tmp_path)])
+    left = {t: sorted(snapshot(tmp_path / t)) for t in temporaries(tmp_path)}
+    assert left == {}, err.decode()
     assert snapshot(dest) == before
