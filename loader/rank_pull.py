@@ -5,8 +5,10 @@ of one node, read together: :func:`pull_ranks`). The manifest and its tile
 index are verified (signature, tag chain, digests) by the registry; placement decides which byte
 runs the rank needs; :func:`~shardport.loader.read.read_slices` fetches exactly the tiles covering
 them, verifies each tile's BLAKE3 before use, and the rank's tensors are written from contiguous
-buffers to ``DEST/rank-RRRRR-of-WWWWW.safetensors``, reopened and compared, then renamed into place
-with ``plan.json`` and ``ledger.json`` beside it.
+buffers to ``DEST/rank-RRRRR-of-WWWWW.safetensors``, reopened and compared, with ``plan.json`` and
+``ledger.json`` beside it. Every file is staged under a temporary name inside DEST (never following a
+link already there) and all of them are renamed into place only once every one is written and verified
+(:class:`~shardport.registry.writers.StagedFiles`); a failed or stopped pull leaves DEST as it was.
 """
 
 from __future__ import annotations
@@ -24,15 +26,18 @@ import numpy.typing as npt
 
 from shardport.placement import Plan, Topology, plan
 from shardport.placement.plan import TensorRead
+from shardport.registry import _failpoints
 from shardport.registry.analysis import NUMPY_DTYPES
+from shardport.registry.destination import rank_pull_destination
 from shardport.registry.errors import UsageError
 from shardport.registry.manifest import Manifest, TensorEntry
 from shardport.registry.refs import Ref
 from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
+from shardport.registry.staging import stop_on_signals
 from shardport.registry.tiles import TileIndex, plane_layout
 from shardport.registry.witness_file import ProducerWitness, load_producer
-from shardport.registry.writers import write_safetensors
+from shardport.registry.writers import StagedFiles
 
 from .read import ReadOptions, read_slices
 from .schedule import PlaneSlice
@@ -199,9 +204,11 @@ def pull_ranks(
     one contiguous read (read amplification per node ≤ 1.05 even where one rank's row pieces are smaller
     than a page). Each rank gets its safetensors file and plan as :func:`pull_rank` writes them; the
     shared read's ledger goes to ``node-<first>-<last>.ledger.json`` (one rank: ``rank-R.ledger.json``).
-    Every rank's witness rows are checked before any file is written. Memory: the node's assigned
-    bytes (what its ranks hold anyway) plus, for a tensor assembled from several slices, one more copy
-    of that tensor while it is assembled.
+    Every rank's witness rows are checked before any file is written, and no file is renamed into
+    place before every rank's files are staged and verified; on any failure (or SIGTERM/SIGHUP/SIGINT)
+    the staged files are removed and DEST is as it was. Memory: the node's assigned bytes (what its
+    ranks hold anyway) plus, for a tensor assembled from several slices, one more copy of that tensor
+    while it is assembled (files are written from the arrays themselves).
     """
     wanted = sorted(set(ranks))
     if not wanted or len(wanted) != len(ranks):
@@ -209,6 +216,21 @@ def pull_ranks(
     for rank in wanted:
         if not 0 <= rank < topology.world_size:
             raise UsageError(f"rank {rank}: expected 0..{topology.world_size - 1} for {topology}")
+    where = rank_pull_destination(dest, store_root=session.store.root if session.store.is_local else None)
+    with stop_on_signals():
+        return _pull_ranks(session, ref, where, topology, wanted, policy=policy, options=options)
+
+
+def _pull_ranks(
+    session: Session,
+    ref: Ref,
+    dest: Path,
+    topology: Topology,
+    wanted: list[int],
+    *,
+    policy: str,
+    options: ReadOptions | None,
+) -> NodePullResult:
     t0 = time.perf_counter()
     resolved = resolve(session, ref)
     manifest = resolved.manifest
@@ -244,27 +266,30 @@ def pull_ranks(
         prepared.append(
             _prepare_rank(resolved.digest, manifest, entries, topology, rank, reads, groups, arrays, producer)
         )
-    results = []
-    for rank_data in prepared:
-        ledger = shared if len(wanted) == 1 else {"bytes_assigned": rank_data.assigned}
-        results.append(_write_rank(dest, topology, the_plan, rank_data, ledger))
-    shared["seconds_plan"] = planned - t0
-    shared["seconds_read"] = read_done - planned
-    shared["seconds_total"] = time.perf_counter() - t0
-    keys = (
-        "witness_cells_checked",
-        "witness_weights_checked",
-        "witness_weights_unchecked",
-        "producer_rows_checked",
-    )
-    for key in keys:
-        shared[key] = sum(r.ledger[key] for r in results)
-    if len(wanted) == 1:
-        name = f"rank-{wanted[0]:05d}.ledger.json"
-    else:
-        shared["node_ranks"] = wanted
-        name = f"node-{wanted[0]:05d}-{wanted[-1]:05d}.ledger.json"
-    (dest / name).write_text(json.dumps(shared, sort_keys=True, indent=1))
+    with StagedFiles(dest) as staged:  # every file staged and verified before any is published
+        results = []
+        for rank_data in prepared:
+            ledger = shared if len(wanted) == 1 else {"bytes_assigned": rank_data.assigned}
+            results.append(_stage_rank(staged, topology, the_plan, rank_data, ledger))
+        shared["seconds_plan"] = planned - t0
+        shared["seconds_read"] = read_done - planned
+        shared["seconds_total"] = time.perf_counter() - t0
+        keys = (
+            "witness_cells_checked",
+            "witness_weights_checked",
+            "witness_weights_unchecked",
+            "producer_rows_checked",
+        )
+        for key in keys:
+            shared[key] = sum(r.ledger[key] for r in results)
+        if len(wanted) == 1:
+            name = f"rank-{wanted[0]:05d}.ledger.json"
+        else:
+            shared["node_ranks"] = wanted
+            name = f"node-{wanted[0]:05d}-{wanted[-1]:05d}.ledger.json"
+        staged.write_text(name, json.dumps(shared, sort_keys=True, indent=1))
+        _failpoints.hit("rank-files-staged")
+        staged.publish()
     return NodePullResult(
         digest=resolved.digest,
         world_size=topology.world_size,
@@ -326,26 +351,25 @@ def _prepare_rank(
     return _RankData(digest, rank, arrays, meta, sum(a.nbytes for a in got), witness)
 
 
-def _write_rank(
-    dest: Path, topology: Topology, the_plan: Plan, data: _RankData, ledger: dict[str, Any]
+def _stage_rank(
+    staged: StagedFiles, topology: Topology, the_plan: Plan, data: _RankData, ledger: dict[str, Any]
 ) -> RankPullResult:
-    """Write one rank's safetensors file (verified by reopening) and its plan."""
+    """Stage one rank's safetensors file (verified by reopening) and its plan."""
     ledger["witness_cells_checked"] = data.witness.cells
     ledger["witness_weights_checked"] = data.witness.weights
     ledger["witness_weights_unchecked"] = len(data.witness.unchecked)
     ledger["producer_rows_checked"] = data.witness.producer_rows
-    out = dest / f"rank-{data.rank:05d}-of-{topology.world_size:05d}.safetensors"
-    write_safetensors(data.arrays, out, data.meta)
+    name = f"rank-{data.rank:05d}-of-{topology.world_size:05d}.safetensors"
+    staged.write_safetensors(name, data.arrays, data.meta)
     mine = the_plan.rank(data.rank)
-    (dest / f"rank-{data.rank:05d}.plan.json").write_text(
-        json.dumps(mine.model_dump(mode="json"), sort_keys=True)
-    )
+    plan_json = json.dumps(mine.model_dump(mode="json"), sort_keys=True)
+    staged.write_text(f"rank-{data.rank:05d}.plan.json", plan_json)
     return RankPullResult(
         digest=data.digest,
         rank=data.rank,
         world_size=topology.world_size,
         tensors=len(data.arrays),
-        out=out,
+        out=staged.folder / name,
         ledger=ledger,
         plan_digest=the_plan.decisions_digest(),
     )

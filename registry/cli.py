@@ -98,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tile-size", type=int, default=1 << 20, help="target tile size in bytes (tile index)")
     p.add_argument("--tile-min", type=int, default=64 << 10, help="smallest tile in bytes (tile index)")
-    p = add("pull", "verify and download REF into DEST (atomically); with --tp, only one rank's bytes")
+    p = add(
+        "pull",
+        "verify and download REF into DEST (atomically; DEST must be new, empty or an earlier pull "
+        "unless --force); with --tp, only one rank's bytes",
+    )
     p.add_argument("ref")
     p.add_argument("dest", type=Path)
     p.add_argument("--tp", type=int, help="tensor-parallel degree: pull only --rank's slices")
@@ -108,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ranks",
         help="the ranks of one node, pulled with one shared read (each byte read once): A-B, A,B,... or all",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace DEST even if it holds files pull did not write (never /, your home or current "
+        "folder or one containing it, the store, a link or a file)",
     )
     p.add_argument(
         "--policy",
@@ -218,6 +228,11 @@ def _dispatch(
             )
         return res.to_json(), 0
     if cmd == "pull" and args.tp is not None:
+        if args.force:
+            raise UsageError(
+                "--force replaces DEST in a full pull; a per-rank pull (--tp) never deletes anything, "
+                "it only adds or replaces its own rank files in DEST"
+            )
         handler = (extensions or {}).get("pull_rank")
         if handler is None:
             raise UsageError("a per-rank pull (--tp) needs the loader: run the `registry` console script")
@@ -229,7 +244,7 @@ def _dispatch(
         from shardport.registry.pull import pull
 
         with reporter(json_mode) as rep:
-            return pull(session, parse_ref(args.ref), args.dest, reporter=rep).to_json(), 0
+            return pull(session, parse_ref(args.ref), args.dest, reporter=rep, force=args.force).to_json(), 0
     if cmd == "tag":
         from shardport.registry.tagging import validity
 

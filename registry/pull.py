@@ -1,26 +1,27 @@
 """Pull an artifact into a folder.
 
-Verify first, download and hash-check into a temporary folder, then publish it at DEST in one
-rename. A failed or interrupted pull leaves DEST as it was.
+Verify first, download and hash-check into a temporary folder beside DEST, then publish it at DEST
+in one rename. DEST must be new, empty or an earlier pull (``force`` replaces any other folder; see
+:mod:`~shardport.registry.destination`). A failed, interrupted or stopped pull leaves DEST as it was
+and removes its temporary folder; the next pull removes those a killed pull left behind.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import errno
 import json
 import os
 import shutil
-import uuid
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardport.registry import _failpoints
 from shardport.registry.analysis import check_stored
 from shardport.registry.describe import METADATA_DIR
+from shardport.registry.destination import full_pull_destination
 from shardport.registry.errors import DigestMismatchError, UnsafePathError, UsageError
 from shardport.registry.manifest import FileEntry
 from shardport.registry.paths import check_paths
@@ -29,11 +30,12 @@ from shardport.registry.refs import Ref
 from shardport.registry.resolve import Resolved, resolve
 from shardport.registry.session import Session
 from shardport.registry.signatures import SIGNATURE_ARTIFACT, referrers
+from shardport.registry.staging import remove_stale, stop_on_signals, temp_name
 from shardport.registry.witness_file import FOLDER_NAME as WITNESS_FILE
 from shardport.registry.witness_file import load_producer
+from shardport.registry.writers import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2
 
 WORKERS = 4
-_RENAME_EXCHANGE = 2
 
 
 @dataclass(frozen=True)
@@ -74,38 +76,29 @@ def _fetch(session: Session, entry: FileEntry, root: Path, advance: Callable[[in
     return size
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (Linux renameat2); False where unsupported."""
-    libc_name = ctypes.util.find_library("c")
-    if not libc_name:
-        return False
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    fn = getattr(libc, "renameat2", None)
-    if fn is None:
-        return False
-    at_fdcwd = -100
-    rc = fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
-    if rc != 0:
-        err = ctypes.get_errno()
-        if err in (errno.ENOSYS, errno.EINVAL):
-            return False
-        raise OSError(err, os.strerror(err), str(a))
-    return True
-
-
-def _publish(tmp: Path, dest: Path) -> None:
-    if not dest.exists() and not dest.is_symlink():
+def _publish(tmp: Path, dest: Path, *, given: Path, store_root: str | None, force: bool) -> None:
+    """Put the verified folder ``tmp`` at ``dest``, checking the DEST rules again first."""
+    full_pull_destination(given, store_root=store_root, force=force)  # DEST may have changed meanwhile
+    try:
+        if renameat2(tmp, dest, RENAME_NOREPLACE):
+            return
+    except FileExistsError:
+        pass  # DEST appeared while we downloaded: the rules above decided it may be replaced
+    except OSError as exc:
+        raise UsageError(f"{given}: cannot publish the pulled folder there ({exc.strerror})") from exc
+    try:
+        if not dest.exists():
+            os.rename(tmp, dest)
+            return
+        if renameat2(tmp, dest, RENAME_EXCHANGE):
+            shutil.rmtree(tmp)  # what DEST held before, now under the temporary name
+            return
+        old = dest.with_name(temp_name(dest.name, "pull"))
+        os.rename(dest, old)
         os.rename(tmp, dest)
-        return
-    if dest.is_symlink() or not dest.is_dir():
-        raise UsageError(f"{dest}: exists and is not a folder; refusing to replace it")
-    if _exchange(tmp, dest):
-        shutil.rmtree(tmp)
-        return
-    old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}")
-    os.rename(dest, old)
-    os.rename(tmp, dest)
-    shutil.rmtree(old)
+        shutil.rmtree(old)
+    except OSError as exc:
+        raise UsageError(f"{given}: cannot replace it with the pulled folder ({exc.strerror})") from exc
 
 
 def write_metadata(session: Session, resolved: Resolved, root: Path) -> None:
@@ -127,35 +120,100 @@ def write_metadata(session: Session, resolved: Resolved, root: Path) -> None:
     (meta / "ref.json").write_text(json.dumps(ref, indent=1, sort_keys=True) + "\n")
 
 
-def pull(session: Session, ref: Ref, dest: Path, *, reporter: Reporter | None = None) -> PullResult:
-    """Pull ``ref`` into folder ``dest``."""
-    reporter = reporter or Quiet()
-    resolved = resolve(session, ref)
-    files = resolved.manifest.files
-    check_paths([f.path for f in files], source=f"manifest {resolved.digest}")
-    dest = dest.absolute()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.pull-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
+def _fetch_all(
+    session: Session, files: list[FileEntry], tmp: Path, advance: Callable[[int], None]
+) -> int:
+    """Download every file into ``tmp``; on any failure or signal, stop the workers before returning.
+
+    A signal can interrupt the pool while it starts a thread, leaving a worker the pool does not know
+    of; so each download registers itself, and none starts once ``stop`` is set: when this returns or
+    raises, no worker writes into ``tmp`` any more.
+    """
+    stop = threading.Event()
+    state = threading.Condition()
+    active = [0]
+
+    def step(n: int) -> None:
+        if stop.is_set():
+            raise _Stopped
+        advance(n)
+
+    def fetch(entry: FileEntry) -> int:
+        with state:
+            if stop.is_set():
+                raise _Stopped
+            active[0] += 1
+        try:
+            return _fetch(session, entry, tmp, step)
+        finally:
+            with state:
+                active[0] -= 1
+                state.notify_all()
+
+    pool = ThreadPoolExecutor(max_workers=WORKERS)
     try:
-        advance = reporter.task("downloading", sum(f.size for f in files))
-        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-            total = sum(pool.map(lambda f: _fetch(session, f, tmp, advance), files))
-        manifest = resolved.manifest
-        producer = load_producer(manifest, session.store.read_blob)
-        if manifest.tensors and manifest.weights:  # the bytes must still mean what was signed
-            check_stored(tmp, manifest.tensors, manifest.weights, producer=producer)
-        write_metadata(session, resolved, tmp)
-        if producer is not None:
-            (tmp / METADATA_DIR / WITNESS_FILE).write_bytes(producer.to_bytes())
-        _publish(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        total = 0
+        for n in pool.map(fetch, files):
+            total += n
+            _failpoints.hit("pull-file-fetched")
+        return total
+    finally:
+        with state:
+            stop.set()  # a running download stops at its next chunk; no new one starts
+        pool.shutdown(wait=True, cancel_futures=True)
+        with state:
+            state.wait_for(lambda: active[0] == 0)
+
+
+class _Stopped(Exception):
+    """Raised inside a download worker once the pull has failed or was stopped."""
+
+
+def pull(
+    session: Session,
+    ref: Ref,
+    dest: Path,
+    *,
+    reporter: Reporter | None = None,
+    force: bool = False,
+) -> PullResult:
+    """Pull ``ref`` into folder ``dest``.
+
+    ``dest`` must not exist, be empty, or be an earlier pull holding only what it pulled; ``force``
+    lets it replace any other folder (never the root, the home or current folder or one containing
+    them, the store, a link or a file): see :mod:`~shardport.registry.destination`. Checked before
+    anything is downloaded and again before the pulled folder replaces ``dest``. A failed, interrupted
+    (SIGINT) or stopped (SIGTERM, SIGHUP) pull removes its temporary folder and leaves ``dest`` as it
+    was; the next pull beside ``dest`` removes temporary folders of pulls whose process died.
+    """
+    reporter = reporter or Quiet()
+    store_root = session.store.root if session.store.is_local else None
+    where = full_pull_destination(dest, store_root=store_root, force=force)
+    with stop_on_signals():
+        resolved = resolve(session, ref)
+        files = resolved.manifest.files
+        check_paths([f.path for f in files], source=f"manifest {resolved.digest}")
+        where.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(where.parent, "pull")
+        tmp = where.parent / temp_name(where.name, "pull")
+        try:
+            tmp.mkdir()  # inside the try: a signal right after it still removes it
+            total = _fetch_all(session, files, tmp, reporter.task("downloading", sum(f.size for f in files)))
+            manifest = resolved.manifest
+            producer = load_producer(manifest, session.store.read_blob)
+            if manifest.tensors and manifest.weights:  # the bytes must still mean what was signed
+                check_stored(tmp, manifest.tensors, manifest.weights, producer=producer)
+            write_metadata(session, resolved, tmp)
+            if producer is not None:
+                (tmp / METADATA_DIR / WITNESS_FILE).write_bytes(producer.to_bytes())
+            _publish(tmp, where, given=dest, store_root=store_root, force=force)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return PullResult(
         ref=str(ref),
         digest=resolved.digest,
-        dest=dest,
+        dest=where,
         files=len(files),
         bytes=total,
         tag_version=resolved.tag_entry.doc.version if resolved.tag_entry else None,

@@ -49,7 +49,7 @@ def expect_refused(cli: Cli, tmp_path: Path, error: str, text: str, ref: str = f
     dest = tmp_path / "dest"
     dest.mkdir(exist_ok=True)
     (dest / "sentinel").write_text("old contents")
-    code, out = cli("pull", ref, dest)
+    code, out = cli("pull", ref, dest, "--force")  # even a pull allowed to replace DEST leaves it as it was
     assert code == 1, out
     assert out["error"]["type"] == error, out
     assert text in out["error"]["message"], out

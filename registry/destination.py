@@ -1,0 +1,172 @@
+"""Where a pull may write: the DEST rules, checked before anything is downloaded and again at publish.
+
+A full pull replaces DEST as a whole, so DEST must be one of:
+
+- a path that does not exist yet (its parent folders are created);
+- an empty folder;
+- an earlier pull (``.shardport/ref.json`` is there) holding nothing but the files its own
+  ``.shardport/manifest.json`` lists;
+- with ``force``: any other folder, which is replaced with everything in it.
+
+Never, even with ``force``: the file system root, the home folder, the current folder or a folder
+containing it, the store or shardport's home folder (or a folder inside or containing either), a
+symbolic link, or something that is not a folder. A per-rank pull only adds or replaces its own files
+in DEST, so DEST may hold anything, but must not be (or be inside) the store or shardport's home.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+from shardport.registry.describe import METADATA_DIR
+from shardport.registry.errors import UsageError
+from shardport.registry.home import home as shardport_home
+
+
+def canonical(dest: Path) -> Path:
+    """``dest`` made absolute, its parent folders resolved (DEST itself, if a link, is not followed)."""
+    absolute = dest.absolute()
+    if absolute.name in ("", ".", ".."):
+        return absolute.resolve()
+    return absolute.parent.resolve() / absolute.name
+
+
+def _relation(where: Path, other: Path) -> str | None:
+    if where == other:
+        return "is"
+    if where in other.parents:
+        return "contains"
+    if other in where.parents:
+        return "is inside"
+    return None
+
+
+def _resolved(path: Path | str) -> Path | None:
+    try:
+        return Path(path).expanduser().resolve()
+    except (OSError, RuntimeError):  # no home folder, a link loop, a deleted current folder
+        return None
+
+
+def _refuse_store(given: Path, where: Path, store_root: str | None) -> None:
+    for what, path in (("the store", store_root), ("shardport's home folder", shardport_home())):
+        other = _resolved(path) if path is not None else None
+        relation = _relation(where, other) if other is not None else None
+        if relation is not None:
+            raise UsageError(
+                f"{given}: {relation} {what} ({other}); a pull never writes there. "
+                "Pull into a folder outside it"
+            )
+
+
+def _refuse_protected(given: Path, where: Path, store_root: str | None) -> None:
+    if where.parent == where:
+        raise UsageError(
+            f"{given}: is the file system root; pull replaces DEST as a whole and never the root, even "
+            "with --force. Pull into a new folder (e.g. ./model)"
+        )
+    for what, path in (("the current folder", _resolved(Path.cwd())), ("your home folder", _resolved("~"))):
+        if path is None:
+            continue
+        if where == path or where in path.parents:
+            relation = "is" if where == path else "contains"
+            raise UsageError(
+                f"{given}: {relation} {what} ({path}); pull replaces DEST as a whole and never replaces "
+                f"{what} or a folder containing it, even with --force. Pull into a new folder, e.g. "
+                f"{path / 'model'}"
+            )
+    _refuse_store(given, where, store_root)
+
+
+def _listed(where: Path) -> set[str] | None:
+    """The file paths an earlier pull at ``where`` wrote, or None if it is not an earlier pull of ours."""
+    meta = where / METADATA_DIR
+    try:
+        if not stat.S_ISDIR(os.lstat(meta).st_mode) or not stat.S_ISREG(os.lstat(meta / "ref.json").st_mode):
+            return None
+        doc = json.loads((meta / "manifest.json").read_bytes())
+        paths = {f["path"] for f in doc["files"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not all(isinstance(p, str) for p in paths):
+        return None
+    return paths | {str(parent) for p in paths for parent in Path(p).parents}
+
+
+def _foreign(where: Path, listed: set[str]) -> list[str]:
+    """Entries under ``where`` (not following links) that the earlier pull did not write."""
+    out = []
+    for root, dirs, files in os.walk(where):
+        rel = Path(root).relative_to(where)
+        for name in sorted(dirs) + sorted(files):
+            path = str(rel / name)
+            link = os.path.islink(os.path.join(root, name))
+            if path != METADATA_DIR and (link or path not in listed):
+                out.append(path)
+        dirs[:] = [d for d in dirs if str(rel / d) in listed and str(rel / d) != METADATA_DIR]
+    return out
+
+
+def _names(entries: list[str]) -> str:
+    """``N entries: a, b, c and M more``."""
+    count = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}"
+    shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+    return f"{count}: {shown}"
+
+
+def full_pull_destination(dest: Path, *, store_root: str | None, force: bool) -> Path:
+    """The absolute DEST a full pull may replace, or a :class:`UsageError` saying why not and what to do."""
+    where = canonical(dest)
+    _refuse_protected(dest, where, store_root)
+    try:
+        st = os.lstat(where)
+    except FileNotFoundError:
+        return where
+    except OSError as exc:
+        raise UsageError(f"{dest}: cannot be checked ({exc.strerror})") from exc
+    if stat.S_ISLNK(st.st_mode):
+        raise UsageError(
+            f"{dest}: is a symbolic link; pull does not replace links, even with --force "
+            "(pull into a new folder, or remove the link)"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(
+            f"{dest}: exists and is not a folder; pull does not replace it, even with --force "
+            "(pull into a new folder, or remove it)"
+        )
+    if force:
+        return where
+    entries = sorted(os.listdir(where))
+    if not entries:
+        return where
+    listed = _listed(where)
+    if listed is None:
+        raise UsageError(
+            f"{dest}: is not empty ({_names(entries)}) and is not an earlier pull "
+            f"(no {METADATA_DIR}/ref.json). A pull replaces DEST as a whole and does not delete what it "
+            f"did not write: pull into a new or empty folder, or pass --force to replace {dest} and "
+            "everything in it"
+        )
+    foreign = _foreign(where, listed)
+    if foreign:
+        raise UsageError(
+            f"{dest}: is an earlier pull but also holds what pull did not write "
+            f"({_names(foreign)}). A pull replaces DEST as a whole and does not delete them: move them "
+            f"out, pull into a new folder, or pass --force to replace {dest} and everything in it"
+        )
+    return where
+
+
+def rank_pull_destination(dest: Path, *, store_root: str | None) -> Path:
+    """The absolute DEST a per-rank pull may add its files to (a folder, or a path to create)."""
+    where = canonical(dest)
+    real = _resolved(where)  # a rank pull writes into the folder a link DEST points to
+    _refuse_store(dest, real or where, store_root)
+    if real is not None and real.exists() and not real.is_dir():
+        raise UsageError(
+            f"{dest}: exists and is not a folder; a per-rank pull writes its files into a folder"
+        )
+    return where
