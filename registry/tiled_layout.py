@@ -15,8 +15,11 @@ the loader (tile offsets).
 
 from __future__ import annotations
 
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # numpy only where bytes are moved: reading a manifest names LAYOUT without it
+    import numpy as np
+    import numpy.typing as npt
 
 from shardport.registry.errors import UsageError
 
@@ -43,6 +46,8 @@ def to_tiled(
     """Row-major tensor bytes → tiled layout bytes (a new array)."""
     _check(data, rows, row_bytes, row_block, col_block)
     matrix = data.reshape(rows, row_bytes)
+    import numpy as np
+
     out = np.empty(rows * row_bytes, dtype=np.uint8)
     at = 0
     for r0 in range(0, rows, row_block):
@@ -59,6 +64,8 @@ def from_tiled(
 ) -> npt.NDArray[np.uint8]:
     """Tiled layout bytes → row-major tensor bytes (a new array)."""
     _check(data, rows, row_bytes, row_block, col_block)
+    import numpy as np
+
     out = np.empty((rows, row_bytes), dtype=np.uint8)
     at = 0
     for r0 in range(0, rows, row_block):
