@@ -197,7 +197,11 @@ def fsck(session: Session) -> FsckReport:
         digest = "sha256:" + obj.key.rsplit("/", 1)[-1]
         report.blobs += 1
         present.add(digest)
-        got, _ = _stream_digest(session, digest)
+        try:
+            got, _ = _stream_digest(session, digest)
+        except RegistryError as exc:  # not a regular file (StoreObjectError), unreadable
+            report.corrupt.append(f"{digest}: {exc}")
+            continue
         if got != digest:
             report.corrupt.append(f"{digest}: content hashes to {got}")
     for name in repositories(session):

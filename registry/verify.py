@@ -12,7 +12,7 @@ from shardport.registry.analysis import analyze, check_stored
 from shardport.registry.describe import METADATA_DIR, scan
 from shardport.registry.errors import NotFoundError, RegistryError, UsageError, VerificationError
 from shardport.registry.formats import ContainerError
-from shardport.registry.hashing import CHUNK, digest_file
+from shardport.registry.hashing import digest_file, digest_stream
 from shardport.registry.manifest import Manifest
 from shardport.registry.paths import check_paths
 from shardport.registry.refs import Ref
@@ -72,14 +72,10 @@ class Report:
             self.parse_error = True
 
 
-def _stream_digest(session: Session, digest: str) -> tuple[str, int]:
-    h = hashlib.sha256()
-    n = 0
-    with session.store.open_blob(digest) as fh:
-        while chunk := fh.read(CHUNK):
-            h.update(chunk)
-            n += len(chunk)
-    return "sha256:" + h.hexdigest(), n
+def _stream_digest(session: Session, digest: str, max_size: int | None = None) -> tuple[str, int]:
+    """Digest and size of a stored blob, reading at most ``max_size`` + 1 bytes of it."""
+    with session.store.open_blob(digest, max_size=max_size) as fh:
+        return digest_stream(fh, limit=max_size)
 
 
 def verify_ref(session: Session, ref: Ref) -> Report:
@@ -100,9 +96,12 @@ def verify_ref(session: Session, ref: Ref) -> Report:
         report.add(type(exc).__name__, resolved.digest, str(exc))
     for entry in resolved.manifest.files:
         try:
-            got, size = _stream_digest(session, entry.digest)
+            got, size = _stream_digest(session, entry.digest, entry.size)
         except NotFoundError:
             report.add("MissingBlob", entry.path, f"blob {entry.digest} is missing from the store")
+            continue
+        except VerificationError as exc:  # not a regular file, or too large (StoreObjectError)
+            report.add(type(exc).__name__, entry.path, str(exc))
             continue
         report.checked_files += 1
         report.checked_bytes += size
@@ -187,7 +186,7 @@ def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Repor
                 "MissingFile", entry.path, "listed in the manifest but missing (or not a regular file)"
             )
             continue
-        got, size = digest_file(path)
+        got, size = digest_file(path, limit=entry.size)
         report.checked_files += 1
         report.checked_bytes += size
         if got != entry.digest or size != entry.size:
