@@ -29,7 +29,7 @@ from typing import Any
 
 from fsspec.asyn import sync
 
-from shardport.registry.errors import StoreError, StoreObjectError
+from shardport.registry.errors import DigestMismatchError, StoreError, StoreObjectError
 from shardport.registry.retry import RetryPolicy, TruncatedBodyError, retryable
 
 READER_CONFIG: dict[str, Any] = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
@@ -95,6 +95,12 @@ class S3Reader:
                 if not chunk:
                     break
                 data += chunk
+        except Exception as exc:
+            if type(exc).__name__ == "FlexibleChecksumError":  # a complete body, wrong bytes: final
+                raise DigestMismatchError(
+                    f"{path}: the body does not match the checksum the server sent with it ({exc})"
+                ) from exc
+            raise
         finally:
             body.close()
         n = len(data)
