@@ -29,7 +29,8 @@ from typing import Any
 
 from fsspec.asyn import sync
 
-from shardport.registry.errors import DigestMismatchError, StoreError, StoreObjectError
+from shardport import ShardportError
+from shardport.registry.errors import DigestMismatchError, NotFoundError, StoreError, StoreObjectError
 from shardport.registry.retry import RetryPolicy, TruncatedBodyError, retryable
 
 READER_CONFIG: dict[str, Any] = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
@@ -45,6 +46,15 @@ def _not_found(exc: BaseException) -> bool:
         return False
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return status == 404 or str(response.get("Error", {}).get("Code", "")) in _NOT_FOUND
+
+
+def as_store_error(path: str, exc: BaseException) -> ShardportError:
+    """``exc`` as one of our errors (a stream's reads happen outside the store's wrapping)."""
+    if isinstance(exc, ShardportError):
+        return exc
+    if isinstance(exc, FileNotFoundError):
+        return NotFoundError(f"{path}: not found in the store")
+    return StoreError(f"{path}: storage error: {type(exc).__name__}: {exc}")
 
 
 def _total(resp: dict[str, Any]) -> int | None:
@@ -221,7 +231,10 @@ class S3BlobStream(io.RawIOBase):
     def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
         """Fill ``buffer`` from the next bytes of the object (0 at the end)."""
         if self._end is None:
-            size = self._reader.size(self._path)
+            try:
+                size = self._reader.size(self._path)
+            except Exception as exc:
+                raise as_store_error(self._path, exc) from exc
             self._end = size if self._limit is None else min(size, self._limit)
         view = memoryview(buffer).cast("B")
         stop = min(self._end, self._pos + len(view))
@@ -229,7 +242,7 @@ class S3BlobStream(io.RawIOBase):
             return 0
         [data], _ = self._reader.get_ranges([(self._path, self._pos, stop)], concurrency=1)
         if isinstance(data, BaseException):
-            raise data
+            raise as_store_error(self._path, data) from data
         view[: len(data)] = data
         asked, self._pos = stop - self._pos, self._pos + len(data)
         if len(data) < asked:  # the object ends here (shorter than its HEAD said): nothing more to read
