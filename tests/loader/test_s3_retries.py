@@ -74,9 +74,9 @@ def test_a_complete_body_with_a_wrong_byte_is_refused_not_retried(
     moto_server: S3Server, moto_store_url: str, tmp_path: Path
 ) -> None:
     art = _published(tmp_path, moto_store_url)
-    slices = rank_slices(art, 2, 1, "col")
+    slices = rank_slices(art, 2, 1, "row")
     with FaultProxy(moto_server.endpoint, rate=1.0, modes=("flip",), match=blob_get) as proxy:
         with pytest.raises(TileDigestMismatchError):
-            load(_through(art, proxy), slices, batch_bytes=16 << 10, depth=1, verify_workers=0)
+            load(_through(art, proxy), slices, batch_bytes=64 << 10, depth=1, verify_workers=0)
         assert proxy.counts["flip"] >= 1
         assert set(proxy.seen.values()) == {1}  # no range was asked for twice
