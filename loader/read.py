@@ -126,7 +126,7 @@ class ReadOptions:
     spans ahead (``POSIX_FADV_WILLNEED``, :data:`PREFETCH_AHEAD`; False: a batch's bytes are asked for
     only when its worker reads them, and what is cached when a batch starts is what was cached before);
     ``retry`` is the S3 range reads' :class:`~shardport.registry.retry.RetryPolicy` (None: the store's,
-    by default 5 attempts, 50 ms base backoff; the ledger counts the ``retries``).
+    by default 10 attempts, 50 ms base backoff; the ledger counts the ``retries``).
     """
 
     batch_bytes: int = 16 << 20

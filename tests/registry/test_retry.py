@@ -59,7 +59,7 @@ def test_policy_backoff_and_validation() -> None:
     for retry, cap in ((0, 0.1), (1, 0.2), (2, 0.3), (9, 0.3)):
         for _ in range(20):
             assert cap / 2 <= policy.delay(retry, rng) <= cap
-    assert RetryPolicy().attempts == 5 and RetryPolicy().base_delay == 0.05
+    assert (RetryPolicy().attempts, RetryPolicy().base_delay, RetryPolicy().max_delay) == (10, 0.05, 1.0)
     for bad in (
         {"attempts": 0},
         {"attempts": 1.5},
