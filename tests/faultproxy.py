@@ -18,6 +18,7 @@ transient fault stays transient: a client trying more times than that always get
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
 import struct
@@ -95,7 +96,9 @@ class FaultProxy:
         self.stop()
 
     def stop(self) -> None:
-        """Stop accepting connections."""
+        """Stop accepting connections (shutdown wakes the blocked ``accept``; close alone does not)."""
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
         self._thread.join(timeout=5)
 

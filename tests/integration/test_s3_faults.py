@@ -31,7 +31,6 @@ def _pushed(store: str, folder: Path) -> tuple[Path, str, Manifest]:
     return src, digest, Manifest.from_bytes(Session.open(store).store.read_blob(digest))
 
 
-@pytest.mark.slow
 def test_rank_and_full_pulls_through_faults_succeed_with_the_source_bytes(
     moto_server: S3Server, moto_store_url: str, tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
