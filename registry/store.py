@@ -23,6 +23,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import stat
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -332,8 +333,18 @@ class Store:
 
     # ---- blobs ---------------------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
-        """Whether the blob named ``digest`` is present."""
-        return self.exists(blob_key(digest))
+        """Whether the blob named ``digest`` is present (locally: as a regular file, not a link).
+
+        So a push (or :meth:`put_blob`) replaces a link, a pipe or a device planted in a blob's place.
+        """
+        if not self.is_local:
+            return self.exists(blob_key(digest))
+        try:
+            return stat.S_ISREG(os.lstat(self.path(blob_key(digest))).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as exc:
+            raise StoreError(f"{blob_key(digest)}: cannot stat: {exc}") from exc
 
     def read_blob(self, digest: str, *, max_size: int = BLOB_READ_MAX) -> bytes:
         """A small blob's bytes (at most ``max_size``), verified against its name."""

@@ -167,3 +167,15 @@ def test_reads_are_bounded(tmp_path: Path) -> None:
     for bad in ("../x", "blobs//x", "./blobs"):
         with pytest.raises(StoreObjectError, match="not a store key"):
             open_store_file(store.root, bad)
+
+
+def test_a_push_replaces_a_link_planted_in_a_blobs_place(
+    pushed: tuple[Cli, Session, Manifest], tmp_path: Path
+) -> None:
+    cli, session, manifest = pushed
+    shard = next(f for f in manifest.files if f.path.endswith(".bin"))
+    _link_zero(Path(session.store.path(blob_key(shard.digest))), tmp_path)
+    assert not session.store.has_blob(shard.digest)
+    cli.ok("push", tmp_path / "ck", "acme/files:v2")  # the same files: the blob is uploaded again
+    assert session.store.has_blob(shard.digest)
+    assert cli.ok("pull", REF, tmp_path / "out")["digest"] == _head(session)
