@@ -69,7 +69,9 @@ class ReadLedger:
     page cache);
     ``page_amplification``: the distinct pages those ranges touch (what a device reads at the least,
     readahead off) over ``bytes_assigned`` — above ``read_amplification`` where one rank's row pieces are
-    smaller than a page, which a node's shared read brings back to ~1 (None unless recorded).
+    smaller than a page, which a node's shared read brings back to ~1 (None unless recorded);
+    ``retries``: range requests re-sent after a transient failure (S3: a reset, a truncated body, a 5xx;
+    the bytes of a retried range are verified like any other).
     """
 
     backend: str
@@ -90,6 +92,7 @@ class ReadLedger:
     page_amplification: float | None = None
     mapped_bound_bytes: int = 0
     direct_bytes: int = 0
+    retries: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (``fetched`` as ``[file, offset, length, stride, count]`` lists)."""

@@ -71,6 +71,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardport.registry.manifest import FileEntry, TensorEntry
+from shardport.registry.retry import RetryPolicy
 from shardport.registry.store import Store
 from shardport.registry.tiles import TileIndex, check_tile, tile_hasher
 
@@ -123,7 +124,9 @@ class ReadOptions:
     straight into the result arrays (:data:`~.schedule.DIRECT_MIN` and up; False: always through the page
     cache, which then holds the bytes for later loads); ``announce`` tells the kernel about each batch's
     spans ahead (``POSIX_FADV_WILLNEED``, :data:`PREFETCH_AHEAD`; False: a batch's bytes are asked for
-    only when its worker reads them, and what is cached when a batch starts is what was cached before).
+    only when its worker reads them, and what is cached when a batch starts is what was cached before);
+    ``retry`` is the S3 range reads' :class:`~shardport.registry.retry.RetryPolicy` (None: the store's,
+    by default 10 attempts, 50 ms base backoff; the ledger counts the ``retries``).
     """
 
     batch_bytes: int = 16 << 20
@@ -136,6 +139,7 @@ class ReadOptions:
     page_cache: bool = True
     direct_io: bool = True
     announce: bool = True
+    retry: RetryPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,7 +502,13 @@ def read_slices(
     outputs = [_result(s.shape, shifts.get(n)) for n, s in enumerate(schedule.slices)]
     depth = max(1, opts.depth or (min(8, max(LOCAL_MIN_DEPTH, os.cpu_count() or 1)) if store.is_local else 4))
     verify_workers = (os.cpu_count() or 1) if opts.verify_workers is None else max(0, opts.verify_workers)
-    source = open_source(store, schedule.blobs, concurrency=max(1, opts.concurrency // depth), direct=direct)
+    source = open_source(
+        store,
+        schedule.blobs,
+        concurrency=max(1, opts.concurrency // depth),
+        direct=direct,
+        retry=opts.retry,
+    )
     runner = _Runner(
         schedule,
         index,
@@ -598,6 +608,7 @@ def _ledger(
         page_cache_batches=runner.cached_batches,
         page_cache_bytes=runner.cached_bytes,
         direct_bytes=source.direct_bytes,
+        retries=source.retries,
         bytes_verified=sum(b.nbytes for batch in schedule.batches for b in batch.bands),
         peak_staging_bytes=runner.peak,
         staging_bound_bytes=bound,

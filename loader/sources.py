@@ -39,6 +39,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from shardport.registry.errors import NotFoundError, StoreError, StoreObjectError
+from shardport.registry.retry import RetryPolicy
 from shardport.registry.store import Store, blob_key
 
 from .errors import BlobNotFoundError, RangeReadError
@@ -397,6 +399,8 @@ class BlobSource(Protocol):
     """Whether a fetch holds the fetched bytes besides the destinations (S3 responses)."""
     direct_bytes: int
     """Bytes read so far with O_DIRECT (not through the page cache)."""
+    retries: int
+    """Requests retried so far (S3: a reset, truncated or 5xx answer re-requested)."""
 
     def fetch(
         self, plan: FetchPlan, bands: Sequence[Band], dests: Sequence[Dest], check: TileCheck | None = None
@@ -433,6 +437,7 @@ class LocalBlobSource:
 
     kind = "local"
     holds_responses = False
+    retries = 0
 
     def __init__(self, store: Store, blobs: Mapping[str, str], *, direct: bool = False) -> None:
         self._keys = {file: blob_key(digest) for file, digest in blobs.items()}
@@ -453,29 +458,39 @@ class LocalBlobSource:
             if fd is not None:
                 return fd
             key = self._keys[file]
-            try:
-                fd = os.open(self._store.path(key), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError as exc:
+            try:  # no link followed, a regular file: a pipe, a device or a folder is refused
+                fd = self._store.open_local(key)
+            except NotFoundError as exc:
                 raise BlobNotFoundError(f"{file}: blob {key} is not in the store {self._store.url}") from exc
-            except OSError as exc:
+            except StoreObjectError as exc:
+                raise StoreObjectError(f"{file}: {exc}") from exc
+            except StoreError as exc:
                 raise RangeReadError(f"{file} (blob {key}): cannot open: {exc}") from exc
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             self._fds[file] = fd
             return fd
 
     def _direct_fd(self, file: str) -> int | None:
-        """The blob opened with ``O_DIRECT`` (None where its file system refuses that)."""
-        self._fd(file)  # a missing blob is reported there
+        """The blob opened with ``O_DIRECT`` (None where its file system refuses that).
+
+        Opened like the buffered descriptor (no link, a regular file) and required to be the same file.
+        """
+        first = os.fstat(self._fd(file))  # a missing or unsafe blob is reported there
         with self._lock:
             if file in self._direct_off:
                 return None
             if file not in self._direct_fds:
+                key = self._keys[file]
                 try:
-                    self._direct_fds[file] = os.open(
-                        self._store.path(self._keys[file]), os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT
-                    )
-                except OSError:  # no O_DIRECT here (tmpfs before Linux 6.6, some FUSE file systems)
-                    self._direct_fds[file] = None
+                    dfd: int | None = self._store.open_local(key, flags=os.O_DIRECT)
+                except StoreObjectError as exc:
+                    raise StoreObjectError(f"{file}: {exc}") from exc
+                except StoreError:  # no O_DIRECT here (tmpfs before Linux 6.6, some FUSE file systems)
+                    dfd = None
+                if dfd is not None and not os.path.samestat(os.fstat(dfd), first):
+                    os.close(dfd)
+                    raise StoreObjectError(f"{file}: blob {key} was replaced while it was being read")
+                self._direct_fds[file] = dfd
             return self._direct_fds[file]
 
     def _uncached(self, span: Span) -> bool:
@@ -811,17 +826,30 @@ class S3BlobSource:
     holds_responses = True
     direct_bytes = 0
 
-    def __init__(self, store: Store, blobs: Mapping[str, str], *, concurrency: int = 16) -> None:
+    def __init__(
+        self,
+        store: Store,
+        blobs: Mapping[str, str],
+        *,
+        concurrency: int = 16,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         self._keys = {file: blob_key(digest) for file, digest in blobs.items()}
         self._store = store
         self._concurrency = max(1, concurrency)
+        self._retry = retry
+        self._lock = threading.Lock()
+        self.retries = 0
 
     def fetch(
         self, plan: FetchPlan, bands: Sequence[Band], dests: Sequence[Dest], check: TileCheck | None = None
     ) -> bool:
         """All of the batch's ranges concurrently, then copy each into its destination.
 
-        Tiled bands are checked in the responses first. Always waits on the network (returns True).
+        Each range is read with bounded, retried GETs (:meth:`~shardport.registry.store.Store.read_ranges`:
+        a reset, a truncated body or a 5xx re-requests that range alone; 4xx answers are final; every byte
+        is still verified above). Tiled bands are checked in the responses first. Always waits on the
+        network (returns True).
         """
         ranges = [(s.file, s.offset, s.length) for s in plan.spans]
         for k in plan.row_bands:
@@ -830,15 +858,16 @@ class S3BlobSource:
         if not ranges:
             return False
         try:
-            results = self._store.fs.cat_ranges(
-                [self._store.path(self._keys[f]) for f, _, _ in ranges],
-                [o for _, o, _ in ranges],
-                [o + n for _, o, n in ranges],
-                batch_size=self._concurrency,
-                on_error="return",
+            results, retries = self._store.read_ranges(
+                [(self._keys[f], o, o + n) for f, o, n in ranges],
+                concurrency=self._concurrency,
+                retry=self._retry,
             )
         except Exception as exc:  # the backend's own errors, wrapped once
             raise RangeReadError(f"{len(ranges)} ranges from {self._store.url}: {exc}") from exc
+        with self._lock:
+            self.retries += retries
+        got: list[bytes] = []
         for (file, offset, length), data in zip(ranges, results, strict=True):
             where = _where(file, self._keys[file], offset, length)
             if isinstance(data, FileNotFoundError):
@@ -847,10 +876,11 @@ class S3BlobSource:
                 raise RangeReadError(f"{where}: {type(data).__name__}: {data}") from data
             if len(data) != length:
                 raise RangeReadError(f"{where}: got {len(data)} bytes (blob truncated; run fsck)")
-        for span, data in zip(plan.spans, results, strict=False):
+            got.append(data)
+        for span, data in zip(plan.spans, got, strict=False):
             for k, at in span.members:
                 place(dests[k].array(), file_view(data, at, bands[k]), bands[k], _band_check(check, k))
-        runs = iter(results[len(plan.spans) :])
+        runs = iter(got[len(plan.spans) :])
         for k in plan.row_bands:
             rows, band_check = dests[k].array(), _band_check(check, k)
             for q in range(bands[k].runs):
@@ -871,9 +901,17 @@ class S3BlobSource:
 
 
 def open_source(
-    store: Store, blobs: Mapping[str, str], *, concurrency: int = 16, direct: bool = False
+    store: Store,
+    blobs: Mapping[str, str],
+    *,
+    concurrency: int = 16,
+    direct: bool = False,
+    retry: RetryPolicy | None = None,
 ) -> BlobSource:
-    """The source for ``store``'s backend (``direct``: cold local spans read with ``O_DIRECT``)."""
+    """The source for ``store``'s backend (``direct``: cold local spans read with ``O_DIRECT``).
+
+    ``retry``: the S3 reads' retry policy (None: the store's).
+    """
     if store.is_local:
         return LocalBlobSource(store, blobs, direct=direct)
-    return S3BlobSource(store, blobs, concurrency=concurrency)
+    return S3BlobSource(store, blobs, concurrency=concurrency, retry=retry)

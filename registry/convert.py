@@ -36,7 +36,13 @@ import numpy.typing as npt
 import shardport
 from shardport.registry.analysis import PlaneReader, check_weight, stored_inventory
 from shardport.registry.contracts import LogicalWeight, TensorInfo, decode_weight
-from shardport.registry.errors import DigestMismatchError, StoreError, UsageError, VerificationError
+from shardport.registry.errors import (
+    DigestMismatchError,
+    NotFoundError,
+    StoreError,
+    UsageError,
+    VerificationError,
+)
 from shardport.registry.hashing import digest_bytes, digest_file
 from shardport.registry.manifest import (
     ContainerInfo,
@@ -88,16 +94,21 @@ def _fetch_all(
             target.parent.mkdir(parents=True, exist_ok=True)
             if session.store.is_local:
                 blob = Path(session.store.path(blob_key(f.digest)))
-                if not blob.is_file():
-                    raise StoreError(f"file {f.path}: blob {f.digest} is missing from the store; run fsck")
-                size = blob.stat().st_size
+                try:  # no link followed, a regular file (a pipe or a link to /dev/zero is refused)
+                    fd = session.store.open_local(blob_key(f.digest))
+                except NotFoundError as exc:
+                    raise StoreError(
+                        f"file {f.path}: blob {f.digest} is missing from the store; run fsck"
+                    ) from exc
+                size = os.fstat(fd).st_size
+                os.close(fd)
                 if size != f.size:
                     raise DigestMismatchError(
                         f"file {f.path} (blob {f.digest}): the store holds {size} bytes, "
                         f"the manifest {f.size}"
                     )
                 target.symlink_to(blob)
-                checks.append((f, pool.submit(digest_file, target).result))
+                checks.append((f, pool.submit(session.store.digest_blob, f.digest, max_size=f.size).result))
             else:
                 got = session.store.fetch_blob(f.digest, target, max_size=f.size)
                 checks.append((f, partial(_fetched, got)))

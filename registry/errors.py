@@ -26,6 +26,7 @@ Tree::
             ├── ManifestInconsistentError       a manifest names what it does not have
             ├── SchemaVersionError
             ├── UnsafePathError
+            ├── StoreObjectError                a store file is a link, pipe, device or folder, or too large
             ├── SignatureError
             │   ├── UnsignedError
             │   └── UntrustedSignerError
@@ -121,6 +122,13 @@ class SchemaVersionError(VerificationError):
 
 class UnsafePathError(VerificationError):
     """A path from a manifest would escape its destination (absolute, ``..``, symlink, duplicate)."""
+
+
+class StoreObjectError(VerificationError):
+    """A store object is not a regular file (a link, pipe, device, socket, folder), or is too large.
+
+    Too large: more bytes than its expected size, or than the documented maximum for its kind.
+    """
 
 
 class SignatureError(VerificationError):

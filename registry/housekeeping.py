@@ -338,7 +338,12 @@ def fsck(session: Session) -> FsckReport:
             report.corrupt.append(f"{obj.key}: not a blob name (expected 64 lowercase hex digits)")
             continue
         present[digest] = obj.size
-        got, _ = _stream_digest(session, digest, limit=obj.size)  # never more than listed + 1 byte
+        try:
+            got, _ = _stream_digest(session, digest, limit=obj.size)  # never more than listed + 1 byte
+        except RegistryError as exc:  # not a regular file (StoreObjectError), unreadable
+            corrupt.add(digest)
+            report.corrupt.append(f"{digest}: {exc}")
+            continue
         if got != digest:
             corrupt.add(digest)
             report.corrupt.append(f"{digest}: content hashes to {got}")

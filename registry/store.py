@@ -13,6 +13,11 @@ Layout (see DESIGN.md)::
 Only two operations differ by backend: *create-only* writes (``os.link`` of a finished temporary file
 locally, ``If-None-Match: *`` on S3) and *blob publication* (temporary file + rename locally; on S3 a
 streamed multipart upload that is aborted, never completed, when the bytes do not hash to their name).
+
+Reads distrust the store's own files: locally every file is opened without following links and must be
+a regular file (:mod:`.storefiles`); on S3 object bodies are read with bounds and bounded retries
+(:mod:`.s3reads`). No read takes more than the expected size + 1 byte, or for objects of unknown size
+(documents, manifests, tile indexes) more than :data:`DOCUMENT_MAX` / :data:`BLOB_READ_MAX`.
 """
 
 from __future__ import annotations
@@ -21,20 +26,36 @@ import contextlib
 import errno
 import hashlib
 import os
+import stat
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from shardport import ShardportError
 from shardport.registry import _failpoints
-from shardport.registry.errors import DigestMismatchError, NotFoundError, StoreError, UsageError
-from shardport.registry.hashing import CHUNK, digest_bytes, hex_of
+from shardport.registry.errors import (
+    DigestMismatchError,
+    NotFoundError,
+    StoreError,
+    UsageError,
+)
+from shardport.registry.hashing import CHUNK, digest_bytes, digest_stream, hex_of
 from shardport.registry.localfs import LocalFiles
+from shardport.registry.retry import RetryPolicy
+from shardport.registry.storefiles import open_bounded, open_store_file, read_bounded
+
+if TYPE_CHECKING:  # S3 readers load fsspec: only S3 stores import them
+    from shardport.registry.s3reads import S3Reader
 
 Progress = Callable[[int], None]
+DOCUMENT_MAX = 16 << 20
+"""Most bytes read of a store object that is not a blob (tag documents, referrer links, leases)."""
+BLOB_READ_MAX = 1 << 30
+"""Most bytes of a blob read whole into memory without a known size (manifests, tile indexes,
+signatures): :meth:`Store.read_blob` refuses a larger one."""
 
 
 class AlreadyExists(Exception):
@@ -91,23 +112,33 @@ def file_identity(path: Path) -> tuple[int, int, int, int]:
 
 def _kernel_copy(src: Path, dst: Path, progress: Progress | None, *, exclusive: bool = False) -> int:
     """Copy ``src`` to a new file ``dst`` inside the kernel (copy_file_range); return bytes copied."""
+    with open(src, "rb", buffering=0) as fin:
+        return _kernel_copy_fd(fin.fileno(), dst, progress, exclusive=exclusive)
+
+
+def _kernel_copy_fd(
+    src: int, dst: Path, progress: Progress | None, *, exclusive: bool = False, limit: int | None = None
+) -> int:
+    """Copy from descriptor ``src`` to a new file ``dst``, at most ``limit`` + 1 bytes (None: all)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_EXCL if exclusive else os.O_TRUNC)
     total = 0
-    with open(src, "rb", buffering=0) as fin:
-        fd = os.open(dst, flags, 0o644)
-        try:
-            while True:
-                try:
-                    n = os.copy_file_range(fin.fileno(), fd, CHUNK)
-                except OSError:  # filesystems without copy_file_range: fall back to sendfile
-                    n = os.sendfile(fd, fin.fileno(), None, CHUNK)
-                if n == 0:
-                    break
-                total += n
-                if progress:
-                    progress(n)
-        finally:
-            os.close(fd)
+    fd = os.open(dst, flags, 0o644)
+    try:
+        while True:
+            step = CHUNK if limit is None else min(CHUNK, limit + 1 - total)
+            if step <= 0:
+                break
+            try:
+                n = os.copy_file_range(src, fd, step)
+            except OSError:  # filesystems without copy_file_range: fall back to sendfile
+                n = os.sendfile(fd, src, None, step)
+            if n == 0:
+                break
+            total += n
+            if progress:
+                progress(n)
+    finally:
+        os.close(fd)
     return total
 
 
@@ -140,9 +171,13 @@ def _is_precondition_failure(exc: BaseException) -> bool:
 class Store:
     """A registry store rooted at a local directory or an ``s3://bucket/prefix`` URL."""
 
-    def __init__(self, url: str, *, s3_endpoint: str | None = None) -> None:
+    def __init__(self, url: str, *, s3_endpoint: str | None = None, retry: RetryPolicy | None = None) -> None:
         self.url = url
         self.endpoint: str | None = None  # the resolved S3 endpoint (None: AWS, or a local store)
+        self.retry = retry or RetryPolicy()
+        """Retries of S3 reads (:mod:`.s3reads`); the loader's ``ReadOptions.retry`` overrides it."""
+        self._reader: S3Reader | None = None
+        self._fs_opts: dict[str, Any] = {}
         if url.startswith("s3://"):
             opts: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": True}
             endpoint = (
@@ -153,6 +188,7 @@ class Store:
                 self.endpoint = endpoint
             import fsspec  # only S3 stores need it (it costs a local command most of its start-up)
 
+            self._fs_opts = opts
             self.fs: Any = fsspec.filesystem("s3", **opts)
             self.root = url[len("s3://") :].rstrip("/")
             self.is_local = False
@@ -173,17 +209,50 @@ class Store:
         """Backend path of ``key``."""
         return f"{self.root}/{key}"
 
+    @property
+    def reader(self) -> S3Reader:
+        """Bounded, retried GETs of this S3 store's objects (its own client: botocore retries off)."""
+        if self.is_local:
+            raise StoreError(f"{self.url}: a local store has no S3 reader")
+        if self._reader is None:
+            import fsspec
+
+            from shardport.registry.s3reads import READER_CONFIG, S3Reader
+
+            fs = fsspec.filesystem("s3", **self._fs_opts, config_kwargs=READER_CONFIG)
+            self._reader = S3Reader(fs, self.retry)
+        return self._reader
+
+    def open_local(self, key: str, *, flags: int = 0) -> int:
+        """A descriptor of local store file ``key``: no link followed, a regular file (see storefiles)."""
+        with _io(key):
+            return open_store_file(self.root, key, flags=flags)
+
+    def read_ranges(
+        self, requests: list[tuple[str, int, int]], *, concurrency: int, retry: RetryPolicy | None = None
+    ) -> tuple[list[bytes | BaseException], int]:
+        """S3: ``(key, start, end)`` byte ranges (:meth:`.s3reads.S3Reader.get_ranges`), and the retries."""
+        paths = [(self.path(k), a, b) for k, a, b in requests]
+        return self.reader.get_ranges(paths, concurrency=concurrency, policy=retry)
+
     # ---- generic reads -------------------------------------------------------------------------
     def exists(self, key: str) -> bool:
         """Whether ``key`` exists."""
         with _io(key):
             return bool(self.fs.exists(self.path(key)))
 
-    def read(self, key: str) -> bytes:
-        """Whole content of a small object."""
+    def read(self, key: str, *, max_size: int | None = None) -> bytes:
+        """Whole content of a small object, refused when over ``max_size`` bytes.
+
+        ``max_size`` defaults to :data:`BLOB_READ_MAX` for blobs, :data:`DOCUMENT_MAX` for the rest.
+        """
+        limit = max_size
+        if limit is None:
+            limit = BLOB_READ_MAX if key.startswith("blobs/") else DOCUMENT_MAX
         with _io(key):
-            data: bytes = self.fs.cat_file(self.path(key))
-            return data
+            if self.is_local:
+                return read_bounded(self.root, key, limit)
+            return self.reader.get(self.path(key), limit)
 
     def info(self, key: str) -> ObjectInfo:
         """Size and modification time of ``key``."""
@@ -278,12 +347,22 @@ class Store:
 
     # ---- blobs ---------------------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
-        """Whether the blob named ``digest`` is present."""
-        return self.exists(blob_key(digest))
+        """Whether the blob named ``digest`` is present (locally: as a regular file, not a link).
 
-    def read_blob(self, digest: str) -> bytes:
-        """A small blob's bytes, verified against its name."""
-        data = self.read(blob_key(digest))
+        So a push (or :meth:`put_blob`) replaces a link, a pipe or a device planted in a blob's place.
+        """
+        if not self.is_local:
+            return self.exists(blob_key(digest))
+        try:
+            return stat.S_ISREG(os.lstat(self.path(blob_key(digest))).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as exc:
+            raise StoreError(f"{blob_key(digest)}: cannot stat: {exc}") from exc
+
+    def read_blob(self, digest: str, *, max_size: int = BLOB_READ_MAX) -> bytes:
+        """A small blob's bytes (at most ``max_size``), verified against its name."""
+        data = self.read(blob_key(digest), max_size=max_size)
         if digest_bytes(data) != digest:
             raise DigestMismatchError(
                 f"blob {digest}: content hashes to {digest_bytes(data)} (corrupt or tampered store)"
@@ -422,25 +501,42 @@ class Store:
         """Copy blob ``digest`` to the new file ``dest``; return the digest and size of what was written.
 
         The store is untrusted: the caller compares the result with what it expected. At most
-        ``max_size + 1`` bytes are written, so an oversized blob cannot fill the disk.
+        ``max_size + 1`` bytes are read and written, so an oversized blob (or a local one replaced by a
+        link to ``/dev/zero``: refused, see :mod:`.storefiles`) cannot fill the disk.
         """
         key = blob_key(digest)
         with _io(key):
             if self.is_local:
-                size = self.info(key).size
-                if max_size is not None and size > max_size:
-                    return f"(a blob of {size} bytes)", size
-                _kernel_copy(Path(self.path(key)), dest, progress, exclusive=True)
-                return _digest_path(dest)
+                src = open_store_file(self.root, key)
+                try:
+                    size = os.fstat(src).st_size
+                    if max_size is not None and size > max_size:
+                        return f"(a blob of {size} bytes)", size
+                    _kernel_copy_fd(src, dest, progress, exclusive=True, limit=max_size)
+                finally:
+                    os.close(src)
+                with open(dest, "rb", buffering=0) as copied:
+                    return digest_stream(copied, limit=max_size)
             fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "wb") as out, self.open_blob(digest) as src:
-                return self._copy_hashing(src, out, progress, limit=max_size)
+            with os.fdopen(fd, "wb") as out, self.open_blob(digest, max_size=max_size) as stream:
+                return self._copy_hashing(stream, out, progress, limit=max_size)
 
-    def open_blob(self, digest: str) -> IO[bytes]:
-        """A binary stream of the blob (verify what you read: the store is untrusted)."""
+    def digest_blob(self, digest: str, *, max_size: int | None = None) -> tuple[str, int]:
+        """The stored blob's digest and size, reading at most ``max_size`` + 1 bytes of it."""
+        with self.open_blob(digest, max_size=max_size) as stream, _io(blob_key(digest)):
+            return digest_stream(stream, limit=max_size)
+
+    def open_blob(self, digest: str, *, max_size: int | None = None) -> IO[bytes]:
+        """A binary stream of the blob (verify what you read: the store is untrusted).
+
+        With ``max_size`` the stream ends after ``max_size + 1`` bytes: a reader that got that many
+        knows the blob is too large without reading the rest. Locally the blob must be a regular file
+        (no link followed; :class:`~.errors.StoreObjectError` otherwise); on S3 each read is a ranged,
+        retried GET.
+        """
         key = blob_key(digest)
+        limit = None if max_size is None else max_size + 1
         with _io(key):
             if self.is_local:
-                return open(self.path(key), "rb", buffering=0)
-            stream: IO[bytes] = self.fs.open(self.path(key), "rb", block_size=CHUNK, cache_type="none")
-            return stream
+                return open_bounded(self.root, key, limit)  # type: ignore[return-value]
+            return self.reader.open(self.path(key), limit)  # type: ignore[return-value]

@@ -21,7 +21,7 @@ from shardport.registry.errors import (
     UsageError,
     VerificationError,
 )
-from shardport.registry.hashing import CHUNK, digest_file
+from shardport.registry.hashing import digest_file, digest_stream
 from shardport.registry.manifest import FileEntry, Manifest
 from shardport.registry.manifest_check import check_manifest
 from shardport.registry.paths import check_paths
@@ -93,15 +93,8 @@ class Report:
 
 def _stream_digest(session: Session, digest: str, *, limit: int | None = None) -> tuple[str, int]:
     """sha256 and size of a stored blob, streamed (with ``limit``: at most ``limit + 1`` bytes read)."""
-    h = hashlib.sha256()
-    n = 0
-    with session.store.open_blob(digest) as fh:
-        while chunk := fh.read(CHUNK if limit is None else max(1, min(CHUNK, limit + 1 - n))):
-            h.update(chunk)
-            n += len(chunk)
-            if limit is not None and n > limit:
-                break
-    return "sha256:" + h.hexdigest(), n
+    with session.store.open_blob(digest, max_size=limit) as fh:
+        return digest_stream(fh, limit=limit)
 
 
 def _manifest_of(session: Session, ref: Ref, report: Report) -> Manifest | None:
@@ -158,14 +151,22 @@ def _attachments(session: Session, ref: Ref, digest: str, report: Report) -> Non
                 "MissingBlob", f"attachment {blob}", "attached to the manifest but missing from the store"
             )
             continue
+        except VerificationError as exc:  # not a regular file (StoreObjectError)
+            report.add(type(exc).__name__, f"attachment {blob}", str(exc))
+            continue
         if size > MAX_ATTACHMENT:
             report.add("DigestMismatch", f"attachment {blob}", f"larger than {MAX_ATTACHMENT} bytes")
         elif got != blob:
             report.add("DigestMismatch", f"attachment {blob}", f"content hashes to {got}")
 
 
-def _fetch(session: Session, entry: FileEntry, root: Path | None) -> tuple[FileEntry, str, int] | None:
-    """Stream one file blob once: into ``root`` (a verified copy) or only through the hash."""
+def _fetch(
+    session: Session, entry: FileEntry, root: Path | None
+) -> tuple[FileEntry, str, int] | VerificationError | None:
+    """Stream one file blob once: into ``root`` (a verified copy) or only through the hash.
+
+    None: the blob is missing; a :class:`VerificationError`: the store's file is not a regular file.
+    """
     try:
         if root is None:
             got, size = _stream_digest(session, entry.digest, limit=entry.size)
@@ -175,6 +176,8 @@ def _fetch(session: Session, entry: FileEntry, root: Path | None) -> tuple[FileE
             got, size = session.store.fetch_blob(entry.digest, target, max_size=entry.size)
     except NotFoundError:
         return None
+    except VerificationError as exc:  # a link, pipe or device in the blob's place (StoreObjectError)
+        return exc
     return entry, got, size
 
 
@@ -240,6 +243,9 @@ def verify_ref(session: Session, ref: Ref, *, workdir: Path | None = None) -> Re
         for entry, fetched in done:
             if fetched is None:
                 report.add("MissingBlob", entry.path, f"blob {entry.digest} is missing from the store")
+                continue
+            if isinstance(fetched, VerificationError):
+                report.add(type(fetched).__name__, entry.path, str(fetched))
                 continue
             _, got, size = fetched
             report.checked_files += 1
@@ -354,7 +360,7 @@ def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Repor
                 "MissingFile", entry.path, "listed in the manifest but missing (or not a regular file)"
             )
             continue
-        got, size = digest_file(path)
+        got, size = digest_file(path, limit=entry.size)  # never more than listed + 1 byte
         report.checked_files += 1
         report.checked_bytes += size
         if got != entry.digest or size != entry.size:
