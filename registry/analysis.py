@@ -334,7 +334,7 @@ def check_stored(
         check_weight(w, reader.planes(w, by_name), inventory)
         n += 1
     if producer is not None:
-        check_producer(producer, listed, lambda w: reader.planes(w, by_name))
+        check_producer(producer, listed, lambda w: reader.planes(w, by_name), stored=True)
     return n
 
 

@@ -20,7 +20,8 @@ rows and columns inside its slice.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardport.registry.contracts import LogicalWeight
+from shardport.registry.contracts.errors import ReferenceErrorTooLargeError, WitnessMismatchError
 from shardport.registry.contracts.rounding import check_against
 from shardport.registry.errors import DigestMismatchError, UsageError
 from shardport.registry.formats import BytesSource, parse_safetensors_source
@@ -161,8 +163,38 @@ def read_witness_file(path: Path, weights: Sequence[LogicalWeight]) -> ProducerW
     return parse_witness(raw, weights, f"--witness {path}")
 
 
-def check_producer(witness: ProducerWitness, weights: Sequence[LogicalWeight], planes_of: PlanesOf) -> bool:
-    """Hold every witness row to our decode's rounding bound; True when every value is bit-equal."""
+@contextlib.contextmanager
+def stored_bytes() -> Iterator[None]:
+    """Checking stored bytes against a signed producer witness: a disagreement means the bytes lied.
+
+    At push the witness is input and a disagreement refuses it (:class:`ReferenceErrorTooLargeError`,
+    exit 5); at pull, verify and rank load the witness is signed evidence, so the same finding is a
+    verification failure (:class:`WitnessMismatchError`, exit 1).
+    """
+    try:
+        yield
+    except ReferenceErrorTooLargeError as exc:
+        raise WitnessMismatchError(
+            exc.tensor,
+            f"producer witness: {exc.field}",
+            exc.expected,
+            exc.found,
+            "the stored planes do not decode to what the signed producer witness says",
+        ) from exc
+
+
+def check_producer(
+    witness: ProducerWitness, weights: Sequence[LogicalWeight], planes_of: PlanesOf, *, stored: bool = False
+) -> bool:
+    """Hold every witness row to our decode's rounding bound; True when every value is bit-equal.
+
+    ``stored``: the planes are stored bytes checked against a signed witness (see :func:`stored_bytes`).
+    """
+    with stored_bytes() if stored else contextlib.nullcontext():
+        return _check_producer(witness, weights, planes_of)
+
+
+def _check_producer(witness: ProducerWitness, weights: Sequence[LogicalWeight], planes_of: PlanesOf) -> bool:
     exact = True
     for w in weights:
         if w.name not in witness.rows:
@@ -193,7 +225,8 @@ def check_producer_box(
         return 0
     rows = [int(index[i]) for i in inside]
     values = witness.values[weight.name][inside][:, k0:k1]
-    check_against(weight, planes, rows, values, what="producer witness", columns=(k0, k1))
+    with stored_bytes():  # a rank checks stored bytes against signed evidence
+        check_against(weight, planes, rows, values, what="producer witness", columns=(k0, k1))
     return len(rows)
 
 

@@ -128,7 +128,6 @@ def test_a_tampered_byte_in_any_ranks_cell_is_caught_by_that_rank(tmp_path: Path
 def test_ranks_check_the_producer_witness_rows_in_their_slice(tmp_path: Path) -> None:
     from shardport.registry.analysis import PlaneReader
     from shardport.registry.contracts import decode_weight
-    from shardport.registry.contracts.errors import ReferenceErrorTooLargeError
     from shardport.registry.witness_file import ProducerWitness
 
     params = gptq_llama(tmp_path)
@@ -147,7 +146,7 @@ def test_ranks_check_the_producer_witness_rows_in_their_slice(tmp_path: Path) ->
         assert count.producer_rows >= 8 + 2, rank.rank  # all 8 rows of down_proj, 2+ of gate_proj
     wrong = ProducerWitness(rows=rows, values={k: v * 1.25 for k, v in values.items()})
     for _rank, loaded in rank_loads(tmp_path, analysis, params, Topology(tp=3)):
-        with pytest.raises(ReferenceErrorTooLargeError, match="producer witness"):
+        with pytest.raises(WitnessMismatchError, match="producer witness"):
             check_rank_witnesses(analysis.weights, entries, loaded, wrong)
 
 
