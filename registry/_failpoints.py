@@ -4,7 +4,8 @@ A failpoint costs one dictionary lookup when the variable is unset. The names ma
 of a push: ``blob-written`` (a blob's bytes are staged, not published), ``blobs-done``,
 ``manifest-written``, ``signature-written``, ``tagdoc-blob-written`` (before the tag document); and
 of a pull: ``pull-file-fetched`` (after each file is downloaded into the temporary folder, in the
-main thread), ``rank-files-staged`` (a per-rank pull's files are staged, not yet renamed into place).
+main thread), ``rank-files-staged`` (a per-rank pull's files are staged, not yet renamed into place);
+of ``verify REF``: ``verify-blobs-fetched`` (its temporary copy is complete).
 
 ``SHARDPORT_FAILPOINT=<name>:pause`` sleeps there for a minute instead (then goes on), so that a test
 can send the process a signal at that step.

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardport import ShardportError
+from shardport.registry import _failpoints
 from shardport.registry import verify_content as content
 from shardport.registry.analysis import analyze
 from shardport.registry.describe import METADATA_DIR, scan
@@ -28,6 +29,7 @@ from shardport.registry.paths import check_paths
 from shardport.registry.refs import Ref
 from shardport.registry.session import Session
 from shardport.registry.signatures import check_envelope, referrers, verify_manifest
+from shardport.registry.staging import stop_on_signals
 from shardport.registry.tagging import history
 from shardport.registry.tiles import TileIndex
 from shardport.registry.witness_file import FOLDER_NAME as WITNESS_FILE
@@ -202,6 +204,11 @@ def verify_ref(session: Session, ref: Ref, *, workdir: Path | None = None) -> Re
     ``workdir`` (default: the system's temporary folder; disk: the size of those files; removed at the
     end), other blobs only through the hash. Every failing thing is a finding.
     """
+    with stop_on_signals():  # SIGTERM/SIGHUP remove the temporary copy too
+        return _verify_ref(session, ref, workdir)
+
+
+def _verify_ref(session: Session, ref: Ref, workdir: Path | None) -> Report:
     report = Report(subject=str(ref))
     manifest = _manifest_of(session, ref, report)
     if manifest is None or report.digest is None:
@@ -238,6 +245,7 @@ def verify_ref(session: Session, ref: Ref, *, workdir: Path | None = None) -> Re
                     lambda f: (f, _fetch(session, f, root if f.path in copied else None)), manifest.files
                 )
             )
+        _failpoints.hit("verify-blobs-fetched")
         intact: set[str] = set()  # the right size: tiles and headers can be read
         exact: set[str] = set()  # the right bytes: what pull would accept
         for entry, fetched in done:

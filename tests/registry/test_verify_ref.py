@@ -448,3 +448,35 @@ def test_verify_ref_refuses_when_the_temporary_folder_is_too_small(
     assert str(work) in report["error"]["message"] and "TMPDIR" in report["error"]["message"]
     assert list(work.iterdir()) == []
     assert ok(local.store, "verify", REF)["ok"]
+
+
+def test_sigterm_removes_the_temporary_copy(local: World, tmp_path: Path) -> None:
+    """A verify stopped with SIGTERM while it holds its checked copy leaves no temporary folder."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from support import REGISTRY
+
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [REGISTRY, "--store", local.store, "--json", "verify", REF],
+        env={**os.environ, "TMPDIR": str(tmp), "SHARDPORT_FAILPOINT": "verify-blobs-fetched:pause"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp.glob("shardport-verify-*/*")):  # the copy is being written
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        time.sleep(1.0)  # (a signal during the copy must clean up just the same)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        _, err = proc.communicate()
+    assert proc.returncode == -signal.SIGTERM, err
+    assert list(tmp.iterdir()) == [], err.decode()
