@@ -13,6 +13,12 @@ computed from the same plans (whole tiles touched / assigned). Last, the tile in
 share of the checkpoint. With ``--s3``, the same pushed to a SeaweedFS S3 server on 127.0.0.1, converted
 to the tiled layout (on S3 a column split of row-major rows is one GET per row), and every rank and node
 of each accepted tp pulled from there.
+
+The planner refuses 9 heads / 3 kv heads at tp 4 and 8 (a rank would hold part of a kv group). So the
+same is measured for tp 2, 4 and 8 on a variant with the same hidden, intermediate, vocab and types but
+18 heads of 32 in 9 kv groups of two (results key ``heads_18_kv_heads_9``): 12 heads / 4 kv heads is
+refused too, since a rank's share of attn_output's K = 576 must be whole Q4_1 blocks (32) and whole
+query groups (3 x 48), which leaves 2 units of 288.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ from shardport.registry.session import Session
 from shardport.registry.tiles import TileIndex, choose_grid, plane_layout
 
 TPS = (2, 3, 4, 6, 8)
+VARIANT = "heads_18_kv_heads_9"
+"""Results key of the variant the planner splits at tp 4 and 8 (same dims, 18 heads of 32 / 9 kv heads)."""
+VARIANT_TPS = (2, 4, 8)
 
 
 def old_grid_amplification(result: Plan, tensors: dict[str, TensorEntry]) -> list[float]:
@@ -130,13 +139,15 @@ def seaweed(src: Path, tmp: Path, tps: list[int]) -> dict[str, Any]:
         server.stop()
 
 
-def run(tmp: Path, layers: int, s3: bool = False) -> dict[str, Any]:
+def measure(
+    tmp: Path, layers: int, tps: tuple[int, ...], heads: int = SMOL["heads"], kv_heads: int = SMOL["kv_heads"]
+) -> tuple[Path, dict[str, Any]]:
+    """Build and push the checkpoint with this head layout; per-rank and node pulls of each tp in ``tps``."""
     t0 = time.perf_counter()
-    src = gguf_smollm(tmp / "ck", layers=layers)
+    src = gguf_smollm(tmp / "ck", layers=layers, heads=heads, kv_heads=kv_heads)
     build_seconds = time.perf_counter() - t0
     checkpoint = (src / "model.gguf").stat().st_size
     store = str(tmp / "store")
-    cli("--store", store, "keygen")
     t0 = time.perf_counter()
     digest = cli("--store", store, "push", str(src), "smol/135m:q4")["digest"]
     push_seconds = time.perf_counter() - t0
@@ -146,8 +157,9 @@ def run(tmp: Path, layers: int, s3: bool = False) -> dict[str, Any]:
     index_blob = session.store.read_blob(manifest.tile_index.digest)
     index = TileIndex.from_bytes(index_blob)
     tensors = {e.name: e for e in manifest.tensors or []}
+    model = {**SMOL, "heads": heads, "kv_heads": kv_heads, "head_dim": SMOL["hidden"] // heads}
     report: dict[str, Any] = {
-        "model": {**SMOL, "layers": layers, "linears": "Q4_1", "token_embd": "Q8_0 (tied)"},
+        "model": {**model, "layers": layers, "linears": "Q4_1", "token_embd": "Q8_0 (tied)"},
         "checkpoint_bytes": checkpoint,
         "tensor_bytes": sum(e.end - e.start for e in tensors.values()),
         "tile_index_bytes": len(index_blob),
@@ -160,7 +172,7 @@ def run(tmp: Path, layers: int, s3: bool = False) -> dict[str, Any]:
         "grids": tiles_per_tensor(index, tensors),
         "tp": {},
     }
-    for tp in TPS:
+    for tp in tps:
         entry: dict[str, Any] = {}
         try:
             planned = plan(manifest, Topology(tp=tp))
@@ -213,9 +225,20 @@ def run(tmp: Path, layers: int, s3: bool = False) -> dict[str, Any]:
             "requests": node["requests"],
         }
         report["tp"][str(tp)] = entry
+    return src, report
+
+
+def run(tmp: Path, layers: int, s3: bool = False) -> dict[str, Any]:
+    cli("--store", str(tmp / "keys"), "keygen")
+    src, report = measure(tmp / "smol-9h-3kv", layers, TPS)
     if s3:
         accepted = [int(tp) for tp, e in report["tp"].items() if "refused" not in e]
         report["seaweedfs_tiled"] = seaweed(src, tmp, accepted)
+    # The planner refuses 9 heads / 3 kv heads at tp 4 and 8 (a kv group would be split; placement does
+    # not replicate kv heads). Same hidden/intermediate/vocab/types with 18 heads of 32 in 9 kv groups of
+    # two: 576 = 18 Q4_1 blocks, and a rank's share of attn_output's K must be whole blocks and whole
+    # query groups (64 columns), so 9 units — enough for tp 4 and 8 (12/4 gives 2 units of 288; refused).
+    _, report[VARIANT] = measure(tmp / "smol-18h-9kv", layers, VARIANT_TPS, heads=18, kv_heads=9)
     return report
 
 

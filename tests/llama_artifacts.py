@@ -158,13 +158,24 @@ SMOL = {"hidden": 576, "heads": 9, "kv_heads": 3, "inter": 1536, "vocab": 49152,
 """A 135M-parameter llama (SmolLM-135M's dims): head_dim 64, tied embeddings."""
 
 
-def gguf_smollm(folder: Path, layers: int = 2, *, vocab: int = SMOL["vocab"]) -> Path:
+def gguf_smollm(
+    folder: Path,
+    layers: int = 2,
+    *,
+    vocab: int = SMOL["vocab"],
+    heads: int = SMOL["heads"],
+    kv_heads: int = SMOL["kv_heads"],
+) -> Path:
     """A GGUF at SmolLM-135M's dims as llama.cpp writes it: Q4_1 linears, a tied Q8_0 token embedding
-    (no ``output.weight``), F32 norms, llama metadata keys; ``layers`` blocks (the real model has 30)."""
+    (no ``output.weight``), F32 norms, llama metadata keys; ``layers`` blocks (the real model has 30).
+    ``heads`` / ``kv_heads`` change the attention layout only (head_dim = hidden / heads; hidden,
+    intermediate, vocab and quant types stay), e.g. 12 / 4 for a model the planner splits at tp 4 and 8."""
     import gguf
     from gguf.quants import quantize
 
-    hidden, heads, kv_heads, inter = SMOL["hidden"], SMOL["heads"], SMOL["kv_heads"], SMOL["inter"]
+    hidden, inter = SMOL["hidden"], SMOL["inter"]
+    if hidden % heads or heads % kv_heads:
+        raise ValueError(f"hidden {hidden} must divide into {heads} heads, in groups of {kv_heads} kv heads")
     head_dim = hidden // heads
     rng = np.random.default_rng(7)
     folder.mkdir(parents=True)
