@@ -82,7 +82,7 @@ def test_every_blob_get_failing_ends_in_a_typed_error_and_a_flipped_byte_is_caug
             start = time.monotonic()
             code, out = cli(store, "pull", REF, tmp_path / "out")
             assert time.monotonic() - start < 40  # ~3-6 s of backoff
-            assert code == 1 and out["error"]["type"] == "StoreError", (what, out)
+            assert code == 6 and out["error"]["type"] == "StoreError", (what, out)  # unavailable
             assert "failed 10 attempts" in out["error"]["message"], out
             assert set(proxy.seen.values()) == {10}, proxy.seen  # each read tried 10 times, no more
             assert not (tmp_path / "out").exists()
