@@ -1,0 +1,93 @@
+"""shardport.registry: a signed, content-addressed registry of model checkpoints.
+
+Consumes checkpoint folders (safetensors, sharded safetensors, GGUF, anything else as opaque files),
+contract declarations and signing keys; produces artifacts in a store (a local folder or
+``s3://bucket/prefix``): content-addressed blobs, a manifest per artifact (files, tensor table,
+numeric contracts with decode witnesses, graph bindings, model parameters, a tile index), DSSE
+signatures attached to it, and signed, hash-chained tag documents that clients refuse to see rolled
+back. Every read verifies: tag history against this client's trust state and policy, signatures,
+every byte's hash, and what the bytes decode to.
+
+The public face (imported lazily, so that ``registry --help`` and the small commands stay fast):
+
+- :class:`Session` — the store, trust policy and state, signing key of one invocation;
+- :class:`Ref`, :func:`parse_ref` — ``NAME:TAG`` and ``NAME@sha256:HEX``;
+- :class:`Manifest` — the artifact's description; :func:`resolve` / :class:`Resolved` — a reference
+  verified down to one manifest digest;
+- :func:`push`, :func:`pull`, :func:`convert`, :func:`verify_ref`, :func:`verify_dir`,
+  :func:`verify_checkpoint`, :func:`gc`, :func:`fsck` — the commands, as library calls;
+- :class:`Store`, :class:`TrustPolicy` — the storage backend and the trust decisions;
+- errors: :class:`RegistryError` and its subclasses (:mod:`.errors` draws the tree); container gates
+  in :mod:`.formats`, numeric contracts in :mod:`.contracts`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .convert import convert
+    from .errors import RegistryError
+    from .housekeeping import FsckReport, GcReport, fsck, gc
+    from .manifest import Manifest
+    from .pull import PullResult, pull
+    from .push import PushResult, push
+    from .refs import Ref, parse_ref
+    from .resolve import Resolved, resolve
+    from .session import Session
+    from .store import Store
+    from .trust import TrustPolicy
+    from .verify import Report, verify_checkpoint, verify_dir, verify_ref
+
+#: Where each exported name lives; imported on first use (PEP 562).
+_HOME = {
+    "convert": "convert",
+    "RegistryError": "errors",
+    **dict.fromkeys(("FsckReport", "GcReport", "fsck", "gc"), "housekeeping"),
+    "Manifest": "manifest",
+    **dict.fromkeys(("PullResult", "pull"), "pull"),
+    **dict.fromkeys(("PushResult", "push"), "push"),
+    **dict.fromkeys(("Ref", "parse_ref"), "refs"),
+    **dict.fromkeys(("Resolved", "resolve"), "resolve"),
+    "Session": "session",
+    "Store": "store",
+    "TrustPolicy": "trust",
+    **dict.fromkeys(("Report", "verify_checkpoint", "verify_dir", "verify_ref"), "verify"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import an exported name from its module on first use."""
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "FsckReport",
+    "GcReport",
+    "Manifest",
+    "PullResult",
+    "PushResult",
+    "Ref",
+    "RegistryError",
+    "Report",
+    "Resolved",
+    "Session",
+    "Store",
+    "TrustPolicy",
+    "convert",
+    "fsck",
+    "gc",
+    "parse_ref",
+    "pull",
+    "push",
+    "resolve",
+    "verify_checkpoint",
+    "verify_dir",
+    "verify_ref",
+]
