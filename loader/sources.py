@@ -40,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardport.registry.errors import NotFoundError, StoreError, StoreObjectError
+from shardport.registry.libc import libc_function
 from shardport.registry.retry import RetryPolicy
 from shardport.registry.store import Store, blob_key
 
@@ -70,19 +71,7 @@ class _CacheStat(ctypes.Structure):
 _NR_CACHESTAT = 451  # the same number on every architecture (Linux 6.5+)
 
 
-def _libc(name: str, restype: type, argtypes: list[type] | None = None) -> object | None:
-    """C library function ``name`` (errno kept), or None where there is none (not Linux/glibc)."""
-    try:
-        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
-    except (OSError, AttributeError):  # pragma: no cover - not Linux/glibc
-        return None
-    fn.restype = restype
-    if argtypes is not None:
-        fn.argtypes = argtypes
-    return fn  # type: ignore[no-any-return]
-
-
-_SYSCALL = _libc("syscall", ctypes.c_long)  # variadic: arguments typed at the call
+_SYSCALL = libc_function("syscall", ctypes.c_long)  # variadic: arguments typed at the call
 _cachestat_ok = _SYSCALL is not None and os.uname().sysname == "Linux"
 
 
@@ -144,7 +133,7 @@ def anonymous(nbytes: int, *, huge: bool = False) -> mmap.mmap:
     return mapping
 
 
-_MINCORE = _libc("mincore", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
+_MINCORE = libc_function("mincore", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
 
 
 @dataclass(frozen=True, slots=True)

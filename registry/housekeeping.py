@@ -325,8 +325,6 @@ def fsck(session: Session) -> FsckReport:
     A tag version signed by a key whose manifest has no intact signature link in its repository is
     reported as unsigned: pulling it fails with ``UnsignedError``.
     """
-    from shardport.registry.verify import _stream_digest  # verify loads the gates: only fsck needs it
-
     store = session.store
     report = FsckReport()
     present: dict[str, int] = {}  # digest -> size listed
@@ -339,7 +337,7 @@ def fsck(session: Session) -> FsckReport:
             continue
         present[digest] = obj.size
         try:
-            got, _ = _stream_digest(session, digest, limit=obj.size)  # never more than listed + 1 byte
+            got, _ = store.digest_blob(digest, max_size=obj.size)  # never more than listed + 1 byte
         except RegistryError as exc:  # not a regular file (StoreObjectError), unreadable
             corrupt.add(digest)
             report.corrupt.append(f"{digest}: {exc}")

@@ -15,7 +15,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from urllib.parse import urlsplit
 
 from shardport.registry.errors import StateFileError
 from shardport.registry.tags import SeenTag
+from shardport.registry.writers import write_file
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -154,6 +154,4 @@ class TrustState:
                 "store": self.store_id,
                 "tags": {k: {"version": v.version, "digest": v.digest} for k, v in tags.items()},
             }
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-            os.replace(tmp, self.path)
+            write_file(self.path, json.dumps(doc, indent=1, sort_keys=True).encode())

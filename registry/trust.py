@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,10 +166,9 @@ class TrustPolicy:
                 for i in self.sigstore
             ],
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc, indent=2) + "\n")
-        os.replace(tmp, path)
+        from shardport.registry.writers import write_file  # only keygen writes a policy
+
+        write_file(path, (json.dumps(doc, indent=2) + "\n").encode())
 
     def with_key(self, key: VerifyingKey, name: str, scopes: tuple[str, ...] = ("*",)) -> TrustPolicy:
         """A copy with ``key`` added (or its entry replaced)."""

@@ -22,7 +22,7 @@ from shardport.registry.errors import (
     UsageError,
     VerificationError,
 )
-from shardport.registry.hashing import digest_file, digest_stream
+from shardport.registry.hashing import digest_file
 from shardport.registry.manifest import FileEntry, Manifest
 from shardport.registry.manifest_check import check_manifest
 from shardport.registry.paths import check_paths
@@ -93,12 +93,6 @@ class Report:
             self.parse_error = True
 
 
-def _stream_digest(session: Session, digest: str, *, limit: int | None = None) -> tuple[str, int]:
-    """sha256 and size of a stored blob, streamed (with ``limit``: at most ``limit + 1`` bytes read)."""
-    with session.store.open_blob(digest, max_size=limit) as fh:
-        return digest_stream(fh, limit=limit)
-
-
 def _manifest_of(session: Session, ref: Ref, report: Report) -> Manifest | None:
     """Resolve ``ref`` stage by stage as :func:`resolve` does, recording failures as findings.
 
@@ -147,7 +141,7 @@ def _attachments(session: Session, ref: Ref, digest: str, report: Report) -> Non
     """Every blob attached to the manifest (signatures, evidence) is present and hashes to its name."""
     for blob in referrers(session, ref.name, digest):
         try:
-            got, size = _stream_digest(session, blob, limit=MAX_ATTACHMENT)
+            got, size = session.store.digest_blob(blob, max_size=MAX_ATTACHMENT)
         except NotFoundError:
             report.add(
                 "MissingBlob", f"attachment {blob}", "attached to the manifest but missing from the store"
@@ -171,7 +165,7 @@ def _fetch(
     """
     try:
         if root is None:
-            got, size = _stream_digest(session, entry.digest, limit=entry.size)
+            got, size = session.store.digest_blob(entry.digest, max_size=entry.size)
         else:
             target = root / entry.path
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import json
 import mmap
@@ -28,12 +27,14 @@ import struct
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
+if TYPE_CHECKING:  # numpy only where tensors are written: small files (state, trust) need none
+    import numpy as np
+    import numpy.typing as npt
 
 from shardport.registry.errors import UsageError, VerificationError
+from shardport.registry.libc import libc_function
 from shardport.registry.staging import remove_stale, temp_name
 
 AT_FDCWD = -100
@@ -52,8 +53,7 @@ def renameat2(
     """
     global _renameat2
     if _renameat2 is None:
-        name = ctypes.util.find_library("c")
-        _renameat2 = getattr(ctypes.CDLL(name, use_errno=True), "renameat2", False) if name else False
+        _renameat2 = libc_function("renameat2", ctypes.c_int) or False
     if not _renameat2:
         return False
     rc = _renameat2(src_dir_fd, os.fsencode(src), dst_dir_fd, os.fsencode(dst), flags)
@@ -91,7 +91,7 @@ _SAFETENSORS_DTYPES = {
 }
 _FILE_ORDER = {name: rank for rank, name in enumerate(_SAFETENSORS_DTYPES_BY_RANK)}
 _COMPARE_BYTES = 64 << 20
-TensorBytes = tuple[str, tuple[str, list[int]], npt.NDArray[np.uint8]]
+TensorBytes = tuple[str, tuple[str, list[int]], "npt.NDArray[np.uint8]"]
 
 
 def safetensors_layout(
@@ -115,6 +115,8 @@ def safetensors_layout(
         kind = _SAFETENSORS_DTYPES.get(array.dtype.name)
         if kind is None:
             raise UsageError(f"tensor {key}: dtype {array.dtype} cannot be written to a safetensors file")
+        import numpy as np
+
         little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
         raw = little.reshape(-1).view(np.uint8)
         shape = [int(n) for n in array.shape]
@@ -128,6 +130,8 @@ def safetensors_layout(
 
 def _first_difference(path: str, header: bytes, data: list[TensorBytes]) -> str | None:
     """What in the file at ``path`` differs from ``header`` and ``data`` (None: every byte equal)."""
+    import numpy as np
+
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         if size != len(header) + sum(raw.nbytes for _, _, raw in data):
@@ -347,4 +351,16 @@ def write_safetensors(
     """Write ``arrays`` to ``out``; publish only if every tensor reads back exactly (see the module)."""
     with StagedFiles(out.parent) as staged:
         staged.write_safetensors(out.name, arrays, metadata)
+        staged.publish()
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Replace file ``path`` with ``data`` atomically, the one way (:class:`StagedFiles` of one file).
+
+    A reader sees the old file or the new one, never a part; a symbolic link at ``path`` is refused, not
+    followed. Used for shardport's own small files (client state, trust policy).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with StagedFiles(path.parent) as staged:
+        staged.write_bytes(path.name, data)
         staged.publish()
