@@ -301,7 +301,7 @@ def test_a_blob_that_cannot_be_mapped_is_read_with_preadv(
 ) -> None:
     import mmap as stdlib_mmap
 
-    from shardport.loader import sources
+    from shardport.loader.sources import local
 
     real = stdlib_mmap.mmap
 
@@ -310,7 +310,7 @@ def test_a_blob_that_cannot_be_mapped_is_read_with_preadv(
             raise OSError(19, "No such device")
         return real(fileno, length, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sources.mmap, "mmap", refuse)
+    monkeypatch.setattr(local.mmap, "mmap", refuse)
     slices = rank_slices(st_art, 2, 1, "row")
     result = load(st_art, slices)
     assert result.ledger.page_cache_bytes == 0
