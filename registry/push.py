@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -181,21 +181,9 @@ def push(
             )
         producer = producer_witness(src, analysis, witness)
 
-    advance = reporter.task("hashing", total)
     identities = [file_identity(p) for _, p in files]
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        hashed = list(pool.map(lambda f: digest_file(f[1], advance), files))
-    entries = [
-        FileEntry(path=rel, size=size, digest=d) for (rel, _), (d, size) in zip(files, hashed, strict=True)
-    ]
-    index_bytes = None
-    if analysis is not None and analysis.tensors:
-        with CheckpointReader(src) as read:
-            cuts = plane_cuts(analysis.weights, analysis.tensors, _plan_params(src, entries, analysis))
-            index = build_tile_index(
-                analysis.tensors, read, target=tile_target, minimum=tile_minimum, cuts=cuts
-            )
-            index_bytes = index.to_bytes()
+    entries = _hash_files(files, reporter.task("hashing", total))
+    index_bytes = _tile_index(src, entries, analysis, tile_target, tile_minimum)
     index_digest = digest_bytes(index_bytes) if index_bytes else None
     manifest = build_manifest(src, entries, created_at, analysis, index_digest)
     if producer is not None:
@@ -221,6 +209,27 @@ def push(
         bundle=bundle,
         unchanged=unchanged,
     )
+
+
+def _hash_files(files: list[tuple[str, Path]], advance: Callable[[int], None]) -> list[FileEntry]:
+    """Each file's entry (path, size, sha256), hashed once, ``WORKERS`` at a time."""
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        hashed = list(pool.map(lambda f: digest_file(f[1], advance), files))
+    return [
+        FileEntry(path=rel, size=size, digest=d) for (rel, _), (d, size) in zip(files, hashed, strict=True)
+    ]
+
+
+def _tile_index(
+    src: Path, entries: list[FileEntry], analysis: Analysis | None, target: int, minimum: int
+) -> bytes | None:
+    """The tile index blob: every tensor cut at the split points placement can produce (None: no tensors)."""
+    if analysis is None or not analysis.tensors:
+        return None
+    with CheckpointReader(src) as read:
+        cuts = plane_cuts(analysis.weights, analysis.tensors, _plan_params(src, entries, analysis))
+        index = build_tile_index(analysis.tensors, read, target=target, minimum=minimum, cuts=cuts)
+        return index.to_bytes()
 
 
 def publish(

@@ -202,23 +202,64 @@ def verify_ref(session: Session, ref: Ref, *, workdir: Path | None = None) -> Re
         return _verify_ref(session, ref, workdir)
 
 
+def _tile_index(session: Session, manifest: Manifest, report: Report) -> TileIndex | None:
+    """The manifest's tile index, read and parsed (None, with a finding or note, when it cannot be)."""
+    if manifest.tile_index is None:
+        if manifest.tensors:
+            report.notes.append("no tile index: rank pulls of this artifact are refused (re-push to add one)")
+        return None
+    where = f"tile index {manifest.tile_index.digest}"
+    try:
+        return TileIndex.from_bytes(session.store.read_blob(manifest.tile_index.digest), source=where)
+    except NotFoundError:
+        report.add("MissingBlob", "tile index", f"{where} is missing from the store")
+    except VerificationError as exc:
+        report.add(type(exc).__name__, "tile index", str(exc))
+    return None
+
+
+Fetched = tuple[FileEntry, "tuple[FileEntry, str, int] | VerificationError | None"]
+
+
+def _file_findings(done: list[Fetched], report: Report) -> tuple[set[str], set[str]]:
+    """Findings of each file blob streamed; the files of the right size, and of the right bytes."""
+    intact: set[str] = set()  # the right size: tiles and headers can be read
+    exact: set[str] = set()  # the right bytes: what pull would accept
+    for entry, fetched in done:
+        if fetched is None:
+            report.add("MissingBlob", entry.path, f"blob {entry.digest} is missing from the store")
+            continue
+        if isinstance(fetched, VerificationError):
+            report.add(type(fetched).__name__, entry.path, str(fetched))
+            continue
+        _, got, size = fetched
+        report.checked_files += 1
+        report.checked_bytes += size
+        if got != entry.digest or size != entry.size:
+            found = (
+                f"more than {entry.size} bytes (read no further)"
+                if size > entry.size
+                else f"{size} bytes hashing to {got}"
+            )
+            report.add(
+                "DigestMismatch",
+                entry.path,
+                f"blob {entry.digest}: expected {entry.size} bytes hashing to {entry.digest}, found {found}",
+            )
+        if size == entry.size:
+            intact.add(entry.path)
+            if got == entry.digest:
+                exact.add(entry.path)
+    return intact, exact
+
+
 def _verify_ref(session: Session, ref: Ref, workdir: Path | None) -> Report:
     report = Report(subject=str(ref))
     manifest = _manifest_of(session, ref, report)
     if manifest is None or report.digest is None:
         return report
     _attachments(session, ref, report.digest, report)
-    index: TileIndex | None = None
-    if manifest.tile_index is not None:
-        where = f"tile index {manifest.tile_index.digest}"
-        try:
-            index = TileIndex.from_bytes(session.store.read_blob(manifest.tile_index.digest), source=where)
-        except NotFoundError:
-            report.add("MissingBlob", "tile index", f"{where} is missing from the store")
-        except VerificationError as exc:
-            report.add(type(exc).__name__, "tile index", str(exc))
-    elif manifest.tensors:
-        report.notes.append("no tile index: rank pulls of this artifact are refused (re-push to add one)")
+    index = _tile_index(session, manifest, report)
     tiled: set[str] = set()
     if index is not None:
         problems, tiled = content.index_findings(manifest, index)
@@ -240,33 +281,7 @@ def _verify_ref(session: Session, ref: Ref, workdir: Path | None) -> Report:
                 )
             )
         _failpoints.hit("verify-blobs-fetched")
-        intact: set[str] = set()  # the right size: tiles and headers can be read
-        exact: set[str] = set()  # the right bytes: what pull would accept
-        for entry, fetched in done:
-            if fetched is None:
-                report.add("MissingBlob", entry.path, f"blob {entry.digest} is missing from the store")
-                continue
-            if isinstance(fetched, VerificationError):
-                report.add(type(fetched).__name__, entry.path, str(fetched))
-                continue
-            _, got, size = fetched
-            report.checked_files += 1
-            report.checked_bytes += size
-            if got != entry.digest or size != entry.size:
-                report.add(
-                    "DigestMismatch",
-                    entry.path,
-                    f"blob {entry.digest}: expected {entry.size} bytes hashing to {entry.digest}, found "
-                    + (
-                        f"more than {entry.size} bytes (read no further)"
-                        if size > entry.size
-                        else f"{size} bytes hashing to {got}"
-                    ),
-                )
-            if size == entry.size:
-                intact.add(entry.path)
-                if got == entry.digest:
-                    exact.add(entry.path)
+        intact, exact = _file_findings(done, report)
         if index is not None:
             names = {n for n in tiled if index.tensors[n].file in intact}
             report.checked_tiles, problems = content.tile_findings(root, index, names)
