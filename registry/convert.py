@@ -309,6 +309,36 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
+def _tiled_manifest(
+    m: Manifest, source: str, files: list[FileEntry], entries: list[TensorEntry], index_bytes: bytes
+) -> Manifest:
+    """The converted artifact's manifest: ``m`` with the tiled container, files, tensors and tile index."""
+    manifest = m.model_copy(
+        update={
+            "container": ContainerInfo(kind=LAYOUT, profile_version=LAYOUT_VERSION),
+            "packing": PackingInfo(
+                layout=LAYOUT,
+                layout_version=LAYOUT_VERSION,
+                encoding=m.container.kind,
+                packer="shardport.convert",
+                packer_version=shardport.__version__,
+            ),
+            "files": files,
+            "tensors": entries,
+            "tile_index": TileIndexRef(digest=digest_bytes(index_bytes)),
+            "provenance": ProvenanceInfo(
+                source_digest=m.provenance.source_digest,
+                converter="shardport.convert",
+                converter_version=shardport.__version__,
+                source_manifest=source,
+                parent=source,
+                created_at=source_date(),  # the same source gives the same digest
+            ),
+        }
+    )
+    return Manifest.model_validate(manifest.model_dump(mode="json", by_alias=True))
+
+
 def convert(
     session: Session,
     ref: Ref,
@@ -358,30 +388,7 @@ def convert(
             digest, size = pending.result()
             files.append((out / p, FileEntry(path=p, size=size, digest=digest), ident))
         index_bytes = new_index.to_bytes()
-        manifest = m.model_copy(
-            update={
-                "container": ContainerInfo(kind=LAYOUT, profile_version=LAYOUT_VERSION),
-                "packing": PackingInfo(
-                    layout=LAYOUT,
-                    layout_version=LAYOUT_VERSION,
-                    encoding=m.container.kind,
-                    packer="shardport.convert",
-                    packer_version=shardport.__version__,
-                ),
-                "files": [f for _, f, _ in files],
-                "tensors": entries,
-                "tile_index": TileIndexRef(digest=digest_bytes(index_bytes)),
-                "provenance": ProvenanceInfo(
-                    source_digest=m.provenance.source_digest,
-                    converter="shardport.convert",
-                    converter_version=shardport.__version__,
-                    source_manifest=resolved.digest,
-                    parent=resolved.digest,
-                    created_at=source_date(),  # the same source gives the same digest
-                ),
-            }
-        )
-        manifest = Manifest.model_validate(manifest.model_dump(mode="json", by_alias=True))
+        manifest = _tiled_manifest(m, resolved.digest, [f for _, f, _ in files], entries, index_bytes)
         return publish(
             session,
             name,
