@@ -8,23 +8,10 @@ from __future__ import annotations
 
 import re
 
-#: Bytes per element of each physical dtype spelling (safetensors names).
-DTYPE_BYTES: dict[str, int] = {
-    "F64": 8,
-    "F32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I64": 8,
-    "U64": 8,
-    "I32": 4,
-    "U32": 4,
-    "I16": 2,
-    "U16": 2,
-    "I8": 1,
-    "U8": 1,
-    "F8_E4M3": 1,
-    "F8_E8M0": 1,
-}
+from shardport.registry.formats.elements import ELEMENTS
+
+#: Bytes per element of each whole-byte element type (safetensors and ggml names), from the one table.
+DTYPE_BYTES: dict[str, int] = {e.name: e.itemsize for e in ELEMENTS.values() if e.itemsize is not None}
 INT_DTYPES = ("I64", "I32", "U32", "I16", "U16", "I8", "U8")
 
 _ENCODING_RE = re.compile(r"u([1-8])|s([2-7])_twos|s(8)|s([2-8])_offset([0-9]+)")  # whole-string match
