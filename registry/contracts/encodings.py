@@ -7,12 +7,24 @@ complement (``s8`` for the native int8); ``s<b>_offset<2^(b-1)>`` unsigned stora
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from shardport.registry.formats.elements import ELEMENTS
-
-#: Bytes per element of each whole-byte element type (safetensors and ggml names), from the one table.
-DTYPE_BYTES: dict[str, int] = {e.name: e.itemsize for e in ELEMENTS.values() if e.itemsize is not None}
 INT_DTYPES = ("I64", "I32", "U32", "I16", "U16", "I8", "U8")
+"""The integer dtypes a packed plane may use (``I``/``U`` then the width in bits)."""
+
+
+def __getattr__(name: str) -> Any:
+    """``DTYPE_BYTES``: the byte widths of :mod:`shardport.registry.formats.elements`, imported on use.
+
+    Not imported eagerly: a manifest's models (which import this module) must load without the
+    element table's ``gguf`` and numpy.
+    """
+    if name == "DTYPE_BYTES":
+        from shardport.registry.formats.elements import DTYPE_BYTES
+
+        return DTYPE_BYTES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _ENCODING_RE = re.compile(r"u([1-8])|s([2-7])_twos|s(8)|s([2-8])_offset([0-9]+)")  # whole-string match
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from shardport.registry.formats.elements import ELEMENTS
+from shardport.registry.formats.elements import DTYPE_BYTES, ELEMENTS
 
-from .encodings import DTYPE_BYTES
 from .errors import PlaneShapeError, PlaneSizeError, UnsupportedContractError
 
 #: Little-endian numpy dtype for each physical dtype. BF16 and the 8-bit floats are read as raw bits.

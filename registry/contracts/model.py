@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .encodings import DTYPE_BYTES, INT_DTYPES, encoding_bits
+from .encodings import INT_DTYPES, encoding_bits
 
 Axis = Literal["N", "K", "G"]
 LogicalAxis = Literal["E", "N", "K"]
@@ -63,7 +63,7 @@ def _check_packed_plane(
         raise ValueError(f"physical_axes {axes} must name each of the {len(shape)} dimensions once")
     if physical_dtype not in INT_DTYPES:
         raise ValueError(f"packed planes are integer planes, not {physical_dtype}")
-    if DTYPE_BYTES[physical_dtype] * 8 != packing.container_bits:
+    if int(physical_dtype[1:]) != packing.container_bits:  # I32 / U8 ...: the width in the name
         raise ValueError(f"container_bits {packing.container_bits} != width of {physical_dtype}")
     if packing.axis == "none":
         if packing.scheme != "slots" or packing.slot_order != (0,):

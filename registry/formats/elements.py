@@ -124,6 +124,11 @@ GGML_BY_ID: Mapping[int, ElementType] = MappingProxyType(
 )
 """The GGUF types by their on-disk type number."""
 
+DTYPE_BYTES: Mapping[str, int] = MappingProxyType(
+    {e.name: e.itemsize for e in ELEMENTS.values() if e.itemsize is not None}
+)
+"""Bytes per element of every whole-byte element type (safetensors and ggml names)."""
+
 
 def element(name: str) -> ElementType | None:
     """The element type called ``name``, or None."""

@@ -18,7 +18,7 @@ from shardport.registry.contracts import encodings, formats, gguf_blocks, infer
 from shardport.registry.contracts.formats import e4m3_bits_to_f32, e5m2_bits_to_f32, scale_to_f32
 from shardport.registry.contracts.model import FloatFormat, GgmlType
 from shardport.registry.formats import BytesSource, parse_safetensors_source
-from shardport.registry.formats.elements import ELEMENTS, GGML_BY_ID, SAFETENSORS_DTYPES
+from shardport.registry.formats.elements import DTYPE_BYTES, ELEMENTS, GGML_BY_ID, SAFETENSORS_DTYPES
 from shardport.registry.formats.errors import UnknownDtypeError
 from shardport.registry.formats.gguf_gate import GGML_TYPES
 from shardport.registry.formats.safetensors_gate import DTYPE_BITS
@@ -77,12 +77,16 @@ def test_sizes_agree_with_numpy_and_names_shared_by_both_containers() -> None:
 
 def test_derived_tables_agree_with_the_one_table() -> None:
     whole = {e.name: e.itemsize for e in ELEMENTS.values() if e.itemsize is not None}
-    assert encodings.DTYPE_BYTES == whole and tiles_splits.DTYPE_BYTES is encodings.DTYPE_BYTES
-    assert {"BOOL", "F8_E5M2", "F8_E4M3", "F8_E8M0", "C64"} <= set(encodings.DTYPE_BYTES)
+    assert (
+        DTYPE_BYTES == whole
+        and encodings.DTYPE_BYTES is DTYPE_BYTES
+        and tiles_splits.DTYPE_BYTES is DTYPE_BYTES
+    )
+    assert {"BOOL", "F8_E5M2", "F8_E4M3", "F8_E8M0", "C64"} <= set(DTYPE_BYTES)
     assert gguf_blocks.BLOCK_SIZES == {
         n: (ELEMENTS[n].block, ELEMENTS[n].block_bytes) for n in get_args(GgmlType)
     }
-    assert layout.BLOCK_SIZES is gguf_blocks.BLOCK_SIZES and layout.DTYPE_BYTES is encodings.DTYPE_BYTES
+    assert layout.BLOCK_SIZES is gguf_blocks.BLOCK_SIZES and layout.DTYPE_BYTES is DTYPE_BYTES
     assert all(formats._NUMPY_DTYPE[n] == ELEMENTS[n].numpy for n in formats._NUMPY_DTYPE)
     assert analysis.NUMPY_DTYPES == {e.name: e.numpy for e in ELEMENTS.values() if e.safetensors and e.numpy}
     assert rank_pull.NUMPY_DTYPES is analysis.NUMPY_DTYPES
