@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from shardport.registry.contracts.encodings import DTYPE_BYTES
 from shardport.registry.contracts.gguf_blocks import BLOCK_SIZES
 from shardport.registry.contracts.model import (
     AffineIntContract,
@@ -39,6 +38,7 @@ from shardport.registry.contracts.model import (
     ZeroFloatPlane,
     ZeroIntPlane,
 )
+from shardport.registry.formats.elements import DTYPE_BYTES
 from shardport.registry.manifest import TensorEntry
 
 from .errors import InventoryError, UnsupportedSplitError

@@ -30,9 +30,11 @@ from shardport.registry.contracts import (
 from shardport.registry.contracts.architecture import check_architecture
 from shardport.registry.contracts.decode import decode_weight
 from shardport.registry.contracts.errors import TiedAliasError
+from shardport.registry.contracts.formats import scale_to_f32
 from shardport.registry.describe import read_json_object
 from shardport.registry.errors import UsageError
 from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
+from shardport.registry.formats.elements import ELEMENTS
 from shardport.registry.manifest import TensorEntry, WitnessFileRef
 from shardport.registry.notes import Note, Notes
 from shardport.registry.tiled_layout import LAYOUT, from_tiled
@@ -40,22 +42,8 @@ from shardport.registry.tiles import plane_layout
 from shardport.registry.witness_file import ProducerWitness, check_producer, producer_blob
 
 INDEX_FILE = "model.safetensors.index.json"
-#: numpy dtypes of the safetensors element types (BF16 as its raw 16 bits).
-NUMPY_DTYPES = {
-    "F64": "<f8",
-    "F32": "<f4",
-    "F16": "<f2",
-    "BF16": "<u2",
-    "I64": "<i8",
-    "I32": "<i4",
-    "I16": "<i2",
-    "I8": "i1",
-    "U64": "<u8",
-    "U32": "<u4",
-    "U16": "<u2",
-    "U8": "u1",
-    "BOOL": "u1",
-}
+#: numpy dtypes of the safetensors element types (BF16 and the 8-bit floats as their raw bits).
+NUMPY_DTYPES = {e.name: e.numpy for e in ELEMENTS.values() if e.safetensors and e.numpy is not None}
 
 
 def witness_seed(name: str) -> int:
@@ -123,8 +111,9 @@ class PlaneReader:
 
 
 def _as_f32(array: npt.NDArray[Any], dtype: str) -> npt.NDArray[np.float32]:
-    if dtype == "BF16":
-        return (array.astype("<u4") << 16).view("<f4")
+    fmt = ELEMENTS[dtype].float_format if dtype in ELEMENTS else None
+    if fmt is not None and fmt != "binary64":
+        return scale_to_f32(array, fmt, dtype)
     return array.astype(np.float32)
 
 

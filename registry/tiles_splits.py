@@ -26,7 +26,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardport.registry.contracts.encodings import DTYPE_BYTES
 from shardport.registry.contracts.gguf_blocks import BLOCK_SIZES
 from shardport.registry.contracts.model import (
     AffineIntContract,
@@ -37,6 +36,7 @@ from shardport.registry.contracts.model import (
     ZeroFloatPlane,
     ZeroIntPlane,
 )
+from shardport.registry.formats.elements import DTYPE_BYTES
 from shardport.registry.manifest import TensorEntry
 
 SPLITS = (2, 3, 4, 6, 8)

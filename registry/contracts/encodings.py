@@ -7,25 +7,24 @@ complement (``s8`` for the native int8); ``s<b>_offset<2^(b-1)>`` unsigned stora
 from __future__ import annotations
 
 import re
+from typing import Any
 
-#: Bytes per element of each physical dtype spelling (safetensors names).
-DTYPE_BYTES: dict[str, int] = {
-    "F64": 8,
-    "F32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I64": 8,
-    "U64": 8,
-    "I32": 4,
-    "U32": 4,
-    "I16": 2,
-    "U16": 2,
-    "I8": 1,
-    "U8": 1,
-    "F8_E4M3": 1,
-    "F8_E8M0": 1,
-}
 INT_DTYPES = ("I64", "I32", "U32", "I16", "U16", "I8", "U8")
+"""The integer dtypes a packed plane may use (``I``/``U`` then the width in bits)."""
+
+
+def __getattr__(name: str) -> Any:
+    """``DTYPE_BYTES``: the byte widths of :mod:`shardport.registry.formats.elements`, imported on use.
+
+    Not imported eagerly: a manifest's models (which import this module) must load without the
+    element table's ``gguf`` and numpy.
+    """
+    if name == "DTYPE_BYTES":
+        from shardport.registry.formats.elements import DTYPE_BYTES
+
+        return DTYPE_BYTES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _ENCODING_RE = re.compile(r"u([1-8])|s([2-7])_twos|s(8)|s([2-8])_offset([0-9]+)")  # whole-string match
 

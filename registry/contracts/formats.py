@@ -9,25 +9,13 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from .encodings import DTYPE_BYTES
+from shardport.registry.formats.elements import DTYPE_BYTES, ELEMENTS
+
 from .errors import PlaneShapeError, PlaneSizeError, UnsupportedContractError
 
 #: Little-endian numpy dtype for each physical dtype. BF16 and the 8-bit floats are read as raw bits.
 _NUMPY_DTYPE: dict[str, str] = {
-    "F64": "<f8",
-    "F32": "<f4",
-    "F16": "<f2",
-    "BF16": "<u2",
-    "I64": "<i8",
-    "U64": "<u8",
-    "I32": "<i4",
-    "U32": "<u4",
-    "I16": "<i2",
-    "U16": "<u2",
-    "I8": "i1",
-    "U8": "u1",
-    "F8_E4M3": "u1",
-    "F8_E8M0": "u1",
+    e.name: e.numpy for e in ELEMENTS.values() if e.numpy is not None and e.name in DTYPE_BYTES
 }
 
 F32 = npt.NDArray[np.float32]
@@ -95,6 +83,11 @@ def e4m3_bits_to_f32(bits: npt.NDArray[np.generic]) -> F32:
     return value.astype(np.float32)
 
 
+def e5m2_bits_to_f32(bits: npt.NDArray[np.generic]) -> F32:
+    """Widen OCP E5M2 (the top byte of a binary16; infinities and NaNs kept) to binary32, exactly."""
+    return (bits.astype(np.uint16) << np.uint16(8)).view(np.float16).astype(np.float32)
+
+
 def scale_to_f32(plane: npt.NDArray[np.generic], fmt: str, tensor: str) -> F32:
     """Widen a scale (or float) plane, already typed by :func:`as_plane`, from ``fmt`` to binary32."""
     if fmt == "binary32":
@@ -111,7 +104,9 @@ def scale_to_f32(plane: npt.NDArray[np.generic], fmt: str, tensor: str) -> F32:
         return e8m0_bits_to_f32(plane)
     if fmt == "e4m3":
         return e4m3_bits_to_f32(plane)
-    raise UnsupportedContractError(tensor, "scales.format", "binary32|binary16|bfloat16|e8m0|e4m3", fmt)
+    if fmt == "e5m2":
+        return e5m2_bits_to_f32(plane)
+    raise UnsupportedContractError(tensor, "scales.format", "binary32|binary16|bfloat16|e8m0|e4m3|e5m2", fmt)
 
 
 def round_to_format(values: F32, fmt: str) -> F32:

@@ -26,28 +26,23 @@ Layouts (byte offsets within one block):
 
 from __future__ import annotations
 
+from typing import get_args
+
 import numpy as np
 import numpy.typing as npt
 
+from shardport.registry.formats.elements import ELEMENTS
+
 from .errors import PlaneShapeError, PlaneSizeError
 from .formats import bf16_bits_to_f32
+from .model import GgmlType
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
 
-#: ggml type → (elements per block, bytes per block)
+#: ggml type → (elements per block, bytes per block), for the types this module decodes.
 BLOCK_SIZES: dict[str, tuple[int, int]] = {
-    "F32": (1, 4),
-    "F16": (1, 2),
-    "BF16": (1, 2),
-    "Q8_0": (32, 34),
-    "Q4_0": (32, 18),
-    "Q4_1": (32, 20),
-    "Q5_0": (32, 22),
-    "Q5_1": (32, 24),
-    "Q4_K": (256, 144),
-    "Q5_K": (256, 176),
-    "Q6_K": (256, 210),
+    name: (ELEMENTS[name].block, ELEMENTS[name].block_bits // 8) for name in get_args(GgmlType)
 }
 
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
+
+from shardport.registry.formats.elements import ELEMENTS
 
 from . import producers
 from .declare import DeclareSpec, apply_weight_declarations, declared_quantization, parse_declare
@@ -28,6 +30,8 @@ from .gates import check_contract_shape
 from .grade import grade_contract
 from .model import (
     FloatContract,
+    FloatFormat,
+    GgmlType,
     GgufBlockContract,
     Label,
     LogicalShape,
@@ -39,7 +43,13 @@ from .model import (
 )
 from .names import gguf_binding, hf_binding
 
-_FLOAT = {"F32": "binary32", "F16": "binary16", "BF16": "bfloat16"}
+#: float weight dtype → its format: every safetensors float the reference decoder widens as a weight.
+_FLOAT = {
+    e.name: fmt
+    for fmt in get_args(FloatFormat)
+    for e in ELEMENTS.values()
+    if e.safetensors and e.float_format == fmt
+}
 _COMPANIONS = {
     "gptq": ("qweight", "qzeros", "scales", "g_idx"),
     "awq": ("qweight", "qzeros", "scales"),
@@ -52,7 +62,7 @@ _COMPANIONS = {
     ),
 }
 _QUANTIZED_LEAVES = ("qweight", "qzeros", "weight_packed")
-_GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+_GGUF_TYPES = get_args(GgmlType)
 _DECLARE_HINT = (
     'declare {"quantization": {"quant_method": "gptq", "checkpoint_format": "gptq", "bits": 4, "group_size": '
     '128}} (qzeros store zero-1, natural nibble order) or {"quantization": {"quant_method": "awq", '
@@ -133,7 +143,7 @@ def _float_weight(info: TensorInfo, label: Label) -> tuple[LogicalShape, FloatCo
         raise UnsupportedContractError(
             info.name,
             "dtype/shape",
-            "a float (F32/F16/BF16) tensor of rank 1..3, or a companion of a quantized weight",
+            f"a float ({'/'.join(_FLOAT)}) tensor of rank 1..3, or a companion of a quantized weight",
             f"{info.dtype} {list(info.shape)}",
         )
     contract = FloatContract.model_validate(

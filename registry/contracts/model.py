@@ -19,12 +19,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .encodings import DTYPE_BYTES, INT_DTYPES, encoding_bits
+from .encodings import INT_DTYPES, encoding_bits
 
 Axis = Literal["N", "K", "G"]
 LogicalAxis = Literal["E", "N", "K"]
 ScaleFormat = Literal["binary32", "binary16", "bfloat16", "e8m0", "e4m3"]
-FloatFormat = Literal["binary32", "binary16", "bfloat16"]
+FloatFormat = Literal["binary32", "binary16", "bfloat16", "e4m3", "e5m2"]
 PlaneRole = Literal["codes", "scale", "zero", "g_idx", "perm", "float", "shape"]
 GgmlType = Literal["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 #: Closed set of decode laws, each with a fixed evaluation order (see :mod:`.decode`).
@@ -63,7 +63,7 @@ def _check_packed_plane(
         raise ValueError(f"physical_axes {axes} must name each of the {len(shape)} dimensions once")
     if physical_dtype not in INT_DTYPES:
         raise ValueError(f"packed planes are integer planes, not {physical_dtype}")
-    if DTYPE_BYTES[physical_dtype] * 8 != packing.container_bits:
+    if int(physical_dtype[1:]) != packing.container_bits:  # I32 / U8 ...: the width in the name
         raise ValueError(f"container_bits {packing.container_bits} != width of {physical_dtype}")
     if packing.axis == "none":
         if packing.scheme != "slots" or packing.slot_order != (0,):
@@ -251,7 +251,7 @@ class FloatContract(_Frozen):
 
     family: Literal["float"]
     plane: str
-    physical_dtype: Literal["F32", "F16", "BF16"]
+    physical_dtype: Literal["F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"]
     format: FloatFormat
     decode_law: Literal["float_upcast"]
     label: Label

@@ -38,11 +38,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TypeAlias
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from shardport.registry.notes import Notes, collector
 
 from .cursor import HeaderCursor
+from .elements import GGML_BY_ID
 from .errors import (
     AlignmentError,
     ArrayLengthError,
@@ -67,7 +66,7 @@ DEFAULT_ALIGNMENT = 32
 GGML_MAX_DIMS = 4
 
 GGML_TYPES: Mapping[int, tuple[str, int, int]] = MappingProxyType(
-    {int(t): (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType if t in GGML_QUANT_SIZES}
+    {type_id: (e.name, e.block, e.block_bits // 8) for type_id, e in GGML_BY_ID.items()}
 )
 """ggml type number → (name, block size in elements, bytes per block)."""
 

@@ -33,6 +33,7 @@ from typing import NoReturn
 
 from shardport.registry.notes import Notes, collector
 
+from .elements import ELEMENTS, SAFETENSORS_DTYPES
 from .errors import (
     DuplicateKeyError,
     HeaderEncodingError,
@@ -60,30 +61,7 @@ DEFAULT_MAX_HEADER_BYTES = 100 * 1024 * 1024
 """Default cap on the safetensors JSON header (the reference implementation uses 100 MB)."""
 
 DTYPE_BITS: Mapping[str, int] = MappingProxyType(
-    {
-        "BOOL": 8,
-        "U8": 8,
-        "I8": 8,
-        "F8_E5M2": 8,
-        "F8_E4M3": 8,
-        "F8_E8M0": 8,
-        "F8_E4M3FNUZ": 8,
-        "F8_E5M2FNUZ": 8,
-        "F4": 4,
-        "F6_E2M3": 6,
-        "F6_E3M2": 6,
-        "I16": 16,
-        "U16": 16,
-        "F16": 16,
-        "BF16": 16,
-        "I32": 32,
-        "U32": 32,
-        "F32": 32,
-        "I64": 64,
-        "U64": 64,
-        "F64": 64,
-        "C64": 64,
-    }
+    {name: ELEMENTS[name].block_bits for name in SAFETENSORS_DTYPES}
 )
 """Bits per element of every dtype safetensors 0.8 accepts (its ``Dtype`` enum)."""
 
