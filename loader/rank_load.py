@@ -290,10 +290,17 @@ def load_ranks(
         tensors, witness = _assemble(manifest, entries, reads, groups, arrays, producer)
         loaded.append(
             RankTensors(
-                resolved.digest, rank, topology, tensors, the_plan.rank(rank), the_plan.decisions_digest(),
-                got.ledger, sum(a.nbytes for a in arrays), witness,
+                digest=resolved.digest,
+                rank=rank,
+                topology=topology,
+                tensors=tensors,
+                plan=the_plan.rank(rank),
+                plan_digest=the_plan.decisions_digest(),
+                ledger=got.ledger,
+                bytes_assigned=sum(a.nbytes for a in arrays),
+                witness=witness,
             )
-        )  # fmt: skip
+        )
     return NodeTensors(
         digest=resolved.digest,
         topology=topology,
