@@ -37,19 +37,21 @@ def run(argv: Sequence[str] | None = None) -> int:
     any other exception (a bug) as an :class:`~shardport.registry.errors.InternalError` (exit 70) whose
     traceback goes to a file.
     """
-    from shardport.cli.dispatch import dispatch
-    from shardport.cli.failures import internal, report
-    from shardport.cli.render import human
-
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(argv)  # --help exits here, before any command module loads
     except ParseError as exc:
         if "--json" in argv:
+            from shardport.cli.failures import report
+
             return report(exc.parser.prog, UsageError(str(exc)), True)
         exc.parser.print_usage(sys.stderr)
         print(f"{exc.parser.prog}: error: {exc.reason}", file=sys.stderr)
         return exc.exit_code
+    from shardport.cli.dispatch import dispatch
+    from shardport.cli.failures import internal, report
+    from shardport.cli.render import human
+
     json_mode = bool(getattr(args, "json", False))
     try:
         result, code = dispatch(args, json_mode)
