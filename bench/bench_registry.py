@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from servers import start_seaweedfs
 
-from shardport.registry.cli import run
+from shardport.cli import run
 
 
 def make_checkpoint(root: Path, size: int, files: int) -> None:

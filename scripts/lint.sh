@@ -8,6 +8,7 @@ ruff check .
 tree=build/typecheck
 rm -rf "$tree" && mkdir -p "$tree/shardport"
 cp src/shardport/*.py "$tree/shardport/"
+cp -r src/shardport/cli "$tree/shardport/cli"
 for p in registry loader placement provenance kernels deploy; do
     cp -r "$p" "$tree/shardport/$p"
 done

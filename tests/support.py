@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shardport.registry.cli import run
+from shardport.cli import run
 
 REGISTRY = str(Path(sys.executable).parent / "registry")
 

@@ -26,8 +26,7 @@ from support import REGISTRY, make_checkpoint
 
 import shardport
 from shardport import EXIT_CODES, ShardportError
-from shardport.cli import main
-from shardport.registry.cli import build_parser
+from shardport.cli import build_parser, main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 PREFIX = "model.layers.0.mlp.down_proj"

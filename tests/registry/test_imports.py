@@ -14,7 +14,7 @@ SCRIPT = r"""
 import json, sys, tempfile, pathlib, contextlib, io
 sys.path.insert(0, {tests!r})
 from support import make_checkpoint
-from shardport.registry.cli import run
+from shardport.cli import run
 tmp = pathlib.Path(tempfile.mkdtemp())
 import os
 os.environ["SHARDPORT_HOME"] = str(tmp / "home")

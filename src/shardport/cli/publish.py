@@ -1,0 +1,110 @@
+"""The commands that write tags: ``push``, ``tag``, ``rollback`` and ``convert``.
+
+Each imports the registry modules it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shardport.registry.errors import UsageError
+
+if TYPE_CHECKING:
+    from shardport.registry.session import Session
+
+
+def _declare(text: str | None) -> str | None:
+    """``--declare`` takes inline JSON or a path to a JSON file."""
+    if text is None or text.lstrip().startswith("{"):
+        return text
+    try:
+        return Path(text).read_text()
+    except OSError as exc:
+        raise UsageError(
+            f"--declare {text}: not inline JSON and not a readable file ({exc.strerror})"
+        ) from exc
+
+
+def push(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
+    """Run ``push SRC NAME:TAG``."""
+    from shardport.registry.progress import reporter
+    from shardport.registry.push import push
+    from shardport.registry.refs import parse_ref
+    from shardport.registry.tagging import validity
+
+    ref = parse_ref(args.target, require_tag=True)
+    assert ref.tag is not None
+    with reporter(json_mode) as rep:
+        res = push(
+            session,
+            args.src,
+            ref.name,
+            ref.tag,
+            reporter=rep,
+            retries=args.retry,
+            valid_for=validity(args.expires_days),
+            declare=_declare(args.declare),
+            reference=args.reference,
+            witness=args.witness,
+            strict=args.strict,
+            sign=args.sign,
+            tile_target=args.tile_size,
+            tile_minimum=args.tile_min,
+        )
+    return res.to_json(), 0
+
+
+def tag(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
+    """Run ``tag REF NAME:TAG``."""
+    from shardport.registry import commands
+    from shardport.registry.refs import parse_ref
+    from shardport.registry.tagging import validity
+
+    ref, target = parse_ref(args.ref), parse_ref(args.target, require_tag=True)
+    assert target.tag is not None
+    return commands.tag(
+        session,
+        ref,
+        target.name,
+        target.tag,
+        retries=args.retry,
+        valid_for=validity(args.expires_days),
+    ), 0
+
+
+def rollback(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
+    """Run ``rollback NAME:TAG --to DIGEST | --steps N``."""
+    from shardport.registry import commands
+    from shardport.registry.refs import parse_ref
+
+    return commands.rollback(
+        session,
+        parse_ref(args.ref, require_tag=True),
+        to=args.to,
+        steps=args.steps,
+        reason=args.reason,
+        retries=args.retry,
+    ), 0
+
+
+def convert(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
+    """Run ``convert REF NAME:TAG --layout tiled``."""
+    from shardport.registry.convert import convert
+    from shardport.registry.progress import reporter
+    from shardport.registry.refs import parse_ref
+
+    target = parse_ref(args.target, require_tag=True)
+    assert target.tag is not None
+    with reporter(json_mode) as rep:
+        res = convert(
+            session,
+            parse_ref(args.ref),
+            target.name,
+            target.tag,
+            layout=args.layout,
+            reporter=rep,
+            retries=args.retry,
+        )
+    return res.to_json(), 0

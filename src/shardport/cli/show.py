@@ -1,0 +1,59 @@
+"""The commands that read the store and change nothing in it.
+
+``log``, ``ls``, ``inspect``, ``verify`` and ``decode`` (which writes one local file).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardport.registry.session import Session
+
+
+def log(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
+    """Run ``log NAME:TAG``."""
+    from shardport.registry import commands
+    from shardport.registry.refs import parse_ref
+
+    return commands.log(session, parse_ref(args.ref, require_tag=True)), 0
+
+
+def ls(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
+    """Run ``ls [NAME]``."""
+    from shardport.registry import commands
+
+    return commands.ls(session, args.name), 0
+
+
+def inspect(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
+    """Run ``inspect REF``."""
+    from shardport.registry import commands
+    from shardport.registry.refs import parse_ref
+
+    return commands.inspect(session, parse_ref(args.ref)), 0
+
+
+def verify(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
+    """Run ``verify REF | DIR | PATH``: exit 1 when a finding says the store or a file lied."""
+    from shardport.registry.refs import parse_ref
+    from shardport.registry.verify import verify_checkpoint, verify_dir, verify_ref
+
+    local = Path(args.target)
+    if local.exists():
+        if local.is_dir():
+            report = verify_dir(session, local, strict=args.strict)
+        else:
+            report = verify_checkpoint(local, strict=args.strict)
+    else:
+        report = verify_ref(session, parse_ref(args.target))
+    return report.to_json(), report.exit_code
+
+
+def decode(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
+    """Run ``decode TARGET TENSOR --out FILE``."""
+    from shardport.registry.decoding import run_decode
+
+    return run_decode(session, args.target, args.tensor, args.out).to_json(), 0
