@@ -11,7 +11,7 @@ import pytest
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from shardport.loader import rank_pull
+from shardport.loader import rank_load
 from shardport.placement import layout
 from shardport.registry import analysis, tiles_grid, tiles_splits
 from shardport.registry.contracts import encodings, formats, gguf_blocks, infer
@@ -89,7 +89,7 @@ def test_derived_tables_agree_with_the_one_table() -> None:
     assert layout.BLOCK_SIZES is gguf_blocks.BLOCK_SIZES and layout.DTYPE_BYTES is DTYPE_BYTES
     assert all(formats._NUMPY_DTYPE[n] == ELEMENTS[n].numpy for n in formats._NUMPY_DTYPE)
     assert analysis.NUMPY_DTYPES == {e.name: e.numpy for e in ELEMENTS.values() if e.safetensors and e.numpy}
-    assert rank_pull.NUMPY_DTYPES is analysis.NUMPY_DTYPES
+    assert rank_load.NUMPY_DTYPES is analysis.NUMPY_DTYPES
     assert tiles_grid.DTYPE_BITS is DTYPE_BITS and tiles_grid.GGML_TYPES is GGML_TYPES
     assert infer._FLOAT == {
         "F32": "binary32",
