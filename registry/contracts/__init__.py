@@ -15,8 +15,9 @@ typed refusals (:mod:`.errors`). numpy only; no torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from shardport._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .declare import DeclareSpec, parse_declare
@@ -69,14 +70,7 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Import an exported name from its module on first use (PEP 562)."""
-    module = _HOME.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, globals(), _HOME)
 
 
 __all__ = [
