@@ -41,7 +41,13 @@ from typing import NamedTuple
 
 from shardport.registry.manifest import FileEntry, TensorEntry
 from shardport.registry.tiled_layout import tile_offset
-from shardport.registry.tiles import TensorTiles, TileGridError, TileIndex, plane_layout, tile_span
+from shardport.registry.tiles import (
+    TensorTiles,
+    TileGridError,
+    TileIndex,
+    tile_span,
+    tiles_mismatch,
+)
 
 from .errors import IndexMismatchError, SliceRequestError
 from .ranges import FetchPlan, plan_fetch
@@ -237,38 +243,12 @@ def _round_page(n: int) -> int:
 
 def check_tensor(entry: TensorEntry, tiles: TensorTiles, files: dict[str, FileEntry]) -> None:
     """Raise :class:`IndexMismatchError` unless ``tiles`` describes ``entry``'s bytes exactly."""
-    where = f"tensor {entry.name!r}"
-    try:
-        layout = plane_layout(entry)
-    except TileGridError as exc:
-        raise IndexMismatchError(f"{where}: the manifest entry cannot be tiled: {exc}") from exc
-    found = (tiles.file, tiles.start, tiles.end, tiles.rows, tiles.row_bytes)
-    wanted = (entry.file, entry.start, entry.end, layout.rows, layout.row_bytes)
-    if found != wanted:
+    problem = tiles_mismatch(entry, tiles, files)
+    if problem is not None:
         raise IndexMismatchError(
-            f"{where}: tile index has (file, start, end, rows, row_bytes) = {found}, the manifest {wanted}; "
-            "the tile index belongs to another artifact — re-resolve the manifest"
+            f"tensor {entry.name!r}: {problem}; the tile index belongs to another artifact — "
+            "re-resolve the manifest"
         )
-    if entry.layout not in ("row_major", "shardport-tiled"):
-        raise IndexMismatchError(
-            f"{where}: layout {entry.layout!r} in the manifest; this loader reads row_major and "
-            "shardport-tiled"
-        )
-
-    def describe(grid: tuple[int | None, int | None] | None) -> str:
-        return "row_major" if grid is None else f"tiled ({grid[0]} rows x {grid[1]} bytes per tile)"
-
-    found_grid = (tiles.row_block, tiles.col_block) if tiles.layout == "tiled" else None
-    wanted_grid = (entry.tile_rows, entry.tile_cols) if entry.layout == "shardport-tiled" else None
-    if found_grid != wanted_grid:
-        raise IndexMismatchError(
-            f"{where}: the manifest stores it {describe(wanted_grid)}, the tile index "
-            f"{describe(found_grid)}; the tile index belongs to another artifact — re-resolve the manifest"
-        )
-    file = files.get(entry.file)
-    if file is None or entry.end > file.size:
-        size = "missing" if file is None else f"{file.size} bytes"
-        raise IndexMismatchError(f"{where}: lies in {entry.file} ({size} in the manifest's files)")
 
 
 Touch = tuple[int, int, int, int, int]

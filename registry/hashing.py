@@ -31,7 +31,7 @@ def check_digest(value: object, *, what: str = "digest") -> str:
     Every digest read from the store (manifests, tag documents, referrers, leases, client state) goes
     through here or :data:`shardport.registry.digests.Digest` before it names a key or a file.
     """
-    if not isinstance(value, str) or _DIGEST.fullmatch(value) is None:
+    if not is_digest(value):
         raise MalformedDigestError(f"{what}: {value!r} is not a digest; expected {DIGEST_FORM}")
     return value
 

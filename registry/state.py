@@ -15,16 +15,15 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from shardport.registry.errors import StateFileError
+from shardport.registry.hashing import is_digest
 from shardport.registry.tags import SeenTag
 from shardport.registry.writers import write_file
 
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -99,8 +98,7 @@ def _parse(path: Path) -> dict[str, SeenTag]:
             not isinstance(version, int)
             or isinstance(version, bool)
             or version < 1
-            or not isinstance(digest, str)
-            or not _DIGEST.fullmatch(digest)
+            or not is_digest(digest)
         ):
             raise StateFileError(
                 f"client state {path}: tag {key!r}: expected {{'version': int >= 1, 'digest': "

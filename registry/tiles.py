@@ -64,6 +64,7 @@ from .tiles_grid import (
     choose_grid,
     plan_grid,
     plane_layout,
+    tiles_mismatch,
 )
 from .tiles_model import (
     HASH_NAME,
@@ -110,5 +111,6 @@ __all__ = [
     "tile_pieces",
     "tile_span",
     "tiles_for",
+    "tiles_mismatch",
     "verify_tile",
 ]

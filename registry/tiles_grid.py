@@ -26,15 +26,19 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shardport.registry.formats.gguf_gate import GGML_TYPES
 from shardport.registry.formats.safetensors_gate import DTYPE_BITS
-from shardport.registry.manifest import TensorEntry
+from shardport.registry.manifest import FileEntry, TensorEntry
 
 from .tiles_errors import TileGridError
 from .tiles_splits import AxisCuts, PlaneCuts
+
+if TYPE_CHECKING:
+    from .tiles_model import TensorTiles
 
 LADDER = (24, 12, 8, 6, 4, 3, 2, 1)
 """Alignment ladder: an axis is cut into a multiple of the first of these that divides its length."""
@@ -280,3 +284,33 @@ def _cut_grid(layout: PlaneLayout, cuts: PlaneCuts, target: int) -> GridChoice:
     pick = below or above
     assert pick is not None  # col_blocks is never empty
     return GridChoice(pick[2], pick[3], max(1, cuts.rows.unit), max(1, cuts.cols.unit))
+
+
+def tiles_mismatch(entry: TensorEntry, tiles: TensorTiles, files: Mapping[str, FileEntry]) -> str | None:
+    """Why ``tiles`` (a tile index entry) does not describe ``entry``'s bytes exactly, or None.
+
+    The one check a rank pull (the loader) and ``verify REF`` make before trusting a tile index entry.
+    """
+    try:
+        layout = plane_layout(entry)
+    except TileGridError as exc:
+        return f"the manifest entry cannot be tiled: {exc}"
+    found = (tiles.file, tiles.start, tiles.end, tiles.rows, tiles.row_bytes)
+    wanted = (entry.file, entry.start, entry.end, layout.rows, layout.row_bytes)
+    if found != wanted:
+        return f"tile index has (file, start, end, rows, row_bytes) = {found}, the manifest {wanted}"
+    if entry.layout not in ("row_major", "shardport-tiled"):
+        return f"layout {entry.layout!r} in the manifest; rank pulls read row_major and shardport-tiled"
+
+    def describe(grid: tuple[int | None, int | None] | None) -> str:
+        return "row_major" if grid is None else f"tiled ({grid[0]} rows x {grid[1]} bytes per tile)"
+
+    found_grid = (tiles.row_block, tiles.col_block) if tiles.layout == "tiled" else None
+    wanted_grid = (entry.tile_rows, entry.tile_cols) if entry.layout == "shardport-tiled" else None
+    if found_grid != wanted_grid:
+        return f"the manifest stores it {describe(wanted_grid)}, the tile index {describe(found_grid)}"
+    file = files.get(entry.file)
+    if file is None or entry.end > file.size:
+        size = "missing" if file is None else f"{file.size} bytes"
+        return f"lies in {entry.file} ({size} in the manifest's files)"
+    return None

@@ -13,7 +13,7 @@ narrow row-major grid is copied once, at most ``tile_target`` bytes), the gates 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +23,14 @@ import numpy.typing as npt
 from shardport import ShardportError
 from shardport.registry.analysis import check_stored
 from shardport.registry.formats import parse_gguf, parse_safetensors
-from shardport.registry.manifest import FileEntry, Manifest, TensorEntry
+from shardport.registry.manifest import Manifest
 from shardport.registry.notes import Notes
 from shardport.registry.tiles import (
     TensorTiles,
-    TileGridError,
     TileIndex,
     check_tile,
-    plane_layout,
     tile_hash,
+    tiles_mismatch,
 )
 from shardport.registry.witness_file import load_producer
 
@@ -77,7 +76,7 @@ def index_findings(manifest: Manifest, index: TileIndex) -> tuple[list[Finding],
         if tiles is None:
             out.append(("TileIndexMismatch", name, "tensor is in the manifest but not in the tile index"))
             continue
-        problem = _tensor_mismatch(entry, tiles, files)
+        problem = tiles_mismatch(entry, tiles, files)
         if problem:
             out.append(("TileIndexMismatch", name, problem))
         else:
@@ -88,28 +87,6 @@ def index_findings(manifest: Manifest, index: TileIndex) -> tuple[list[Finding],
         if name not in entries
     ]
     return out, good
-
-
-def _tensor_mismatch(entry: TensorEntry, tiles: TensorTiles, files: Mapping[str, FileEntry]) -> str | None:
-    """Why ``tiles`` does not describe ``entry``'s bytes (the rank pull's check), or None."""
-    try:
-        layout = plane_layout(entry)
-    except TileGridError as exc:
-        return f"the manifest entry cannot be tiled: {exc}"
-    found = (tiles.file, tiles.start, tiles.end, tiles.rows, tiles.row_bytes)
-    wanted = (entry.file, entry.start, entry.end, layout.rows, layout.row_bytes)
-    if found != wanted:
-        return f"tile index has (file, start, end, rows, row_bytes) = {found}, the manifest {wanted}"
-    if entry.layout not in ("row_major", "shardport-tiled"):
-        return f"layout {entry.layout!r} in the manifest is not one a rank pull reads"
-    found_grid = (tiles.row_block, tiles.col_block) if tiles.layout == "tiled" else None
-    wanted_grid = (entry.tile_rows, entry.tile_cols) if entry.layout == "shardport-tiled" else None
-    if found_grid != wanted_grid:
-        return f"the manifest stores it with tile grid {wanted_grid}, the tile index with {found_grid}"
-    file = files.get(entry.file)
-    if file is None or entry.end > file.size:
-        return f"lies in {entry.file} ({'missing' if file is None else f'{file.size} bytes'} in the files)"
-    return None
 
 
 def _tile_bytes(
