@@ -68,14 +68,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "loader")
 from rss_probe import measure as measure_rss
 from servers import start_seaweedfs
 
+from shardport.registry.artifact.hashing import digest_file
+from shardport.registry.artifact.manifest import FileEntry, TensorEntry
+from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.formats import parse_safetensors
-from shardport.registry.hashing import digest_file
-from shardport.registry.manifest import FileEntry, TensorEntry
-from shardport.registry.refs import parse_ref
-from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
-from shardport.registry.store import Store, blob_key
-from shardport.registry.tiles import CheckpointReader, build_tile_index
+from shardport.registry.store.backend import Store, blob_key
+from shardport.registry.tiles.build import CheckpointReader, build_tile_index
+from shardport.registry.trust.resolve import resolve
 
 HIDDEN = 4096
 

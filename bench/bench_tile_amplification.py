@@ -38,10 +38,11 @@ from servers import start_seaweedfs
 
 from shardport.loader.rank_pull import slices_of
 from shardport.placement import Plan, Topology, UnsplittableError, plan
+from shardport.registry.artifact.manifest import Manifest, TensorEntry
 from shardport.registry.errors import ShardportError
-from shardport.registry.manifest import Manifest, TensorEntry
 from shardport.registry.session import Session
-from shardport.registry.tiles import TileIndex, choose_grid, plane_layout
+from shardport.registry.tiles.grid import choose_grid, plane_layout
+from shardport.registry.tiles.model import TileIndex
 
 TPS = (2, 3, 4, 6, 8)
 VARIANT = "heads_18_kv_heads_9"

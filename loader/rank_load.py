@@ -2,7 +2,7 @@
 
 :func:`load_rank` (one rank) and :func:`load_ranks` (the ranks of one node, one shared read) are the
 loader's in-memory face: bring-up calls them and touches no file. The manifest and its tile index are
-verified by the registry (:func:`~shardport.registry.resolve.resolve`: signature, tag chain, digests);
+verified by the registry (:func:`~shardport.registry.trust.resolve.resolve`: signature, tag chain, digests);
 placement decides which byte runs each rank needs; :func:`~shardport.loader.read.read_slices` fetches
 exactly the tiles covering them and verifies each tile's BLAKE3 before use; every rank's witness rows
 are re-decoded from its slices (:mod:`.witness_check`) before anything is returned. The result holds
@@ -25,13 +25,14 @@ import numpy.typing as npt
 from shardport.placement import Plan, Topology, plan
 from shardport.placement.plan import RankPlan, TensorRead
 from shardport.registry.analysis import NUMPY_DTYPES
+from shardport.registry.artifact.manifest import Manifest, TensorEntry
+from shardport.registry.artifact.refs import Ref
+from shardport.registry.artifact.witness_file import ProducerWitness, load_producer
 from shardport.registry.errors import UsageError
-from shardport.registry.manifest import Manifest, TensorEntry
-from shardport.registry.refs import Ref
-from shardport.registry.resolve import Resolved, resolve
 from shardport.registry.session import Session
-from shardport.registry.tiles import TileIndex, plane_layout
-from shardport.registry.witness_file import ProducerWitness, load_producer
+from shardport.registry.tiles.grid import plane_layout
+from shardport.registry.tiles.model import TileIndex
+from shardport.registry.trust.resolve import Resolved, resolve
 
 from .ledger import ReadLedger
 from .read import ReadOptions, read_slices
@@ -231,8 +232,8 @@ def load_rank(
 ) -> RankTensors:
     """Rank ``rank``'s tensors of an artifact under ``topology``, in memory.
 
-    ``ref_or_resolved``: a :class:`~shardport.registry.refs.Ref` (resolved and verified here through
-    ``session``) or what :func:`~shardport.registry.resolve.resolve` already returned for it (the
+    ``ref_or_resolved``: a :class:`~shardport.registry.artifact.refs.Ref` (resolved and verified here through
+    ``session``) or what :func:`~shardport.registry.trust.resolve.resolve` already returned for it (the
     verified manifest and its digest; resolve once, load many ranks). ``policy``: the planner's split
     policy; ``options``: read tuning (:class:`~.read.ReadOptions`). Memory: the rank's assigned bytes
     plus, for a tensor assembled from several slices, one more copy of it while it is assembled.

@@ -23,8 +23,8 @@ from typing import Any
 
 from shardport.placement import Topology
 from shardport.registry import _failpoints
+from shardport.registry.artifact.refs import Ref
 from shardport.registry.destination import rank_pull_destination
-from shardport.registry.refs import Ref
 from shardport.registry.session import Session
 from shardport.registry.staging import stop_on_signals
 from shardport.registry.writers import StagedFiles

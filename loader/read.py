@@ -31,7 +31,7 @@ Pipeline per call of :func:`read_slices`:
    small scratch buffer) and compared with the tile index — tiles of the tiled layout that passed
    through the load's own memory as the file lays them out (a bounce buffer, an S3 response) were
    already hashed there, each contiguous, before being de-tiled (:class:`_Checked`); a mismatch raises
-   :class:`~shardport.registry.tiles.TileDigestMismatchError` (file, tensor, tile, byte range), the
+   :class:`~shardport.registry.tiles.index.TileDigestMismatchError` (file, tensor, tile, byte range), the
    other workers stop, and no array is returned — a result array is handed on only after every tile
    of every slice verified;
 4. *materialize*: staged bands are copied into the result arrays once verified — except a staged band
@@ -70,10 +70,10 @@ from itertools import pairwise
 import numpy as np
 import numpy.typing as npt
 
-from shardport.registry.manifest import FileEntry, TensorEntry
-from shardport.registry.retry import RetryPolicy
-from shardport.registry.store import Store
-from shardport.registry.tiles import TileIndex, check_tile, tile_hasher
+from shardport.registry.artifact.manifest import FileEntry, TensorEntry
+from shardport.registry.store.backend import Store
+from shardport.registry.store.retry import RetryPolicy
+from shardport.registry.tiles.model import TileIndex, check_tile, tile_hasher
 
 from .errors import LoaderError
 from .ledger import FetchedRange, ReadLedger, StageSeconds, merge_ranges, paged_bytes
@@ -125,7 +125,7 @@ class ReadOptions:
     cache, which then holds the bytes for later loads); ``announce`` tells the kernel about each batch's
     spans ahead (``POSIX_FADV_WILLNEED``, :data:`PREFETCH_AHEAD`; False: a batch's bytes are asked for
     only when its worker reads them, and what is cached when a batch starts is what was cached before);
-    ``retry`` is the S3 range reads' :class:`~shardport.registry.retry.RetryPolicy` (None: the store's,
+    ``retry`` is the S3 range reads' :class:`~shardport.registry.store.retry.RetryPolicy` (None: the store's,
     by default 10 attempts, 50 ms base backoff; the ledger counts the ``retries``).
     """
 

@@ -8,7 +8,7 @@ A :class:`Band` is a block of tiles ``(i..i1-1, j0..j1-1)`` of one tensor, read 
 In its file a band is ``runs`` runs of ``run_bytes`` bytes, the first at ``origin``, ``stride`` bytes
 apart. For a row-major tensor (``layout="row_major"``) the runs are the rows of the band's rectangle of
 the byte matrix (``origin = start + row0·row_bytes + col0``, ``stride = row_bytes``). For a tensor in
-the ``shardport-tiled`` layout (:mod:`shardport.registry.tiled_layout`) tiles are contiguous and the
+the ``shardport-tiled`` layout (:mod:`shardport.registry.tiles.layout`) tiles are contiguous and the
 tiles of a tile row follow each other, so each of the band's tile rows is one run: its tiles
 ``j0..j1-1`` one after the other (``tile_width`` bytes wide each, all of one width), ``stride`` = a whole
 tile row's bytes apart; the loader de-tiles them into the band's rows. The fetch planner merges runs
@@ -39,15 +39,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from shardport.registry.manifest import FileEntry, TensorEntry
-from shardport.registry.tiled_layout import tile_offset
-from shardport.registry.tiles import (
-    TensorTiles,
-    TileGridError,
-    TileIndex,
-    tile_span,
-    tiles_mismatch,
-)
+from shardport.registry.artifact.manifest import FileEntry, TensorEntry
+from shardport.registry.tiles.errors import TileGridError
+from shardport.registry.tiles.grid import tiles_mismatch
+from shardport.registry.tiles.layout import tile_offset
+from shardport.registry.tiles.model import TensorTiles, TileIndex, tile_span
 
 from .errors import IndexMismatchError, SliceRequestError
 from .ranges import FetchPlan, plan_fetch

@@ -20,10 +20,10 @@ import numpy as np
 import numpy.typing as npt
 
 from shardport.placement.plan import TensorRead
+from shardport.registry.artifact.manifest import TensorEntry
+from shardport.registry.artifact.witness_file import ProducerWitness, check_producer_box
 from shardport.registry.contracts import CellWitness, DecodeWitness, LogicalWeight, decode_weight
 from shardport.registry.contracts.witness import check_cells, compare_witness, witness_values
-from shardport.registry.manifest import TensorEntry
-from shardport.registry.witness_file import ProducerWitness, check_producer_box
 
 Range = tuple[int, int]
 

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+from shardport.registry.artifact.manifest import Manifest, TensorEntry
 from shardport.registry.contracts.model import LogicalWeight
-from shardport.registry.manifest import Manifest, TensorEntry
-from shardport.registry.tiles_splits import PARAM_ALIASES as _PARAM_ALIASES
+from shardport.registry.tiles.splits import PARAM_ALIASES as _PARAM_ALIASES
 
 from .errors import InventoryError
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from shardport.registry.artifact.manifest import TensorEntry
 from shardport.registry.contracts.gguf_blocks import BLOCK_SIZES
 from shardport.registry.contracts.model import (
     AffineIntContract,
@@ -39,7 +40,6 @@ from shardport.registry.contracts.model import (
     ZeroIntPlane,
 )
 from shardport.registry.formats.elements import DTYPE_BYTES
-from shardport.registry.manifest import TensorEntry
 
 from .errors import InventoryError, UnsupportedSplitError
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from shardport.registry.artifact.manifest import TensorEntry
 from shardport.registry.contracts.model import LogicalWeight
-from shardport.registry.manifest import TensorEntry
 
 from .coalesce import measure_runs
 from .errors import InventoryError, TopologyError
@@ -248,7 +248,7 @@ def plan(
 ) -> Plan:
     """Plan the reads of every rank of ``topology``, or of ``ranks`` only.
 
-    ``source``: a :class:`~shardport.registry.manifest.Manifest`, an :class:`.Inventory`, or a
+    ``source``: a :class:`~shardport.registry.artifact.manifest.Manifest`, an :class:`.Inventory`, or a
     ``(weights, tensors, params)`` tuple. ``policy``: ``align`` moves split points that would cut a
     group, block, packed word or head to its boundaries (recorded in ``Plan.splits``); ``refuse`` raises
     :class:`.SplitRefusedError` instead. ``max_gap``: the coalescing gap (bytes) under which the read

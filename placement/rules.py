@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shardport.registry.contracts.model import GraphBinding
-from shardport.registry.tiles_splits import COLUMN_OPS, FUSED_OPS, KV_OPS, ROW_OPS, VOCAB_SLOTS
+from shardport.registry.tiles.splits import COLUMN_OPS, FUSED_OPS, KV_OPS, ROW_OPS, VOCAB_SLOTS
 
 from .errors import UnsupportedSplitError
 from .plan import Rule

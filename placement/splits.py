@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardport.registry.tiles_splits import split_points
+from shardport.registry.tiles.splits import split_points
 
 from .errors import SplitRefusedError, UnsplittableError
 from .layout import Constraint

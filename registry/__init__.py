@@ -28,18 +28,18 @@ from typing import TYPE_CHECKING
 from shardport._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .convert import convert
-    from .errors import RegistryError
-    from .housekeeping import FsckReport, GcReport, fsck, gc
-    from .manifest import Manifest
-    from .pull import PullResult, pull
-    from .push import PushResult, push
-    from .refs import Ref, parse_ref
-    from .resolve import Resolved, resolve
-    from .session import Session
-    from .store import Store
-    from .trust import TrustPolicy
-    from .verify import Report, verify_checkpoint, verify_dir, verify_ref
+    from shardport.registry.artifact.manifest import Manifest
+    from shardport.registry.artifact.refs import Ref, parse_ref
+    from shardport.registry.convert import convert
+    from shardport.registry.errors import RegistryError
+    from shardport.registry.housekeeping import FsckReport, GcReport, fsck, gc
+    from shardport.registry.pull import PullResult, pull
+    from shardport.registry.push import PushResult, push
+    from shardport.registry.session import Session
+    from shardport.registry.store.backend import Store
+    from shardport.registry.trust.policy import TrustPolicy
+    from shardport.registry.trust.resolve import Resolved, resolve
+    from shardport.registry.verify import Report, verify_checkpoint, verify_dir, verify_ref
 
 #: Where each exported name lives; imported on first use (PEP 562).
 _HOME = {

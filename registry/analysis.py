@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shardport.registry.artifact.manifest import TensorEntry, WitnessFileRef
+from shardport.registry.artifact.witness_file import ProducerWitness, check_producer, producer_blob
 from shardport.registry.contracts import (
     DeclareSpec,
     FloatContract,
@@ -35,11 +37,9 @@ from shardport.registry.describe import read_json_object
 from shardport.registry.errors import UsageError
 from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
 from shardport.registry.formats.elements import ELEMENTS
-from shardport.registry.manifest import TensorEntry, WitnessFileRef
-from shardport.registry.notes import Note, Notes
-from shardport.registry.tiled_layout import LAYOUT, from_tiled
-from shardport.registry.tiles import plane_layout
-from shardport.registry.witness_file import ProducerWitness, check_producer, producer_blob
+from shardport.registry.formats.notes import Note, Notes
+from shardport.registry.tiles.grid import plane_layout
+from shardport.registry.tiles.layout import LAYOUT, from_tiled
 
 INDEX_FILE = "model.safetensors.index.json"
 #: numpy dtypes of the safetensors element types (BF16 and the 8-bit floats as their raw bits).
@@ -55,7 +55,7 @@ def witness_seed(name: str) -> int:
 class Analysis:
     """What the containers of a checkpoint hold.
 
-    ``notes``: what the gates found in fields no consumer reads (:mod:`shardport.registry.notes`;
+    ``notes``: what the gates found in fields no consumer reads (:mod:`shardport.registry.formats.notes`;
     recorded in the manifest). ``remarks``: what was checked, for people (not recorded).
     """
 
@@ -312,7 +312,7 @@ def check_stored(
     """Re-run the semantic gates, every witness and the producer's witness against bytes on disk.
 
     ``producer``: the manifest's ``push --witness`` rows
-    (:func:`~shardport.registry.witness_file.load_producer`), or None. Returns the weights checked.
+    (:func:`~shardport.registry.artifact.witness_file.load_producer`), or None. Returns the weights checked.
     """
     by_name = {e.name: e for e in tensors}
     inventory = stored_inventory(by_name.values())

@@ -8,11 +8,12 @@ from typing import Any
 
 from shardport.provenance.keys import SigningKey
 from shardport.registry import home
+from shardport.registry.artifact.refs import Ref
 from shardport.registry.errors import NotFoundError, UsageError
-from shardport.registry.refs import Ref
 from shardport.registry.session import Session
-from shardport.registry.signatures import SIGNATURE_ARTIFACT, attach, referrers, sign_manifest
-from shardport.registry.tagging import (
+from shardport.registry.trust.policy_file import load_policy, save_policy
+from shardport.registry.trust.signatures import SIGNATURE_ARTIFACT, attach, referrers, sign_manifest
+from shardport.registry.trust.tagging import (
     DEFAULT_VALIDITY,
     history,
     list_tags,
@@ -20,8 +21,7 @@ from shardport.registry.tagging import (
     repositories,
     require_signing_scope,
 )
-from shardport.registry.tags import RollbackOf, TagEntry
-from shardport.registry.trust import TrustPolicy
+from shardport.registry.trust.tags import RollbackOf, TagEntry
 
 _KEY_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a whole-string match: names become file names
 
@@ -36,8 +36,8 @@ def keygen(name: str = "default", scopes: tuple[str, ...] = ("*",)) -> dict[str,
         raise UsageError(f"key {private} already exists; pick another --name or remove it first")
     key = SigningKey.generate()
     key.save(private, public)
-    policy = TrustPolicy.load(home.trust_path()).with_key(key.verifying_key(), name, scopes)
-    policy.save(home.trust_path())
+    policy = load_policy(home.trust_path()).with_key(key.verifying_key(), name, scopes)
+    save_policy(policy, home.trust_path())
     return {
         "keyid": key.keyid,
         "private_key": str(private),
@@ -76,7 +76,7 @@ def tag(
 ) -> dict[str, Any]:
     """Point ``name:tag_name`` at what ``ref`` resolves to (verified)."""
     require_signing_scope(session, name, tag_name)
-    from shardport.registry.resolve import resolve  # manifests load pydantic: only where one is read
+    from shardport.registry.trust.resolve import resolve  # manifests load pydantic: only where one is read
 
     resolved = resolve(session, ref)
     if name != ref.name:  # the manifest's signatures follow it into the other repository
@@ -110,7 +110,7 @@ def rollback(
         raise UsageError("rollback needs --to DIGEST or --steps N")
     if target == head.doc.target:
         raise UsageError(f"tag {ref} already points at {target}")
-    from shardport.registry.resolve import resolve
+    from shardport.registry.trust.resolve import resolve
 
     resolve(session, Ref(name=ref.name, digest=target))
     entry = move_tag(
@@ -151,7 +151,7 @@ def ls(session: Session, name: str | None) -> list[dict[str, Any]]:
 
 def inspect(session: Session, ref: Ref) -> dict[str, Any]:
     """The verified manifest of ``ref`` with its digest, versions and files."""
-    from shardport.registry.resolve import resolve
+    from shardport.registry.trust.resolve import resolve
 
     resolved = resolve(session, ref)
     out: dict[str, Any] = {

@@ -35,16 +35,8 @@ import numpy.typing as npt
 
 import shardport
 from shardport.registry.analysis import PlaneReader, check_weight, stored_inventory
-from shardport.registry.contracts import LogicalWeight, TensorInfo, decode_weight
-from shardport.registry.errors import (
-    DigestMismatchError,
-    NotFoundError,
-    StoreError,
-    UsageError,
-    VerificationError,
-)
-from shardport.registry.hashing import digest_bytes, digest_file
-from shardport.registry.manifest import (
+from shardport.registry.artifact.hashing import digest_bytes, digest_file
+from shardport.registry.artifact.manifest import (
     ContainerInfo,
     FileEntry,
     Manifest,
@@ -53,16 +45,24 @@ from shardport.registry.manifest import (
     TensorEntry,
     TileIndexRef,
 )
+from shardport.registry.artifact.refs import Ref
+from shardport.registry.contracts import LogicalWeight, TensorInfo, decode_weight
+from shardport.registry.errors import (
+    DigestMismatchError,
+    NotFoundError,
+    StoreError,
+    UsageError,
+    VerificationError,
+)
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.push import LEASE_TIME, PushResult, publish, source_date
-from shardport.registry.refs import Ref
-from shardport.registry.resolve import resolve
 from shardport.registry.session import Session
-from shardport.registry.store import blob_key, file_identity
-from shardport.registry.tagging import DEFAULT_VALIDITY, require_signing_scope
-from shardport.registry.tags import format_time
-from shardport.registry.tiled_layout import LAYOUT, LAYOUT_VERSION, tile_offset, to_tiled
-from shardport.registry.tiles import TensorTiles, TileIndex, tile_hash
+from shardport.registry.store.backend import blob_key, file_identity
+from shardport.registry.tiles.layout import LAYOUT, LAYOUT_VERSION, tile_offset, to_tiled
+from shardport.registry.tiles.model import TensorTiles, TileIndex, tile_hash
+from shardport.registry.trust.resolve import resolve
+from shardport.registry.trust.tagging import DEFAULT_VALIDITY, require_signing_scope
+from shardport.registry.trust.tags import format_time
 
 SUFFIX = ".sptiled"
 WORKERS = max(1, min(4, os.cpu_count() or 1))

@@ -12,9 +12,9 @@ from typing import Any
 
 import rfc8785
 
+from shardport.registry.artifact.hashing import digest_bytes
+from shardport.registry.artifact.manifest import ContainerInfo, FileEntry, ModelInfo, QuantizationInfo
 from shardport.registry.errors import UsageError
-from shardport.registry.hashing import digest_bytes
-from shardport.registry.manifest import ContainerInfo, FileEntry, ModelInfo, QuantizationInfo
 
 METADATA_DIR = ".shardport"
 MODEL_PARAMS = (

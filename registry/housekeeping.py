@@ -17,16 +17,16 @@ from shardport.provenance.dsse import Envelope
 from shardport.provenance.errors import EnvelopeFormatError
 from shardport.provenance.keys import VerifyingKey
 from shardport.provenance.statement import Statement
+from shardport.registry.artifact.hashing import digest_bytes, hex_of, is_digest
+from shardport.registry.artifact.manifest import Manifest
+from shardport.registry.artifact.manifest_check import check_manifest
 from shardport.registry.errors import RegistryError, VerificationError
-from shardport.registry.hashing import digest_bytes, hex_of, is_digest
-from shardport.registry.manifest import Manifest
-from shardport.registry.manifest_check import check_manifest
 from shardport.registry.session import Session
-from shardport.registry.signatures import SIGNATURE_ARTIFACT, SIGNATURE_PREDICATE, SIGSTORE_ARTIFACT
-from shardport.registry.store import blob_key
-from shardport.registry.tagging import read_raw_history, repositories
-from shardport.registry.tags import TagEntry, parse_time, verify_history
-from shardport.registry.trust import TrustPolicy
+from shardport.registry.store.backend import blob_key
+from shardport.registry.trust.policy import TrustPolicy
+from shardport.registry.trust.signatures import SIGNATURE_ARTIFACT, SIGNATURE_PREDICATE, SIGSTORE_ARTIFACT
+from shardport.registry.trust.tagging import read_raw_history, repositories
+from shardport.registry.trust.tags import TagEntry, parse_time, verify_history
 
 GRACE = timedelta(hours=1)
 MAX_SIGNATURE = 16 << 20

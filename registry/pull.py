@@ -20,19 +20,19 @@ from pathlib import Path
 
 from shardport.registry import _failpoints
 from shardport.registry.analysis import check_stored
+from shardport.registry.artifact.manifest import FileEntry
+from shardport.registry.artifact.paths import check_paths
+from shardport.registry.artifact.refs import Ref
+from shardport.registry.artifact.witness_file import FOLDER_NAME as WITNESS_FILE
+from shardport.registry.artifact.witness_file import load_producer
 from shardport.registry.describe import METADATA_DIR
 from shardport.registry.destination import full_pull_destination
 from shardport.registry.errors import DigestMismatchError, UnsafePathError, UsageError
-from shardport.registry.manifest import FileEntry
-from shardport.registry.paths import check_paths
 from shardport.registry.progress import Quiet, Reporter
-from shardport.registry.refs import Ref
-from shardport.registry.resolve import Resolved, resolve
 from shardport.registry.session import Session
-from shardport.registry.signatures import SIGNATURE_ARTIFACT, referrers
 from shardport.registry.staging import remove_stale, stop_on_signals, temp_name
-from shardport.registry.witness_file import FOLDER_NAME as WITNESS_FILE
-from shardport.registry.witness_file import load_producer
+from shardport.registry.trust.resolve import Resolved, resolve
+from shardport.registry.trust.signatures import SIGNATURE_ARTIFACT, referrers
 from shardport.registry.writers import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2
 
 WORKERS = 4

@@ -21,20 +21,20 @@ from typing import Any
 import shardport
 from shardport.registry import _failpoints
 from shardport.registry.analysis import Analysis, analyze, producer_witness
+from shardport.registry.artifact.hashing import digest_bytes, digest_file
+from shardport.registry.artifact.manifest import FileEntry, Manifest, ProvenanceInfo, TileIndexRef
+from shardport.registry.artifact.manifest_check import check_manifest
+from shardport.registry.artifact.paths import check_paths
 from shardport.registry.describe import container_of, model_of, quantization_of, scan, source_digest
 from shardport.registry.errors import UnsignedError, UsageError
-from shardport.registry.hashing import digest_bytes, digest_file
-from shardport.registry.manifest import FileEntry, Manifest, ProvenanceInfo, TileIndexRef
-from shardport.registry.manifest_check import check_manifest
-from shardport.registry.paths import check_paths
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.session import Session
-from shardport.registry.signatures import attach_sigstore_bundle, manifest_statement, sign_manifest
-from shardport.registry.store import file_identity
-from shardport.registry.tagging import DEFAULT_VALIDITY, history, move_tag, require_signing_scope
-from shardport.registry.tags import format_time
-from shardport.registry.tiles import CheckpointReader, build_tile_index
-from shardport.registry.tiles_splits import plane_cuts
+from shardport.registry.store.backend import file_identity
+from shardport.registry.tiles.build import CheckpointReader, build_tile_index
+from shardport.registry.tiles.splits import plane_cuts
+from shardport.registry.trust.signatures import attach_sigstore_bundle, manifest_statement, sign_manifest
+from shardport.registry.trust.tagging import DEFAULT_VALIDITY, history, move_tag, require_signing_scope
+from shardport.registry.trust.tags import format_time
 
 LEASE_TIME = timedelta(hours=6)
 WORKERS = 4
@@ -159,7 +159,8 @@ def push(
     logical weight gets its numeric contract (inferred, or ``declare``d), the semantic gates run on its
     planes, and quantized weights get a decode witness (with ``reference``, a float checkpoint, the
     measured error is recorded and a push far beyond the bit width's error is refused).
-    ``witness``: the producer's own rows (:mod:`shardport.registry.witness_file`), checked the same way
+    ``witness``: the producer's own rows (:mod:`shardport.registry.artifact.witness_file`), checked the
+    same way
     and stored as a blob the manifest names.
     """
     if session.key is None and not session.allow_unsigned:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from shardport.provenance.keys import SigningKey
 from shardport.registry import home
-from shardport.registry.state import TrustState, legacy_identities, store_identity
-from shardport.registry.store import Store
-from shardport.registry.trust import TrustPolicy
+from shardport.registry.store.backend import Store
+from shardport.registry.trust.policy import TrustPolicy
+from shardport.registry.trust.policy_file import load_policy
+from shardport.registry.trust.state import TrustState, legacy_identities, store_identity
 
 
 def _utcnow() -> datetime:
@@ -48,7 +49,7 @@ class Session:
             store.url, local_root=store.root if store.is_local else None, endpoint=store.endpoint
         )
         legacy = () if store.is_local else legacy_identities(store.url, s3_endpoint)
-        policy = TrustPolicy.load(trust or home.trust_path())
+        policy = load_policy(trust or home.trust_path())
         signing = None
         default_key = home.keys_dir() / "default.key"
         if key is not None:

@@ -14,6 +14,12 @@ from shardport import ShardportError
 from shardport.registry import _failpoints
 from shardport.registry import verify_content as content
 from shardport.registry.analysis import analyze
+from shardport.registry.artifact.hashing import digest_file
+from shardport.registry.artifact.manifest import FileEntry, Manifest
+from shardport.registry.artifact.manifest_check import check_manifest
+from shardport.registry.artifact.paths import check_paths
+from shardport.registry.artifact.refs import Ref
+from shardport.registry.artifact.witness_file import FOLDER_NAME as WITNESS_FILE
 from shardport.registry.describe import METADATA_DIR, scan
 from shardport.registry.errors import (
     NotFoundError,
@@ -22,17 +28,11 @@ from shardport.registry.errors import (
     UsageError,
     VerificationError,
 )
-from shardport.registry.hashing import digest_file
-from shardport.registry.manifest import FileEntry, Manifest
-from shardport.registry.manifest_check import check_manifest
-from shardport.registry.paths import check_paths
-from shardport.registry.refs import Ref
 from shardport.registry.session import Session
-from shardport.registry.signatures import check_envelope, referrers, verify_manifest
 from shardport.registry.staging import stop_on_signals
-from shardport.registry.tagging import history
-from shardport.registry.tiles import TileIndex
-from shardport.registry.witness_file import FOLDER_NAME as WITNESS_FILE
+from shardport.registry.tiles.model import TileIndex
+from shardport.registry.trust.signatures import check_envelope, referrers, verify_manifest
+from shardport.registry.trust.tagging import history
 
 WORKERS = 4
 """Blobs streamed from the store at once by ``verify REF``."""

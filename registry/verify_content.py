@@ -22,17 +22,12 @@ import numpy.typing as npt
 
 from shardport import ShardportError
 from shardport.registry.analysis import check_stored
+from shardport.registry.artifact.manifest import Manifest
+from shardport.registry.artifact.witness_file import load_producer
 from shardport.registry.formats import parse_gguf, parse_safetensors
-from shardport.registry.manifest import Manifest
-from shardport.registry.notes import Notes
-from shardport.registry.tiles import (
-    TensorTiles,
-    TileIndex,
-    check_tile,
-    tile_hash,
-    tiles_mismatch,
-)
-from shardport.registry.witness_file import load_producer
+from shardport.registry.formats.notes import Notes
+from shardport.registry.tiles.grid import tiles_mismatch
+from shardport.registry.tiles.model import TensorTiles, TileIndex, check_tile, tile_hash
 
 Finding = tuple[str, str, str]
 """``(kind, object, message)``: one line of a verification report."""

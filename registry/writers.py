@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # numpy only where tensors are written: small files (state, t
     import numpy.typing as npt
 
 from shardport.registry.errors import UsageError, VerificationError
-from shardport.registry.libc import libc_function
 from shardport.registry.staging import remove_stale, temp_name
+from shardport.registry.store.libc import libc_function
 
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1

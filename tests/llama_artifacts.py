@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from shardport.cli import main
-from shardport.registry.manifest import Manifest
+from shardport.registry.artifact.manifest import Manifest
 
 HIDDEN, INTER, LAYERS, HEADS = 1024, 2048, 2, 8
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "checkpoint_format": "gptq"}

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shardport.registry.retry import RetryPolicy
-from shardport.registry.store import Store
+from shardport.registry.store.backend import Store
+from shardport.registry.store.retry import RetryPolicy
 
 from ._linux import SINK_BYTES, anonymous, cached_pages, direct_middle
 from .local import LocalBlobSource

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from shardport.registry.libc import libc_function
+from shardport.registry.store.libc import libc_function
 
 from ..schedule import DIRECT_MIN
 

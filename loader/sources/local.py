@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from shardport.registry.errors import NotFoundError, StoreError, StoreObjectError
-from shardport.registry.store import Store, blob_key
+from shardport.registry.store.backend import Store, blob_key
 
 from ..errors import BlobNotFoundError, RangeReadError
 from ..ranges import FetchPlan, Span

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 
-from shardport.registry.retry import RetryPolicy
-from shardport.registry.store import Store, blob_key
+from shardport.registry.store.backend import Store, blob_key
+from shardport.registry.store.retry import RetryPolicy
 
 from ..errors import BlobNotFoundError, RangeReadError
 from ..ranges import FetchPlan
@@ -42,7 +42,8 @@ class S3BlobSource:
     ) -> bool:
         """All of the batch's ranges concurrently, then copy each into its destination.
 
-        Each range is read with bounded, retried GETs (:meth:`~shardport.registry.store.Store.read_ranges`:
+        Each range is read with bounded, retried GETs
+        (:meth:`~shardport.registry.store.backend.Store.read_ranges`:
         a reset, a truncated body or a 5xx re-requests that range alone; 4xx answers are final; every byte
         is still verified above). Tiled bands are checked in the responses first. Always waits on the
         network (returns True).

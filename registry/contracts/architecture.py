@@ -1,7 +1,7 @@
 """Does the inventory match the architecture it claims? (llama family, dense and MoE).
 
 Pure: takes the config parameters and the inferred weights' graph bindings. A missing or an
-unexpected operator slot goes to the :class:`~shardport.registry.notes.Notes` collector: a note by
+unexpected operator slot goes to the :class:`~shardport.registry.formats.notes.Notes` collector: a note by
 default (the rule is ours, a heuristic of the llama family; a loader checks its own inventory when it
 binds the weights), :class:`InventoryMismatchError` under ``strict``. Architectures this module does
 not know are not checked (the result says so).
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from shardport.registry.notes import Notes
+from shardport.registry.formats.notes import Notes
 
 from .errors import InventoryMismatchError
 from .model import LogicalWeight

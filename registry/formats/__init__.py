@@ -14,7 +14,8 @@ for its table of ggml block sizes.
 
 A check of a field no loader reads (an index's ``total_size``, an unknown tensor-entry field, a GGUF
 string value that is not UTF-8) hands its error to the ``notes`` collector when one is given
-(:class:`~shardport.registry.notes.Notes`: a note, or the error under ``strict``); without one it raises.
+(:class:`~shardport.registry.formats.notes.Notes`: a note, or the error under ``strict``); without one it
+raises.
 """
 
 from .errors import ContainerError

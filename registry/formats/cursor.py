@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from typing import cast
 
-from shardport.registry.notes import Notes
+from shardport.registry.formats.notes import Notes
 
 from .errors import (
     HeaderEncodingError,

@@ -20,7 +20,8 @@ What the gate proves before it returns a :class:`GGUFHeader`:
   the previous tensor's end padded to the alignment, in info order.
 
 A KV string value that is not UTF-8 is informative to every runtime (llama.cpp keeps strings as bytes):
-it goes to the :class:`~shardport.registry.notes.Notes` collector (kept with U+FFFD for each bad byte;
+it goes to the :class:`~shardport.registry.formats.notes.Notes` collector (kept with U+FFFD for each bad
+byte;
 :class:`HeaderEncodingError` under ``strict`` or without a collector). Keys and tensor names name
 things and always refuse.
 
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TypeAlias
 
-from shardport.registry.notes import Notes, collector
+from shardport.registry.formats.notes import Notes, collector
 
 from .cursor import HeaderCursor
 from .elements import GGML_BY_ID

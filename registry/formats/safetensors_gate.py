@@ -16,7 +16,7 @@ What the gate proves before it returns a :class:`SafetensorsHeader`:
 
 This is stricter than ``safetensors`` itself, which accepts duplicate keys and unknown fields. A
 duplicate key always refuses (two parsers may keep different entries); an unknown field in a tensor
-entry is read by no loader, so it goes to the :class:`~shardport.registry.notes.Notes` collector — a
+entry is read by no loader, so it goes to the :class:`~shardport.registry.formats.notes.Notes` collector — a
 note by default, :class:`TensorEntryError` under ``strict`` or without a collector.
 """
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NoReturn
 
-from shardport.registry.notes import Notes, collector
+from shardport.registry.formats.notes import Notes, collector
 
 from .elements import ELEMENTS, SAFETENSORS_DTYPES
 from .errors import (

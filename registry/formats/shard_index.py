@@ -14,7 +14,7 @@ The work is split into pure steps and one I/O shell:
 
 Which shard holds which tensor protects every loader and always refuses. ``total_size`` and
 ``total_parameters`` are read by no loader (one producer writes the sum of file sizes, others omit
-them): a wrong or malformed value goes to the :class:`~shardport.registry.notes.Notes` collector — a
+them): a wrong or malformed value goes to the :class:`~shardport.registry.formats.notes.Notes` collector — a
 note by default, its error under ``strict`` (a gate called without a collector raises).
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 
-from shardport.registry.notes import Notes, collector
+from shardport.registry.formats.notes import Notes, collector
 
 from .errors import (
     ShardIndexError,
@@ -244,7 +244,7 @@ def validate_sharded_checkpoint(
 ) -> ShardedCheckpoint:
     """Read an index file and the header of every shard it names (in its directory) and check them.
 
-    Findings in fields no loader reads go to ``notes`` (see :mod:`shardport.registry.notes`).
+    Findings in fields no loader reads go to ``notes`` (see :mod:`shardport.registry.formats.notes`).
     """
     name = os.fspath(index_path)
     with FileSource(name) as source:

@@ -9,9 +9,9 @@ import pytest
 from llama_artifacts import cli, gptq_llama, ok, reassemble
 from safetensors.numpy import load_file
 
-from shardport.registry.manifest import Manifest
+from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.session import Session
-from shardport.registry.store import blob_key
+from shardport.registry.store.backend import blob_key
 
 TILES = ("--tile-min", "256", "--tile-size", "16384")
 WEIGHT = "model.layers.1.mlp.down_proj.weight"

@@ -17,11 +17,11 @@ import pytest
 from llama_artifacts import cli, gguf_llama, gptq_llama, ok, reassemble
 from safetensors import safe_open
 
+from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.contracts import CellWitness, decode_weight
 from shardport.registry.contracts.model import cell_positions
-from shardport.registry.manifest import Manifest
 from shardport.registry.session import Session
-from shardport.registry.store import blob_key
+from shardport.registry.store.backend import blob_key
 
 
 def pushed(store: str, kind: str, folder: Path) -> tuple[Path, str]:
@@ -192,8 +192,8 @@ def test_rank_pulls_seaweedfs(kind: str, seaweed_store_url: str, tmp_path: Path,
 def test_rank_load_refuses_bytes_contradicting_the_witness(tmp_path: Path, home: Path) -> None:
     from shardport.provenance import dsse
     from shardport.provenance.statement import PAYLOAD_TYPE
-    from shardport.registry.signatures import SIGNATURE_ARTIFACT, attach, manifest_statement
-    from shardport.registry.tagging import move_tag
+    from shardport.registry.trust.signatures import SIGNATURE_ARTIFACT, attach, manifest_statement
+    from shardport.registry.trust.tagging import move_tag
 
     store = str(tmp_path / "store")
     _, digest = pushed(store, "gptq", tmp_path / "ck")

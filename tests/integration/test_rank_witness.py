@@ -9,7 +9,7 @@ from pathlib import Path
 from llama_artifacts import ok
 from witness_artifacts import gguf_model
 
-from shardport.registry.manifest import Manifest
+from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.session import Session
 
 

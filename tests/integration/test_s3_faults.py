@@ -17,7 +17,7 @@ from llama_artifacts import cli, gptq_llama, ok, reassemble
 from servers import S3Server
 from support import make_checkpoint
 
-from shardport.registry.manifest import Manifest
+from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.session import Session
 
 pytestmark = pytest.mark.s3

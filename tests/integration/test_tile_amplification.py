@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from llama_artifacts import cli, gguf_smollm, ok, reassemble
 
-from shardport.registry.manifest import Manifest
+from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.session import Session
-from shardport.registry.tiles import TileIndex
+from shardport.registry.tiles.model import TileIndex
 
 
 @pytest.mark.slow

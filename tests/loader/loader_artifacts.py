@@ -13,12 +13,14 @@ from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 from shardport.loader import PlaneSlice, ReadOptions, SliceRead, read_slices
+from shardport.registry.artifact.hashing import digest_file
+from shardport.registry.artifact.manifest import FileEntry, TensorEntry
 from shardport.registry.formats import parse_gguf, parse_safetensors
-from shardport.registry.hashing import digest_file
-from shardport.registry.manifest import FileEntry, TensorEntry
-from shardport.registry.store import Store, blob_key
-from shardport.registry.tiled_layout import LAYOUT, to_tiled
-from shardport.registry.tiles import CheckpointReader, TensorTiles, TileIndex, build_tile_index, plane_layout
+from shardport.registry.store.backend import Store, blob_key
+from shardport.registry.tiles.build import CheckpointReader, build_tile_index
+from shardport.registry.tiles.grid import plane_layout
+from shardport.registry.tiles.layout import LAYOUT, to_tiled
+from shardport.registry.tiles.model import TensorTiles, TileIndex
 
 
 @dataclass

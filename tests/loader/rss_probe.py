@@ -18,9 +18,9 @@ SCRIPT = r"""
 import json, resource, sys
 from pathlib import Path
 from shardport.loader import PlaneSlice, ReadOptions, read_slices
-from shardport.registry.manifest import FileEntry, TensorEntry
-from shardport.registry.store import Store
-from shardport.registry.tiles import TileIndex
+from shardport.registry.artifact.manifest import FileEntry, TensorEntry
+from shardport.registry.store.backend import Store
+from shardport.registry.tiles.model import TileIndex
 
 def status(key):
     line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(key))

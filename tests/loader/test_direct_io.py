@@ -19,7 +19,8 @@ from loader_artifacts import Artifact, load, publish, rank_slices, tiled_copy, w
 from shardport.loader import schedule_reads
 from shardport.loader.schedule import DIRECT_MIN
 from shardport.loader.sources import LocalBlobSource, anonymous, cached_pages, direct_middle
-from shardport.registry.tiles import TileDigestMismatchError, tile_pieces
+from shardport.registry.tiles.errors import TileDigestMismatchError
+from shardport.registry.tiles.model import tile_pieces
 
 PAGE = mmap.PAGESIZE
 

@@ -23,9 +23,9 @@ from safetensors.numpy import save_file
 from shardport.loader import FetchedRange, RankTensors, load_rank, load_ranks, pull_rank, pull_ranks
 from shardport.placement import Topology
 from shardport.placement.errors import PlacementError
-from shardport.registry.refs import parse_ref
-from shardport.registry.resolve import resolve
+from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.session import Session
+from shardport.registry.trust.resolve import resolve
 from shardport.registry.writers import write_safetensors
 
 HIDDEN, INTER, HEADS, VOCAB, GROUP = 384, 768, 12, 96, 32

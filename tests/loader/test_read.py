@@ -22,10 +22,11 @@ from shardport.loader import (
 )
 from shardport.loader.ranges import FetchPlan, plan_fetch
 from shardport.loader.schedule import Band
+from shardport.registry.artifact.manifest import FileEntry
 from shardport.registry.errors import DigestMismatchError
-from shardport.registry.manifest import FileEntry
-from shardport.registry.store import blob_key
-from shardport.registry.tiles import TensorTiles, TileDigestMismatchError, tile_pieces
+from shardport.registry.store.backend import blob_key
+from shardport.registry.tiles.errors import TileDigestMismatchError
+from shardport.registry.tiles.model import TensorTiles, tile_pieces
 
 
 @pytest.fixture(scope="module")

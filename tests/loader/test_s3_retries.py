@@ -13,9 +13,9 @@ from loader_artifacts import Artifact, load, publish, rank_slices, write_safeten
 from servers import S3Server
 
 from shardport.loader import RangeReadError
-from shardport.registry.retry import RetryPolicy, retryable
-from shardport.registry.store import Store
-from shardport.registry.tiles import TileDigestMismatchError
+from shardport.registry.store.backend import Store
+from shardport.registry.store.retry import RetryPolicy, retryable
+from shardport.registry.tiles.errors import TileDigestMismatchError
 
 pytestmark = pytest.mark.s3
 

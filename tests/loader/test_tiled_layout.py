@@ -1,7 +1,7 @@
 """Verified range reads of artifacts in the ``shardport-tiled`` layout, against their row-major twins.
 
 A real safetensors file is published row-major; a tiled copy of it (every tensor rewritten with
-:func:`~shardport.registry.tiled_layout.to_tiled`, at new offsets, in another order) is published next
+:func:`~shardport.registry.tiles.layout.to_tiled`, at new offsets, in another order) is published next
 to it with a tile index holding the same hashes and ``layout="tiled"``. Both must read back the same
 slices; the tiled one reads a column slice with a request per tile row instead of one per matrix row.
 """
@@ -28,14 +28,9 @@ from loader_artifacts import (
 
 from shardport.loader import PlaneSlice, schedule_reads
 from shardport.loader.ranges import plan_fetch
-from shardport.registry.tiled_layout import from_tiled
-from shardport.registry.tiles import (
-    TileDigestMismatchError,
-    TileIndex,
-    tile_nbytes,
-    tile_pieces,
-    verify_tile,
-)
+from shardport.registry.tiles.errors import TileDigestMismatchError
+from shardport.registry.tiles.layout import from_tiled
+from shardport.registry.tiles.model import TileIndex, tile_nbytes, tile_pieces, verify_tile
 
 
 def twins(root: Path, store_url: str, **shape: int) -> tuple[Artifact, Artifact]:

@@ -127,8 +127,8 @@ def test_a_tampered_byte_in_any_ranks_cell_is_caught_by_that_rank(tmp_path: Path
 
 def test_ranks_check_the_producer_witness_rows_in_their_slice(tmp_path: Path) -> None:
     from shardport.registry.analysis import PlaneReader
+    from shardport.registry.artifact.witness_file import ProducerWitness
     from shardport.registry.contracts import decode_weight
-    from shardport.registry.witness_file import ProducerWitness
 
     params = gptq_llama(tmp_path)
     analysis = analysed(tmp_path)

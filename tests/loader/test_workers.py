@@ -20,7 +20,7 @@ from shardport.loader.ranges import FetchPlan
 from shardport.loader.read import _Runner
 from shardport.loader.schedule import Band, schedule_reads
 from shardport.loader.sources import BlobSource, Dest, TileCheck, open_source
-from shardport.registry.tiles import TileDigestMismatchError
+from shardport.registry.tiles.errors import TileDigestMismatchError
 
 HOLD = 0.004
 """Seconds each fetch and each verification is held, so that concurrent ones overlap for certain."""

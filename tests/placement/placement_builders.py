@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardport.placement import Inventory, Piece, Plan, coalesce, expert_owner
+from shardport.registry.artifact.manifest import TensorEntry
 from shardport.registry.contracts import TensorInfo, infer_gguf, infer_safetensors
 from shardport.registry.contracts.encodings import DTYPE_BYTES
 from shardport.registry.contracts.gguf_blocks import BLOCK_SIZES
-from shardport.registry.manifest import TensorEntry
 
 HF_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 GGUF_NAMES = {

@@ -20,8 +20,8 @@ from shardport.placement import (
     UnsupportedSplitError,
     plan,
 )
+from shardport.registry.artifact.manifest import ContainerInfo, FileEntry, Manifest, ModelInfo
 from shardport.registry.contracts import TensorInfo, infer_safetensors
-from shardport.registry.manifest import ContainerInfo, FileEntry, Manifest, ModelInfo
 
 GQA = Shape(layers=1, heads=8, kv_heads=2, head_dim=16, intermediate=64, vocab=32)
 

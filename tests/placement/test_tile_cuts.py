@@ -1,7 +1,7 @@
 """Tiles fit every split: each rank's rectangles of every plan land on tile boundaries, and no tile cuts a
 quantization group, GGUF block or packed word.
 
-The tile grids are made as push makes them (:func:`shardport.registry.tiles_splits.plane_cuts` → the
+The tile grids are made as push makes them (:func:`shardport.registry.tiles.splits.plane_cuts` → the
 grid); the plans are the planner's own, for every tp in ``SPLITS`` (and ep for stacked experts) that it
 accepts on the model. A rectangle edge off a tile boundary would make two ranks read the whole tile.
 """
@@ -20,8 +20,9 @@ from shardport.loader.rank_pull import slices_of
 from shardport.placement import Inventory, Topology, TopologyError, UnsplittableError, plan
 from shardport.registry.contracts import TensorInfo, infer_gguf
 from shardport.registry.contracts.gguf_blocks import BLOCK_SIZES
-from shardport.registry.tiles import TensorTiles, TileIndex, choose_grid, plane_layout
-from shardport.registry.tiles_splits import SPLITS, plane_cuts, split_points
+from shardport.registry.tiles.grid import choose_grid, plane_layout
+from shardport.registry.tiles.model import TensorTiles, TileIndex
+from shardport.registry.tiles.splits import SPLITS, plane_cuts, split_points
 
 
 def _grids(inv: Inventory) -> dict[str, tuple[int, int, int, int, int]]:

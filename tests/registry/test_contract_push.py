@@ -15,10 +15,10 @@ from support import Cli
 
 from shardport.provenance import dsse
 from shardport.provenance.statement import PAYLOAD_TYPE
-from shardport.registry.manifest import Manifest
+from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.session import Session
-from shardport.registry.signatures import SIGNATURE_ARTIFACT, attach, manifest_statement
-from shardport.registry.tagging import move_tag
+from shardport.registry.trust.signatures import SIGNATURE_ARTIFACT, attach, manifest_statement
+from shardport.registry.trust.tagging import move_tag
 
 PREFIX = "model.layers.0.mlp.down_proj"
 WEIGHT = f"{PREFIX}.weight"

@@ -16,6 +16,7 @@ import pytest
 from llama_artifacts import gguf_llama, gptq_llama, ok
 
 from shardport.registry.analysis import PlaneReader, stored_inventory
+from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.contracts import LogicalWeight
 from shardport.registry.convert import (
     DECODE_BYTES_DEFAULT,
@@ -24,9 +25,8 @@ from shardport.registry.convert import (
     _run_bounded,
 )
 from shardport.registry.errors import VerificationError
-from shardport.registry.manifest import Manifest
 from shardport.registry.session import Session
-from shardport.registry.store import blob_key
+from shardport.registry.store.backend import blob_key
 
 
 class _Meter:

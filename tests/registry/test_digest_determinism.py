@@ -126,7 +126,7 @@ def test_push_time_changes_the_tag_document_not_the_manifest(local: Cli, tmp_pat
 
     from shardport.registry.push import push
     from shardport.registry.session import Session
-    from shardport.registry.tagging import history
+    from shardport.registry.trust.tagging import history
 
     folder = checkpoint(tmp_path / "a")
     digests, issued = [], []

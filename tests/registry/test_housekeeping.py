@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from support import Cli, make_checkpoint
 
+from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.errors import StateFileError
 from shardport.registry.housekeeping import fsck, gc
-from shardport.registry.manifest import Manifest
 from shardport.registry.progress import Quiet, reporter
 from shardport.registry.session import Session
-from shardport.registry.store import blob_key, tag_key
-from shardport.registry.tags import format_time
+from shardport.registry.store.backend import blob_key, tag_key
+from shardport.registry.trust.tags import format_time
 
 
 @pytest.fixture

@@ -12,16 +12,16 @@ from hypothesis import strategies as st
 from support import Cli, make_checkpoint
 
 from shardport.provenance.keys import SigningKey
+from shardport.registry.artifact.paths import check_paths
+from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.describe import scan
 from shardport.registry.errors import UnsafePathError
-from shardport.registry.paths import check_paths
 from shardport.registry.pull import pull
 from shardport.registry.push import push
-from shardport.registry.refs import parse_ref
 from shardport.registry.session import Session
-from shardport.registry.state import TrustState
-from shardport.registry.store import Store
-from shardport.registry.trust import TrustPolicy
+from shardport.registry.store.backend import Store
+from shardport.registry.trust.policy import TrustPolicy
+from shardport.registry.trust.state import TrustState
 
 
 def stored_files(store: Path) -> list[Path]:

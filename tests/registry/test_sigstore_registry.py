@@ -11,7 +11,7 @@ import pytest
 from support import Cli, make_checkpoint
 
 from shardport.registry.session import Session
-from shardport.registry.signatures import attach_sigstore_bundle
+from shardport.registry.trust.signatures import attach_sigstore_bundle
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "sigstore"
 DSSE_IDENTITY = "https://github.com/prefix-dev/sigstore-example/.github/workflows/action.yaml@refs/heads/main"

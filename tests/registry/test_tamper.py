@@ -17,13 +17,13 @@ from support import Cli, make_checkpoint
 from shardport.provenance import dsse
 from shardport.provenance.keys import SigningKey
 from shardport.provenance.statement import PAYLOAD_TYPE, Statement
-from shardport.registry.hashing import digest_bytes, hex_of
-from shardport.registry.manifest import ContainerInfo, FileEntry, Manifest
+from shardport.registry.artifact.hashing import digest_bytes, hex_of
+from shardport.registry.artifact.manifest import ContainerInfo, FileEntry, Manifest
 from shardport.registry.session import Session
-from shardport.registry.signatures import SIGNATURE_ARTIFACT, attach, referrers, sign_manifest
-from shardport.registry.store import blob_key, tag_key
-from shardport.registry.tagging import move_tag
-from shardport.registry.tags import TagDocument
+from shardport.registry.store.backend import blob_key, tag_key
+from shardport.registry.trust.signatures import SIGNATURE_ARTIFACT, attach, referrers, sign_manifest
+from shardport.registry.trust.tagging import move_tag
+from shardport.registry.trust.tags import TagDocument
 
 NAME, TAG = "acme/model", "prod"
 
@@ -132,7 +132,7 @@ def test_equivocation(world: tuple[Cli, Session, dict[str, str]], tmp_path: Path
     cli.ok("pull", f"{NAME}:{TAG}", tmp_path / "seen")
     # A different, validly signed version 2 (same trusted key, other target).
     entries_raw = session.store.read(tag_key(NAME, TAG, 1))
-    from shardport.registry.tags import TagDocument, _parse_entry
+    from shardport.registry.trust.tags import TagDocument, _parse_entry
 
     _, doc1 = _parse_entry(entries_raw, "v1")
     evil = TagDocument(

@@ -19,13 +19,13 @@ import pytest
 from llama_artifacts import cli
 
 from shardport.provenance import dsse
-from shardport.registry.hashing import hex_of
-from shardport.registry.manifest import Manifest, TileIndexRef
+from shardport.registry.artifact.hashing import hex_of
+from shardport.registry.artifact.manifest import Manifest, TileIndexRef
 from shardport.registry.session import Session
-from shardport.registry.signatures import SIGNATURE_ARTIFACT, attach, referrers, sign_manifest
-from shardport.registry.store import blob_key, referrer_key, tag_key
-from shardport.registry.tagging import move_tag
-from shardport.registry.tiles import TileIndex
+from shardport.registry.store.backend import blob_key, referrer_key, tag_key
+from shardport.registry.tiles.model import TileIndex
+from shardport.registry.trust.signatures import SIGNATURE_ARTIFACT, attach, referrers, sign_manifest
+from shardport.registry.trust.tagging import move_tag
 
 NAME, TAG = "acme/tiny", "q4"
 REF = f"{NAME}:{TAG}"

@@ -89,7 +89,7 @@ def select_ranks(args: argparse.Namespace) -> RankSelection | None:
 
 def _pull_ranks(session: Session, args: argparse.Namespace, selection: RankSelection) -> dict[str, Any]:
     from shardport.loader.rank_pull import pull_rank, pull_ranks
-    from shardport.registry.refs import parse_ref
+    from shardport.registry.artifact.refs import parse_ref
 
     ref = parse_ref(args.ref)
     if selection.node:
@@ -104,9 +104,9 @@ def pull(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[A
     selection = select_ranks(args)
     if selection is not None:
         return _pull_ranks(session, args, selection), 0
+    from shardport.registry.artifact.refs import parse_ref
     from shardport.registry.progress import reporter
     from shardport.registry.pull import pull
-    from shardport.registry.refs import parse_ref
 
     with reporter(json_mode) as rep:
         return pull(session, parse_ref(args.ref), args.dest, reporter=rep, force=args.force).to_json(), 0

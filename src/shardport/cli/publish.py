@@ -29,10 +29,10 @@ def _declare(text: str | None) -> str | None:
 
 def push(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     """Run ``push SRC NAME:TAG``."""
+    from shardport.registry.artifact.refs import parse_ref
     from shardport.registry.progress import reporter
     from shardport.registry.push import push
-    from shardport.registry.refs import parse_ref
-    from shardport.registry.tagging import validity
+    from shardport.registry.trust.tagging import validity
 
     ref = parse_ref(args.target, require_tag=True)
     assert ref.tag is not None
@@ -59,8 +59,8 @@ def push(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[A
 def tag(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     """Run ``tag REF NAME:TAG``."""
     from shardport.registry import commands
-    from shardport.registry.refs import parse_ref
-    from shardport.registry.tagging import validity
+    from shardport.registry.artifact.refs import parse_ref
+    from shardport.registry.trust.tagging import validity
 
     ref, target = parse_ref(args.ref), parse_ref(args.target, require_tag=True)
     assert target.tag is not None
@@ -77,7 +77,7 @@ def tag(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[An
 def rollback(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     """Run ``rollback NAME:TAG --to DIGEST | --steps N``."""
     from shardport.registry import commands
-    from shardport.registry.refs import parse_ref
+    from shardport.registry.artifact.refs import parse_ref
 
     return commands.rollback(
         session,
@@ -91,9 +91,9 @@ def rollback(session: Session, args: argparse.Namespace, json_mode: bool) -> tup
 
 def convert(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     """Run ``convert REF NAME:TAG --layout tiled``."""
+    from shardport.registry.artifact.refs import parse_ref
     from shardport.registry.convert import convert
     from shardport.registry.progress import reporter
-    from shardport.registry.refs import parse_ref
 
     target = parse_ref(args.target, require_tag=True)
     assert target.tag is not None

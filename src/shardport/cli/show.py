@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def log(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     """Run ``log NAME:TAG``."""
     from shardport.registry import commands
-    from shardport.registry.refs import parse_ref
+    from shardport.registry.artifact.refs import parse_ref
 
     return commands.log(session, parse_ref(args.ref, require_tag=True)), 0
 
@@ -31,14 +31,14 @@ def ls(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
 def inspect(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     """Run ``inspect REF``."""
     from shardport.registry import commands
-    from shardport.registry.refs import parse_ref
+    from shardport.registry.artifact.refs import parse_ref
 
     return commands.inspect(session, parse_ref(args.ref)), 0
 
 
 def verify(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     """Run ``verify REF | DIR | PATH``: exit 1 when a finding says the store or a file lied."""
-    from shardport.registry.refs import parse_ref
+    from shardport.registry.artifact.refs import parse_ref
     from shardport.registry.verify import verify_checkpoint, verify_dir, verify_ref
 
     local = Path(args.target)
@@ -54,6 +54,6 @@ def verify(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple
 
 def decode(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     """Run ``decode TARGET TENSOR --out FILE``."""
-    from shardport.registry.decoding import run_decode
+    from shardport.registry.decode import run_decode
 
     return run_decode(session, args.target, args.tensor, args.out).to_json(), 0

@@ -218,8 +218,8 @@ def _tensor_entries(draw: st.DrawFn) -> dict[str, object]:
 @settings(max_examples=400, deadline=None)
 @given(_tensor_entries())
 def test_st_fast_path_accepts_exactly_what_the_checked_path_accepts(entry: dict[str, object]) -> None:
+    from shardport.registry.formats.notes import Notes
     from shardport.registry.formats.safetensors_gate import _accept_tensor, _check_tensor
-    from shardport.registry.notes import Notes
 
     fast = _accept_tensor("t", entry, 100, 64)
     try:  # a strict collector: an unknown field refuses there, as it does on the fast path

@@ -13,7 +13,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from shardport.loader import rank_load
 from shardport.placement import layout
-from shardport.registry import analysis, tiles_grid, tiles_splits
+from shardport.registry import analysis
 from shardport.registry.contracts import encodings, formats, gguf_blocks, infer
 from shardport.registry.contracts.formats import e4m3_bits_to_f32, e5m2_bits_to_f32, scale_to_f32
 from shardport.registry.contracts.model import FloatFormat, GgmlType
@@ -22,6 +22,8 @@ from shardport.registry.formats.elements import DTYPE_BYTES, ELEMENTS, GGML_BY_I
 from shardport.registry.formats.errors import UnknownDtypeError
 from shardport.registry.formats.gguf_gate import GGML_TYPES
 from shardport.registry.formats.safetensors_gate import DTYPE_BITS
+from shardport.registry.tiles.index import grid as tiles_grid
+from shardport.registry.tiles.index import splits as tiles_splits
 
 
 def one_tensor(dtype: str, count: int = 8) -> BytesSource:

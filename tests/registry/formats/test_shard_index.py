@@ -12,8 +12,8 @@ from safetensors.numpy import save_file
 
 from shardport.registry.formats import ContainerError, validate_sharded_checkpoint
 from shardport.registry.formats import errors as E
+from shardport.registry.formats.notes import Notes
 from shardport.registry.formats.shard_index import check_shards, parse_shard_index
-from shardport.registry.notes import Notes
 
 SHARD1, SHARD2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
 TENSORS = {

@@ -1,0 +1,275 @@
+"""The artifact manifest: a pydantic v2 model, canonical JSON, digest = sha256 of the exact bytes.
+
+Each section carries its own ``version``. A section whose version is newer than this shardport
+understands is rejected (:class:`SchemaVersionError`); unknown optional fields are kept and written
+back unchanged (``extra="allow"``), so a manifest made by a newer producer round-trips.
+The ``tensors`` (where each tensor's bytes are) and ``weights`` (per logical weight: numeric contract,
+graph binding, planes, decode witness — :mod:`shardport.registry.contracts`) sections are filled at
+push from the container gates and contract inference; they follow ``schema.version``. ``notes``
+lists what the gates found in fields no consumer reads (:mod:`shardport.registry.formats.notes`).
+
+The manifest names content, not a moment: nothing in it depends on when, where (store, repository,
+tag, folder, host) or by whom it was pushed, so the same files with the same declarations give the same
+digest everywhere. ``provenance.created_at`` is empty unless ``SOURCE_DATE_EPOCH`` asks for it; push
+time lives in the signed tag document (``issued_at``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+import rfc8785
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shardport.registry.artifact.digests import ERROR_TYPE as DIGEST_ERROR
+from shardport.registry.artifact.digests import Digest
+from shardport.registry.artifact.hashing import digest_bytes
+from shardport.registry.contracts.model import LogicalWeight
+from shardport.registry.errors import MalformedDigestError, SchemaVersionError, UsageError, VerificationError
+from shardport.registry.formats.notes import Note
+
+SCHEMA_ID = "shardport.manifest"
+SCHEMA_VERSION = 1
+MEDIA_TYPE = "application/vnd.shardport.manifest.v1+json"
+
+
+class Section(BaseModel):
+    """A manifest section: frozen, keeps unknown fields, versioned on its own."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True)
+    max_version: ClassVar[int] = 1
+    section: ClassVar[str] = "section"
+    version: int = 1
+
+    @model_validator(mode="after")
+    def _known_version(self) -> Section:
+        if self.version > self.max_version or self.version < 1:
+            raise SchemaVersionError(
+                f"manifest section {self.section!r}: version {self.version} is not supported "
+                f"(this shardport understands 1..{self.max_version}); upgrade shardport"
+            )
+        return self
+
+
+class SchemaInfo(Section):
+    """Artifact schema id and version."""
+
+    section = "schema"
+
+    id: str = SCHEMA_ID
+
+
+class ContainerInfo(Section):
+    """Where the bytes live: ``safetensors`` | ``gguf`` | ``shardport-tiled`` | ``other``."""
+
+    section = "container"
+
+    kind: str
+    profile_version: int = 1
+    spec_revision: str | None = None
+
+
+class ModelInfo(Section):
+    """What the model is: architecture, revision, the parameters a runtime needs."""
+
+    section = "model"
+
+    architecture: str | None = None
+    revision: str | None = None
+    tokenizer_digest: Digest | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class QuantizationInfo(Section):
+    """Quantization family and the digest of its configuration."""
+
+    section = "quantization"
+
+    family: str = "none"
+    config_digest: Digest | None = None
+    producer: str | None = None
+    producer_version: str | None = None
+    calibration_digest: Digest | None = None
+
+
+class PackingInfo(Section):
+    """Layout of the stored bytes."""
+
+    section = "packing"
+
+    layout: str | None = None
+    layout_version: int | None = None
+    encoding: str | None = None
+    packer: str | None = None
+    packer_version: str | None = None
+
+
+class RuntimeInfo(Section):
+    """Runtime tested with, and kernels required or preferred."""
+
+    section = "runtime"
+
+    name: str | None = None
+    tested_version: str | None = None
+    kernels_required: list[str] = Field(default_factory=list)
+    kernels_preferred: list[str] = Field(default_factory=list)
+
+
+class TopologyHints(Section):
+    """Parallel layouts the producer validated."""
+
+    section = "topology"
+
+    tp: list[int] = Field(default_factory=list)
+    ep: list[int] = Field(default_factory=list)
+    pp: list[int] = Field(default_factory=list)
+
+
+class FileEntry(BaseModel):
+    """One checkpoint file (path relative to the checkpoint root; untrusted on the way in)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    path: str
+    size: int = Field(ge=0)
+    digest: Digest
+
+
+class TensorEntry(BaseModel):
+    """One stored tensor: where its bytes are (absolute offsets in a file) and what it belongs to.
+
+    ``dtype`` is the container's spelling (safetensors ``F16``/``I32``…, or the ggml type name for
+    GGUF); ``shape`` is row-major (for GGUF, ggml ``ne`` reversed). ``weight`` names the logical weight
+    this tensor is a plane of, and ``role`` its role there (codes, scale, zero, g_idx, perm, float).
+    ``layout`` is ``row_major`` (as the source container stores it) or ``shardport-tiled`` (tiles of
+    ``tile_rows`` rows x ``tile_cols`` bytes stored contiguously: :mod:`shardport.registry.tiles.layout`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    name: str
+    file: str
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    dtype: str
+    shape: tuple[int, ...]
+    weight: str | None = None
+    role: str | None = None
+    layout: str = "row_major"
+    tile_rows: int | None = None
+    tile_cols: int | None = None
+
+
+class TileIndexRef(BaseModel):
+    """The tile index blob of the artifact (per-tile BLAKE3 hashes; :mod:`shardport.registry.tiles.index`)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    digest: Digest
+    hash: str = "blake3"
+    version: int = 2
+
+
+class WitnessFileRef(BaseModel):
+    """The producer's own witness (``push --witness``): a blob of rows and their values.
+
+    Checked against the decode at push, pull, verify and rank load
+    (:mod:`shardport.registry.artifact.witness_file`). ``exact``: every value equalled our decode bit for bit.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    digest: str
+    size: int = Field(ge=0)
+    weights: int = Field(ge=0)
+    rows: int = Field(ge=0)
+    exact: bool
+
+
+class ProvenanceInfo(Section):
+    """Where the artifact came from.
+
+    ``converter_version`` names the shardport that made the contracts and witnesses recorded here (so
+    another shardport version may give another digest for the same files). ``created_at`` is set only
+    from an explicit ``SOURCE_DATE_EPOCH``: the time of a push lives in its tag document.
+    """
+
+    section = "provenance"
+
+    source_digest: Digest | None = None
+    converter: str | None = None
+    converter_version: str | None = None
+    source_manifest: Digest | None = None
+    parent: Digest | None = None
+    created_at: str | None = None
+
+
+class Manifest(BaseModel):
+    """The signed description of one artifact."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True)
+    media_type: str = Field(default=MEDIA_TYPE, alias="mediaType")
+    schema_: SchemaInfo = Field(default_factory=SchemaInfo, alias="schema")
+    container: ContainerInfo
+    model: ModelInfo = Field(default_factory=ModelInfo)
+    quantization: QuantizationInfo = Field(default_factory=QuantizationInfo)
+    packing: PackingInfo = Field(default_factory=PackingInfo)
+    runtime: RuntimeInfo = Field(default_factory=RuntimeInfo)
+    topology: TopologyHints | None = None
+    files: list[FileEntry]
+    tensors: list[TensorEntry] | None = None
+    weights: list[LogicalWeight] | None = None
+    tile_index: TileIndexRef | None = None
+    producer_witness: WitnessFileRef | None = None
+    provenance: ProvenanceInfo = Field(default_factory=ProvenanceInfo)
+    notes: list[Note] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _known_schema(self) -> Manifest:
+        if self.schema_.id != SCHEMA_ID:
+            raise SchemaVersionError(f"manifest schema id: expected {SCHEMA_ID!r}, found {self.schema_.id!r}")
+        return self
+
+    def to_bytes(self) -> bytes:
+        """Canonical JSON (RFC 8785: sorted keys, no insignificant whitespace)."""
+        try:
+            return rfc8785.dumps(self.model_dump(mode="json", by_alias=True))
+        except rfc8785.CanonicalizationError as exc:
+            raise UsageError(
+                f"manifest cannot be canonicalized (RFC 8785): {exc}; integers must stay within "
+                "±(2**53 - 1) and floats must be finite — fix the value in config.json"
+            ) from exc
+
+    def digest(self) -> str:
+        """``sha256:<hex>`` of :meth:`to_bytes`."""
+        return digest_bytes(self.to_bytes())
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, source: str = "manifest") -> Manifest:
+        """Parse and validate; errors name ``source`` and the failing field.
+
+        A valid document is parsed once; a failing one is parsed again to name the error.
+        """
+        try:
+            return cls.model_validate_json(data)
+        except SchemaVersionError:
+            raise
+        except ValidationError:
+            pass
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise VerificationError(f"{source}: not valid JSON ({exc})") from exc
+        try:
+            return cls.model_validate(doc)
+        except SchemaVersionError:
+            raise
+        except ValidationError as exc:
+            for err in exc.errors():
+                inner = (err.get("ctx") or {}).get("error")
+                if isinstance(inner, SchemaVersionError):
+                    raise SchemaVersionError(f"{source}: {inner}") from exc
+            for err in exc.errors():
+                if err["type"] == DIGEST_ERROR:
+                    where = ".".join(str(p) for p in err["loc"])
+                    raise MalformedDigestError(f"{source}: field {where!r}: {err['msg']}") from exc
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise VerificationError(f"{source}: field {where!r}: {first['msg']}") from exc
