@@ -13,7 +13,7 @@ files with ``plan.json`` / ``ledger.json`` beside them (:class:`RankPullResult`,
 
 Below them, the read itself. Consumes: the slices a rank needs (:class:`PlaneSlice`: tensor, physical
 rows, byte columns), the manifest's ``tensors`` and ``files``, the artifact's tile index
-(:class:`~shardport.registry.tiles.index.TileIndex`) and a :class:`~shardport.registry.store.backend.Store`
+(:class:`~shardport.registry.tiles.TileIndex`) and a :class:`~shardport.registry.store.backend.Store`
 (local
 folder or S3). Produces: one verified ``uint8`` array per slice and a :class:`ReadLedger` (bytes
 assigned / fetched, read amplification, requests, tiles verified, peak staging, seconds per stage).
@@ -22,7 +22,7 @@ assigned / fetched, read amplification, requests, tiles verified, peak staging, 
 - :func:`schedule_reads` — the pure plan (tiles, batches, coalesced fetch ranges);
 - :func:`coalesce` — the project's piece coalescer (from :mod:`shardport.placement`);
 - errors: :class:`LoaderError` and its subclasses (:mod:`.errors` draws the tree); a tile that fails
-  its hash raises :class:`~shardport.registry.tiles.index.TileDigestMismatchError`.
+  its hash raises :class:`~shardport.registry.tiles.TileDigestMismatchError`.
 """
 
 from shardport.placement import coalesce

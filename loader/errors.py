@@ -3,7 +3,7 @@
 Every message names the object (tensor, file, blob, byte range) and what to do. Storage exceptions are
 wrapped once, where the read is issued, with the cause chained. A tile whose bytes do not hash to the
 tile index is reported with the registry's
-:class:`~shardport.registry.tiles.index.TileDigestMismatchError` (a ``DigestMismatchError``), unchanged.
+:class:`~shardport.registry.tiles.TileDigestMismatchError` (a ``DigestMismatchError``), unchanged.
 
 Tree::
 

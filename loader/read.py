@@ -31,7 +31,7 @@ Pipeline per call of :func:`read_slices`:
    small scratch buffer) and compared with the tile index — tiles of the tiled layout that passed
    through the load's own memory as the file lays them out (a bounce buffer, an S3 response) were
    already hashed there, each contiguous, before being de-tiled (:class:`_Checked`); a mismatch raises
-   :class:`~shardport.registry.tiles.index.TileDigestMismatchError` (file, tensor, tile, byte range), the
+   :class:`~shardport.registry.tiles.TileDigestMismatchError` (file, tensor, tile, byte range), the
    other workers stop, and no array is returned — a result array is handed on only after every tile
    of every slice verified;
 4. *materialize*: staged bands are copied into the result arrays once verified — except a staged band

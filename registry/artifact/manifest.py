@@ -160,7 +160,7 @@ class TensorEntry(BaseModel):
 
 
 class TileIndexRef(BaseModel):
-    """The tile index blob of the artifact (per-tile BLAKE3 hashes; :mod:`shardport.registry.tiles.index`)."""
+    """The tile index blob of the artifact (per-tile BLAKE3 hashes; :mod:`shardport.registry.tiles`)."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
     digest: Digest

@@ -1,4 +1,4 @@
-"""Errors of the tile index (:mod:`shardport.registry.tiles.index`).
+"""Errors of the tile index (:mod:`shardport.registry.tiles`).
 
 Tree (exit codes as in :mod:`shardport.registry.errors`)::
 

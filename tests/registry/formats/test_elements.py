@@ -22,8 +22,8 @@ from shardport.registry.formats.elements import DTYPE_BYTES, ELEMENTS, GGML_BY_I
 from shardport.registry.formats.errors import UnknownDtypeError
 from shardport.registry.formats.gguf_gate import GGML_TYPES
 from shardport.registry.formats.safetensors_gate import DTYPE_BITS
-from shardport.registry.tiles.index import grid as tiles_grid
-from shardport.registry.tiles.index import splits as tiles_splits
+from shardport.registry.tiles import grid as tiles_grid
+from shardport.registry.tiles import splits as tiles_splits
 
 
 def one_tensor(dtype: str, count: int = 8) -> BytesSource:
