@@ -54,6 +54,7 @@ class Report:
     weights_checked: int = 0
     parse_error: bool = False
     notes: list[str] = field(default_factory=list)
+    evidence: int = 0
 
     @property
     def ok(self) -> bool:
@@ -75,6 +76,7 @@ class Report:
             "checked_tiles": self.checked_tiles,
             "signers": self.signers,
             "weights_checked": self.weights_checked,
+            "evidence_verified": self.evidence,
             "notes": self.notes,
             "findings": self.findings,
         }
@@ -154,6 +156,18 @@ def _attachments(session: Session, ref: Ref, digest: str, report: Report) -> Non
             report.add("DigestMismatch", f"attachment {blob}", f"larger than {MAX_ATTACHMENT} bytes")
         elif got != blob:
             report.add("DigestMismatch", f"attachment {blob}", f"content hashes to {got}")
+
+
+def _evidence(session: Session, ref: Ref, digest: str, report: Report) -> None:
+    """Every bring-up evidence statement verifies: signer trusted, subject and predicate this manifest."""
+    from shardport.registry.evidence import read_evidence
+
+    found = read_evidence(session, ref.name, digest)
+    report.evidence = len(found.verified)
+    reported = {f["object"] for f in report.findings}
+    for blob, kind, message in found.failures:
+        if f"attachment {blob}" not in reported:  # a missing or altered blob is already a finding
+            report.add(kind, f"evidence {blob}", message)
 
 
 def _fetch(
@@ -259,6 +273,7 @@ def _verify_ref(session: Session, ref: Ref, workdir: Path | None) -> Report:
     if manifest is None or report.digest is None:
         return report
     _attachments(session, ref, report.digest, report)
+    _evidence(session, ref, report.digest, report)
     index = _tile_index(session, manifest, report)
     tiled: set[str] = set()
     if index is not None:

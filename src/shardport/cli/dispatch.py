@@ -23,6 +23,7 @@ COMMANDS: dict[str, Command] = {
     "ls": show.ls,
     "inspect": show.inspect,
     "verify": show.verify,
+    "evidence": show.evidence,
     "convert": publish.convert,
     "decode": show.decode,
     "gc": housekeeping.gc,

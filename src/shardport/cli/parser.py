@@ -132,6 +132,9 @@ def _reads(add: _Add) -> None:
     p.add_argument("name", nargs="?")
     p = add("inspect", "show the verified manifest of REF")
     p.add_argument("ref")
+    p = add("evidence", "list the verified bring-up evidence attached to REF, or show one statement")
+    p.add_argument("ref")
+    p.add_argument("--show", metavar="DIGEST", help="print one evidence statement (a unique digest prefix)")
     p = add("verify", "verify REF (signatures, chain, every hash), a pulled DIR or a checkpoint PATH")
     p.add_argument("target")
     p.add_argument(

@@ -67,6 +67,17 @@ def _verified(result: Any) -> str:
     return "\n".join([head, f"{checked}, {result['weights_checked']} weights checked", *body])
 
 
+def _evidence(result: Any) -> str:
+    if "predicate" in result:  # --show: the statement itself
+        return json.dumps(result, indent=2, sort_keys=True)
+    lines = [f"{result['manifest']}: {len(result['evidence'])} verified evidence statement(s)"]
+    for e in result["evidence"]:
+        signers = ", ".join(e["signers"])
+        lines.append(f"  {e['digest']}  {e['created'] or '-'}  {e['topology'] or ''}  by {signers}")
+    lines += [f"  FAILED {f['digest']}: {f['type']}: {f['message']}" for f in result["failures"]]
+    return "\n".join(lines)
+
+
 def _decoded(result: Any) -> str:
     return f"wrote {result['tensor']} {result['shape']} float32 ({result['family']}) to {result['out']}"
 
@@ -81,6 +92,7 @@ _RENDER = {
     "rollback": _moved,
     "verify": _verified,
     "decode": _decoded,
+    "evidence": _evidence,
 }
 
 

@@ -52,6 +52,20 @@ def verify(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple
     return report.to_json(), report.exit_code
 
 
+def evidence(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
+    """Run ``evidence REF [--show DIGEST]``: exit 1 when an attached statement does not verify."""
+    from shardport.registry import evidence as ev
+    from shardport.registry.artifact.refs import parse_ref
+    from shardport.registry.trust.resolve import resolve
+
+    resolved = resolve(session, parse_ref(args.ref))
+    if args.show:
+        one = ev.show_evidence(session, resolved.ref.name, resolved.digest, args.show)
+        return {"digest": one.digest, "signers": list(one.signers), "predicate": dict(one.predicate)}, 0
+    report = ev.read_evidence(session, resolved.ref.name, resolved.digest)
+    return {"manifest": resolved.digest, **ev.to_json(report)}, 1 if report.failures else 0
+
+
 def decode(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     """Run ``decode TARGET TENSOR --out FILE``."""
     from shardport.registry.decode import run_decode
