@@ -3,6 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh test
+# The HTML report is tested in a real browser: Debian's headless Chromium (about a minute to install).
+if ! command -v chromium-headless-shell >/dev/null 2>&1; then
+    apt-get install -y -q chromium-headless-shell >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium-headless-shell >/dev/null; }
+fi
 export PATH="$PWD/.venv/bin:$PATH"
 bash scripts/lint.sh
 pytest "$@"

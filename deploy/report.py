@@ -1,0 +1,154 @@
+"""``registry up --report FILE.html``: one self-contained page a person can read.
+
+The page shows the parity ladder, the dispatch table, a per-rank startup timeline chart and a per-rank
+memory chart. It is rendered from the bring-up's evidence predicate (plain JSON data), embedded in the
+page as one JSON document; a small inline script draws the two charts as SVG, so the page needs no
+network, no fonts and no files beside it. Everything taken from the data is escaped: tables through
+:func:`html.escape`, the embedded JSON with ``<``, ``>`` and ``&`` written as JSON unicode escapes, the
+charts through ``textContent``.
+
+The fields read (all optional; what is missing is shown as missing):
+
+- ``manifest``, ``repository``, ``tag`` (``{"version", "digest"}``), ``topology`` (``{"tp", "ep", "pp"}``),
+  ``created``, ``passed``;
+- ``parity``: a list of ``{"level", "name", "passed", "value", "tolerance", "detail"}``;
+- ``dispatch``: a list of ``{"rank", "weight", "phase", "kernel", "transformation"}``;
+- ``timeline``: ``{rank: {stage: seconds}}`` (stages in the order they ran);
+- ``ledger``: ``{rank: {component: bytes}}``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+_STYLE = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1b1f24; }
+h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
+table { border-collapse: collapse; margin: 8px 0; }
+td, th { border: 1px solid #c9d1d9; padding: 3px 8px; text-align: left; font-size: 13px; }
+th { background: #f3f5f7; }
+.pass { color: #116329; font-weight: 600; } .fail { color: #b42318; font-weight: 600; }
+.meta td:first-child { font-weight: 600; } svg text { font: 11px system-ui, sans-serif; }
+"""
+
+# Draws #timeline and #memory from the embedded data: one horizontal bar per rank, one segment per
+# stage (timeline) or component (memory), with a legend. Plain DOM calls; no library.
+_SCRIPT = """
+(function () {
+  const data = JSON.parse(document.getElementById("evidence-data").textContent);
+  const NS = "http://www.w3.org/2000/svg";
+  const colors = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f"];
+  function el(name, attrs, text) {
+    const node = document.createElementNS(NS, name);
+    for (const k in attrs) node.setAttribute(k, attrs[k]);
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+  function stacked(id, rows, unit, scale) {
+    const host = document.getElementById(id);
+    const ranks = Object.keys(rows || {}).sort((a, b) => Number(a) - Number(b));
+    if (ranks.length === 0) { host.textContent = "no data"; return; }
+    const keys = [];
+    ranks.forEach(r => Object.keys(rows[r]).forEach(k => { if (!keys.includes(k)) keys.push(k); }));
+    const totals = ranks.map(r => Object.values(rows[r]).reduce((a, b) => a + Number(b), 0));
+    const max = Math.max(...totals, 1e-12), width = 640, left = 70, bar = 22, gap = 8;
+    const height = ranks.length * (bar + gap) + 40 + 18 * Math.ceil(keys.length / 4);
+    const svg = el("svg", {width: left + width + 120, height: height, role: "img", "aria-label": id});
+    ranks.forEach((r, i) => {
+      const y = 10 + i * (bar + gap);
+      svg.appendChild(el("text", {x: 4, y: y + 15}, "rank " + r));
+      let x = left;
+      keys.forEach((k, j) => {
+        const v = Number(rows[r][k] || 0), w = width * v / max;
+        if (w > 0) {
+          const rect = el("rect", {x: x, y: y, width: w, height: bar, fill: colors[j % colors.length],
+                                   "class": "mark", "data-key": k});
+          rect.appendChild(el("title", {}, k + ": " + (v / scale).toFixed(3) + " " + unit));
+          svg.appendChild(rect);
+          x += w;
+        }
+      });
+      svg.appendChild(el("text", {x: x + 6, y: y + 15}, (totals[i] / scale).toFixed(2) + " " + unit));
+    });
+    keys.forEach((k, j) => {
+      const y = ranks.length * (bar + gap) + 24 + 18 * Math.floor(j / 4), x = left + (j % 4) * 160;
+      svg.appendChild(el("rect", {x: x, y: y - 10, width: 12, height: 12, fill: colors[j % colors.length]}));
+      svg.appendChild(el("text", {x: x + 16, y: y}, k));
+    });
+    host.appendChild(svg);
+  }
+  stacked("timeline", data.timeline, "s", 1);
+  stacked("memory", data.ledger, "MiB", 1048576);
+  document.body.setAttribute("data-charts", "drawn");
+})();
+"""
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "<td>-</td>"
+    if isinstance(value, bool):
+        return f'<td class="{"pass" if value else "fail"}">{"pass" if value else "FAIL"}</td>'
+    if isinstance(value, float):
+        return f"<td>{value:.4g}</td>"
+    if isinstance(value, (dict, list)):
+        return f"<td><code>{html.escape(json.dumps(value, sort_keys=True))}</code></td>"
+    return f"<td>{html.escape(str(value))}</td>"
+
+
+def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], empty: str) -> str:
+    if not rows:
+        return f"<p>{html.escape(empty)}</p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(_cell(r.get(c)) for c in columns) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _script_json(data: Mapping[str, Any]) -> str:
+    """JSON safe inside a ``<script>`` element: no ``</script>``, no HTML-significant characters."""
+    text = json.dumps(data, sort_keys=True, default=str)
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+def render_report(evidence: Mapping[str, Any]) -> str:
+    """The page for one bring-up's evidence predicate."""
+    tag = evidence.get("tag") or {}
+    meta = [
+        ("repository", evidence.get("repository")),
+        ("manifest", evidence.get("manifest")),
+        ("tag version", tag.get("version") if isinstance(tag, Mapping) else tag),
+        ("topology", evidence.get("topology")),
+        ("created", evidence.get("created")),
+        ("result", evidence.get("passed")),
+    ]
+    parity = list(evidence.get("parity") or [])
+    dispatch = list(evidence.get("dispatch") or [])
+    parts = [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8"><title>shardport bring-up evidence</title>',
+        f"<style>{_STYLE}</style></head><body>",
+        "<h1>shardport bring-up evidence</h1>",
+        '<table class="meta">' + "".join(f"<tr><td>{k}</td>{_cell(v)}</tr>" for k, v in meta) + "</table>",
+        "<h2>Parity ladder</h2>",
+        _table(parity, ["level", "name", "passed", "value", "tolerance", "detail"], "no parity results"),
+        "<h2>Dispatch</h2>",
+        _table(dispatch, ["rank", "weight", "phase", "kernel", "transformation"], "no dispatch trace"),
+        "<h2>Startup timeline per rank (seconds)</h2>",
+        '<div id="timeline"></div>',
+        "<h2>Memory per rank</h2>",
+        '<div id="memory"></div>',
+        f'<script type="application/json" id="evidence-data">{_script_json(evidence)}</script>',
+        f"<script>{_SCRIPT}</script>",
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def write_report(evidence: Mapping[str, Any], path: Path) -> Path:
+    """Write the page to ``path`` (replacing it); return the path."""
+    path.write_text(render_report(evidence), encoding="utf-8")
+    return path
