@@ -18,17 +18,48 @@ string value that is not UTF-8) hands its error to the ``notes`` collector when 
 raises.
 """
 
-from .errors import ContainerError
-from .gguf_gate import GGUFArray, GGUFHeader, GGUFLimits, GGUFTensorRecord, parse_gguf, parse_gguf_source
-from .safetensors_gate import (
-    SafetensorsHeader,
-    SafetensorsLimits,
-    TensorRecord,
-    parse_safetensors,
-    parse_safetensors_source,
-)
-from .shard_index import ShardedCheckpoint, ShardIndex, validate_sharded_checkpoint
-from .source import ByteSource, BytesSource, FileSource
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shardport._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .errors import ContainerError
+    from .gguf_gate import GGUFArray, GGUFHeader, GGUFLimits, GGUFTensorRecord, parse_gguf, parse_gguf_source
+    from .safetensors_gate import (
+        SafetensorsHeader,
+        SafetensorsLimits,
+        TensorRecord,
+        parse_safetensors,
+        parse_safetensors_source,
+    )
+    from .shard_index import ShardedCheckpoint, ShardIndex, validate_sharded_checkpoint
+    from .source import ByteSource, BytesSource, FileSource
+
+#: Where each exported name lives; imported on first use (PEP 562), so that a module of this package
+#: (the element table, gate notes) can be imported without loading the gates (numpy, gguf).
+_HOME = {
+    "ContainerError": "errors",
+    **dict.fromkeys(
+        ("GGUFArray", "GGUFHeader", "GGUFLimits", "GGUFTensorRecord", "parse_gguf", "parse_gguf_source"),
+        "gguf_gate",
+    ),
+    **dict.fromkeys(
+        (
+            "SafetensorsHeader",
+            "SafetensorsLimits",
+            "TensorRecord",
+            "parse_safetensors",
+            "parse_safetensors_source",
+        ),
+        "safetensors_gate",
+    ),
+    **dict.fromkeys(("ShardedCheckpoint", "ShardIndex", "validate_sharded_checkpoint"), "shard_index"),
+    **dict.fromkeys(("ByteSource", "BytesSource", "FileSource"), "source"),
+}
+
+__getattr__ = lazy_exports(__name__, globals(), _HOME)
 
 __all__ = [
     "ByteSource",

@@ -91,7 +91,11 @@ def test_commands_that_parse_no_checkpoint_load_no_decoder(tmp_path: Path) -> No
             *store, "push", make_checkpoint(tmp_path / f"c{seed}", seed=seed, size=1000), "a/b:c", env=env
         )
     never = {"numpy", "gguf", "torch", "ray", "safetensors", "fsspec"}
-    gates = {"shardport.registry.formats", "shardport.registry.contracts.decode"}
+    gates = {
+        "shardport.registry.formats.safetensors_gate",
+        "shardport.registry.formats.gguf_gate",
+        "shardport.registry.contracts.decode",
+    }
     for argv in (["log", "a/b:c"], ["ls"]):
         found = _imports(*store, *argv, env=env)
         assert _packages(found) & (never | {"pydantic"}) == set(), argv
