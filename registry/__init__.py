@@ -50,7 +50,7 @@ _HOME = {
     **dict.fromkeys(("PullResult", "pull"), "pull"),
     **dict.fromkeys(("PushResult", "push"), "push"),
     **dict.fromkeys(("Ref", "parse_ref"), "artifact.refs"),
-    **dict.fromkeys(("Resolved", "trust.resolve"), "trust.resolve"),
+    **dict.fromkeys(("Resolved", "resolve"), "trust.resolve"),
     "Session": "session",
     "Store": "store.backend",
     "TrustPolicy": "trust.policy",
