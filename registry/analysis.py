@@ -35,7 +35,8 @@ from shardport.registry.describe import read_json_object
 from shardport.registry.errors import UsageError
 from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
 from shardport.registry.formats.elements import ELEMENTS
-from shardport.registry.manifest import TensorEntry, WitnessFileRef
+from shardport.registry.gguf_header import header_digest
+from shardport.registry.manifest import GgufHeaderDigest, TensorEntry, WitnessFileRef
 from shardport.registry.notes import Note, Notes
 from shardport.registry.tiled_layout import LAYOUT, from_tiled
 from shardport.registry.tiles import plane_layout
@@ -57,6 +58,7 @@ class Analysis:
 
     ``notes``: what the gates found in fields no consumer reads (:mod:`shardport.registry.notes`;
     recorded in the manifest). ``remarks``: what was checked, for people (not recorded).
+    ``gguf_headers``: each GGUF file's header digest, by path (recorded on its file entry).
     """
 
     kind: str
@@ -66,6 +68,7 @@ class Analysis:
     remarks: tuple[str, ...] = ()
     architecture: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    gguf_headers: Mapping[str, GgufHeaderDigest] = field(default_factory=dict)
 
 
 @dataclass
@@ -256,8 +259,10 @@ def analyze(
             shape_values=shape_values,
         )
     gguf_meta: dict[str, Any] = {}
+    headers: dict[str, GgufHeaderDigest] = {}
     for rel in gguf_files:
         gheader = parse_gguf(root / rel, notes=notes)
+        headers[rel] = header_digest(root / rel, gheader)
         gguf_meta.update(gheader.kv)
         g_entries = [
             TensorEntry(
@@ -299,6 +304,7 @@ def analyze(
         remarks=remarks,
         architecture=architecture,
         params=_gguf_params(gguf_meta) if gguf_files and not st_files else {},
+        gguf_headers=headers,
     )
 
 

@@ -68,6 +68,10 @@ def check_manifest(manifest: Manifest, *, source: str) -> None:
     """
     check_paths([f.path for f in manifest.files], source=source)
     sizes = {f.path: f.size for f in manifest.files}
+    for i, f in enumerate(manifest.files):
+        if f.gguf_header is not None and (f.gguf_header.end > f.size or not f.path.endswith(".gguf")):
+            why = f"the header digest of {f.path!r} must cover bytes of a .gguf file of {f.size} bytes"
+            _fail(source, f"files.{i}.gguf_header.end", f.gguf_header.end, why)
     tensors: dict[str, TensorEntry] = {}
     for i, t in enumerate(manifest.tensors or ()):
         if t.name in tensors:
