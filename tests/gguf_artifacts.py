@@ -110,7 +110,9 @@ MIXED_TYPES: dict[str, str] = {
 HIDDEN, INTER, VOCAB, HEADS = 512, 512, 64, 8
 
 
-def mixed_gguf(folder: Path, *, quantization_version: int | None = GGML_QUANT_VERSION) -> dict[str, np.ndarray]:
+def mixed_gguf(
+    folder: Path, *, quantization_version: int | None = GGML_QUANT_VERSION
+) -> dict[str, np.ndarray]:
     """A 2-layer llama GGUF whose linears are :data:`MIXED_TYPES` (hidden 512, 8 heads), with a small
     tokenizer in its header; returns each quantized weight's ``gguf.quants.dequantize`` decode."""
     import gguf
