@@ -112,12 +112,16 @@ def _trits(packed: U8, digits: int) -> I64:
     return ((scaled * 3) >> 8).reshape(count, digits * width) - 1
 
 
-def decode_tq1(blocks: U8) -> F32:
-    """TQ1_0: ``d·t`` with t in {-1, 0, 1} packed five (four in qh) to a byte in base 3."""
-    t = np.concatenate(
+def tq1_levels(blocks: U8) -> I64:
+    """The 256 levels t in {-1, 0, 1} of TQ1_0 blocks (five to a byte in base 3, four in qh)."""
+    return np.concatenate(
         [_trits(blocks[:, 0:32], 5), _trits(blocks[:, 32:48], 5), _trits(blocks[:, 48:52], 4)], axis=1
     )
-    return half_field(blocks, 52) * _f(t)
+
+
+def decode_tq1(blocks: U8) -> F32:
+    """TQ1_0: ``d·t``."""
+    return half_field(blocks, 52) * _f(tq1_levels(blocks))
 
 
 def decode_tq2(blocks: U8) -> F32:

@@ -136,3 +136,12 @@ def test_a_manifest_whose_header_digest_lies_is_refused(cli: Cli, tmp_path: Path
     code, report = cli("verify", REF)
     assert code != 0
     assert [f["kind"] for f in report["findings"]] == ["HeaderDigestMismatchError"], report
+
+
+def test_push_refuses_an_old_quantization_version(cli: Cli, tmp_path: Path) -> None:
+    mixed_gguf(tmp_path / "old", quantization_version=1)
+    code, out = cli("push", tmp_path / "old", REF)
+    assert code == 5 and out["error"]["type"] == "QuantizationVersionError", out
+    message = out["error"]["message"]
+    assert "model.gguf" in message and "general.quantization_version" in message and "UINT32 1" in message
+    assert not cli.ok("ls")  # nothing was stored

@@ -14,8 +14,12 @@ from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf_artifacts import dequantizable, random_blocks, tensor_data
 
-from shardport.registry.contracts import TensorInfo, decode_weight, infer_gguf, run_gates
-from shardport.registry.contracts.errors import ScaleValueError
+from shardport.registry.contracts import TensorInfo, decode_weight, infer_gguf, reference_gate, run_gates
+from shardport.registry.contracts.errors import (
+    ReferenceErrorTooLargeError,
+    ScaleValueError,
+    UnsupportedContractError,
+)
 from shardport.registry.contracts.gguf_iquants import KSIGNS, grid
 from shardport.registry.contracts.model import GgmlType, LogicalWeight
 from shardport.registry.formats.elements import ELEMENTS, GGML_BY_ID
@@ -108,3 +112,24 @@ def test_grades_say_why_or_which() -> None:
     assert not nvfp4.expressible and nvfp4.why is not None and "no entry" in nvfp4.why
     iq = _weight("IQ4_XS").contract.grit
     assert not iq.expressible and iq.why is not None and "codebook" in iq.why
+
+
+@pytest.mark.parametrize("name", ["TQ1_0", "TQ2_0", "MXFP4"])
+def test_gguf_quantizer_output_is_within_the_honest_bound(name: str) -> None:
+    rng = np.random.default_rng(11)
+    reference = (rng.standard_normal((N, K)) * 0.02).astype(np.float32)
+    data = quants.quantize(reference, GGMLQuantizationType[name])
+    weight = _weight(name)
+    planes = {weight.contract.plane: data}
+    assert 0 < reference_gate(weight, planes, reference) < 1  # ternary codes of gaussian weights: ~0.8
+    wrong = data.copy()
+    wrong[:, -1] ^= 0x11  # the last codes of every row moved: far from the weights they stand for
+    with pytest.raises(ReferenceErrorTooLargeError):
+        reference_gate(weight, {weight.contract.plane: wrong}, reference)
+
+
+def test_a_float_reference_for_a_grid_type_is_refused_by_name() -> None:
+    data = random_blocks("IQ2_XS", N, K, np.random.default_rng(2))
+    weight = _weight("IQ2_XS")
+    with pytest.raises(UnsupportedContractError, match="grid"):
+        reference_gate(weight, {weight.contract.plane: data}, np.zeros((N, K), np.float32))
