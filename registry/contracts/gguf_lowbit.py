@@ -29,12 +29,14 @@ IEEE half precision. Arithmetic is binary32 in the evaluation order given, so re
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
+I16 = npt.NDArray[np.int16]
 I64 = npt.NDArray[np.int64]
 
 #: e2m1 values doubled (ggml's ``kvalues_mxfp4``), indexed by the 4-bit code.
@@ -59,21 +61,24 @@ def u16_fields(blocks: U8, start: int, count: int) -> I64:
     return raw.astype(np.int64)
 
 
-def _f(values: I64) -> F32:
+_CRUMB_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+_BIT_SHIFTS = np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+
+
+def _f(values: npt.NDArray[np.integer[Any]]) -> F32:
     return values.astype(np.float32)
 
 
-def nibbles(qs: U8) -> I64:
+def nibbles(qs: U8) -> I16:
     """Low nibbles then high nibbles of each row of bytes: ``[B, n]`` → ``[B, 2n]``."""
-    raw = qs.astype(np.int64)
-    return np.concatenate([raw & 0x0F, raw >> 4], axis=1)
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.int16)
 
 
-def crumbs(qs: U8) -> I64:
+def crumbs(qs: U8) -> I16:
     """2-bit fields of 32-byte chunks: element 128c + 32s + l is bits 2s.. of byte 32c + l."""
     count, width = qs.shape
-    raw = qs.astype(np.int64).reshape(count, width // 32, 1, 32)
-    return ((raw >> (2 * np.arange(4).reshape(1, 1, 4, 1))) & 3).reshape(count, width * 4)
+    raw = qs.reshape(count, width // 32, 1, 32)
+    return ((raw >> _CRUMB_SHIFTS) & 3).reshape(count, width * 4).astype(np.int16)
 
 
 def decode_q2k(blocks: U8) -> F32:
@@ -98,9 +103,8 @@ def q3k_scales(packed: U8) -> I64:
 def decode_q3k(blocks: U8) -> F32:
     """Q3_K: ``(d·sc)·(q - 4·(1 - hbit))`` per 16-element sub-block."""
     count = blocks.shape[0]
-    hmask = blocks[:, 0:32].astype(np.int64).reshape(count, 1, 32)
-    high = ((hmask >> np.arange(8).reshape(1, 8, 1)) & 1).reshape(count, 256)
-    q = crumbs(blocks[:, 32:96]) - 4 * (1 - high)
+    high = ((blocks[:, 0:32].reshape(count, 1, 32) >> _BIT_SHIFTS) & 1).reshape(count, 256)
+    q = crumbs(blocks[:, 32:96]) - 4 * (1 - high.astype(np.int16))
     dl = (half_field(blocks, 108) * _f(q3k_scales(blocks[:, 96:108]))).reshape(count, 16, 1)
     return (dl * _f(q).reshape(count, 16, 16)).reshape(count, 256)
 

@@ -16,6 +16,8 @@ and whether the code is the lowest / highest of its range (a clipped float lies 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -51,7 +53,7 @@ def _per(values: F64, width: int) -> F64:
 
 
 def _uniform(
-    step: F64, level: npt.NDArray[np.int64], low: int, high: int, offset: F64 | None = None
+    step: F64, level: npt.NDArray[np.integer[Any]], low: int, high: int, offset: F64 | None = None
 ) -> Terms:
     zero = np.zeros(level.shape)
     return step, level.astype(np.float64), zero if offset is None else offset, level == low, level == high
@@ -67,7 +69,7 @@ def _gaps(table: npt.NDArray[np.float32]) -> F64:
     return out
 
 
-def _codebook(scale: F64, codes: npt.NDArray[np.int64], table: npt.NDArray[np.float32]) -> Terms:
+def _codebook(scale: F64, codes: npt.NDArray[np.integer[Any]], table: npt.NDArray[np.float32]) -> Terms:
     gap = _gaps(table)[codes]
     value = table.astype(np.float64)[codes]
     low, high = value == float(table.min()), value == float(table.max())
