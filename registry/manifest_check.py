@@ -4,7 +4,8 @@ A signature says who wrote a manifest, not that it makes sense. :func:`check_man
 (before anything is uploaded), at every resolve (pull, rank pulls, inspect, tag, rollback, verify REF)
 and on a pulled folder's manifest (verify DIR). It checks:
 
-- every file path against the one set of path rules (:mod:`shardport.registry.paths`);
+- every file path against the one set of path rules (:mod:`shardport.registry.paths`); a file's
+  ``gguf_header`` digest range lies inside that file, which is a ``.gguf`` file;
 - every tensor names a file listed in ``files`` exactly (not a case or Unicode-form variant), once, with
   a non-negative shape, a known layout (``row_major``, or ``shardport-tiled`` with its tile size) and a
   byte range ``start <= end <= size`` of that file whose length is what its dtype and shape need;
