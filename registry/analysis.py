@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardport.registry.artifact.manifest import TensorEntry, WitnessFileRef
+from shardport.registry.artifact.gguf_header import header_digest
+from shardport.registry.artifact.manifest import GgufHeaderDigest, TensorEntry, WitnessFileRef
 from shardport.registry.artifact.witness_file import ProducerWitness, check_producer, producer_blob
 from shardport.registry.contracts import (
     DeclareSpec,
@@ -57,6 +58,7 @@ class Analysis:
 
     ``notes``: what the gates found in fields no consumer reads (:mod:`shardport.registry.formats.notes`;
     recorded in the manifest). ``remarks``: what was checked, for people (not recorded).
+    ``gguf_headers``: each GGUF file's header digest, by path (recorded on its file entry).
     """
 
     kind: str
@@ -66,6 +68,7 @@ class Analysis:
     remarks: tuple[str, ...] = ()
     architecture: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    gguf_headers: Mapping[str, GgufHeaderDigest] = field(default_factory=dict)
 
 
 @dataclass
@@ -256,8 +259,10 @@ def analyze(
             shape_values=shape_values,
         )
     gguf_meta: dict[str, Any] = {}
+    headers: dict[str, GgufHeaderDigest] = {}
     for rel in gguf_files:
         gheader = parse_gguf(root / rel, notes=notes)
+        headers[rel] = header_digest(root / rel, gheader)
         gguf_meta.update(gheader.kv)
         g_entries = [
             TensorEntry(
@@ -299,6 +304,7 @@ def analyze(
         remarks=remarks,
         architecture=architecture,
         params=_gguf_params(gguf_meta) if gguf_files and not st_files else {},
+        gguf_headers=headers,
     )
 
 

@@ -22,6 +22,7 @@ Tree::
         │                                       and writes its traceback to a file
         └── VerificationError              (1)  the store or a file lied
             ├── DigestMismatchError
+            │   └── HeaderDigestMismatchError   a GGUF header's KV bytes differ from the manifest's digest
             ├── MalformedDigestError            a digest that is not sha256:<64 lowercase hex>
             ├── ManifestInconsistentError       a manifest names what it does not have
             ├── SchemaVersionError
@@ -102,6 +103,10 @@ class VerificationError(RegistryError):
 
 class DigestMismatchError(VerificationError):
     """Bytes do not hash to the digest that names them."""
+
+
+class HeaderDigestMismatchError(DigestMismatchError):
+    """A GGUF file's header bytes (through its last key/value pair) do not hash to the manifest's digest."""
 
 
 class MalformedDigestError(VerificationError):

@@ -119,7 +119,12 @@ def build_manifest(
         tile_index=TileIndexRef(digest=tile_index) if tile_index else None,
         model=model,
         quantization=quantization_of(src),
-        files=entries,
+        files=[
+            e.model_copy(update={"gguf_header": analysis.gguf_headers[e.path]})
+            if analysis is not None and e.path in analysis.gguf_headers
+            else e
+            for e in entries
+        ],
         provenance=ProvenanceInfo(
             source_digest=source_digest(entries),
             converter="shardport.push",

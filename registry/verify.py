@@ -404,6 +404,11 @@ def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Repor
     for rel, _ in scan(folder):
         if rel not in expected:
             report.add("ExtraFile", rel, "present in the folder but not in the manifest")
+    present = {
+        e.path for e in manifest.files if (folder / e.path).is_file() and not (folder / e.path).is_symlink()
+    }
+    for kind, obj, message in content.gguf_header_findings(folder, manifest, present):
+        report.add(kind, obj, message)
     if report.ok:
         report.weights_checked, problems = content.check_weights(
             folder,

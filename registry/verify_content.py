@@ -22,7 +22,8 @@ import numpy.typing as npt
 
 from shardport import ShardportError
 from shardport.registry.analysis import check_stored
-from shardport.registry.artifact.manifest import Manifest
+from shardport.registry.artifact.gguf_header import check_header_file
+from shardport.registry.artifact.manifest import FileEntry, Manifest
 from shardport.registry.artifact.witness_file import load_producer
 from shardport.registry.formats import parse_gguf, parse_safetensors
 from shardport.registry.formats.notes import Notes
@@ -159,6 +160,7 @@ def header_findings(root: Path, manifest: Manifest, present: set[str]) -> list[F
             if f.path.endswith(".gguf"):
                 g = parse_gguf(root / f.path, notes=Notes(root=root))  # noted at push: not refused
                 found = {t.name: (t.start, t.end, t.ggml_type, tuple(t.shape)) for t in g.tensors}
+                out += _header_digest_findings(root, f, g.kv_end)
             else:
                 s = parse_safetensors(root / f.path, notes=Notes(root=root))
                 found = {t.name: (t.start, t.end, t.dtype, tuple(t.shape)) for t in s.tensors}
@@ -183,6 +185,31 @@ def header_findings(root: Path, manifest: Manifest, present: set[str]) -> list[F
                         f"header has (start, end, dtype, shape) = {found[name]}, the manifest {wanted[name]}",
                     )
                 )
+    return out
+
+
+def _header_digest_findings(root: Path, f: FileEntry, kv_end: int | None) -> list[Finding]:
+    if f.gguf_header is None:
+        return []
+    try:
+        check_header_file(root / f.path, f.gguf_header, file=f.path, kv_end=kv_end)
+    except ShardportError as exc:
+        return [(type(exc).__name__, f.path, str(exc))]
+    return []
+
+
+def gguf_header_findings(root: Path, manifest: Manifest, present: set[str]) -> list[Finding]:
+    """Each GGUF file ``present`` under ``root`` against its recorded header digest (re-gated first)."""
+    out: list[Finding] = []
+    for f in manifest.files:
+        if f.path not in present or f.gguf_header is None:
+            continue
+        try:
+            kv_end = parse_gguf(root / f.path, notes=Notes(root=root)).kv_end
+        except ShardportError as exc:
+            out.append((type(exc).__name__, f.path, str(exc)))
+            continue
+        out += _header_digest_findings(root, f, kv_end)
     return out
 
 

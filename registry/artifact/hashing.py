@@ -70,6 +70,21 @@ def digest_stream(
     return "sha256:" + h.hexdigest(), size
 
 
+def digest_range(path: Path, start: int, end: int) -> tuple[str, int]:
+    """Digest and length of bytes ``[start, end)`` of ``path`` (fewer bytes when the file is shorter)."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb", buffering=0) as fh:
+        fh.seek(start)
+        while size < end - start:
+            chunk = fh.read(min(CHUNK, end - start - size))
+            if not chunk:
+                break
+            h.update(chunk)
+            size += len(chunk)
+    return "sha256:" + h.hexdigest(), size
+
+
 def digest_file(
     path: Path, progress: Callable[[int], None] | None = None, *, limit: int | None = None
 ) -> tuple[str, int]:

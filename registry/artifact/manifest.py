@@ -126,13 +126,31 @@ class TopologyHints(Section):
     pp: list[int] = Field(default_factory=list)
 
 
+class GgufHeaderDigest(BaseModel):
+    """The digest of a GGUF file's header bytes ``[0, end)``: magic, version, counts, every KV pair.
+
+    ``end`` is the offset just past the last key/value pair (tokenizer arrays included), so a consumer
+    that range-reads the header (one read of ``end`` bytes) can check it against ``digest`` without the
+    tensor data (:mod:`shardport.registry.artifact.gguf_header`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    end: int = Field(ge=0)
+    digest: Digest
+
+
 class FileEntry(BaseModel):
-    """One checkpoint file (path relative to the checkpoint root; untrusted on the way in)."""
+    """One checkpoint file (path relative to the checkpoint root; untrusted on the way in).
+
+    ``gguf_header``: for a GGUF file, the digest of its header's key/value bytes; absent otherwise
+    (and left out of the JSON when absent, so manifests without GGUF files keep their bytes).
+    """
 
     model_config = ConfigDict(frozen=True, extra="allow")
     path: str
     size: int = Field(ge=0)
     digest: Digest
+    gguf_header: GgufHeaderDigest | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class TensorEntry(BaseModel):

@@ -4,7 +4,8 @@ A signature says who wrote a manifest, not that it makes sense. :func:`check_man
 (before anything is uploaded), at every resolve (pull, rank pulls, inspect, tag, rollback, verify REF)
 and on a pulled folder's manifest (verify DIR). It checks:
 
-- every file path against the one set of path rules (:mod:`shardport.registry.artifact.paths`);
+- every file path against the one set of path rules (:mod:`shardport.registry.artifact.paths`); a file's
+  ``gguf_header`` digest range lies inside that file, which is a ``.gguf`` file;
 - every tensor names a file listed in ``files`` exactly (not a case or Unicode-form variant), once, with
   a non-negative shape, a known layout (``row_major``, or ``shardport-tiled`` with its tile size) and a
   byte range ``start <= end <= size`` of that file whose length is what its dtype and shape need;
@@ -68,6 +69,10 @@ def check_manifest(manifest: Manifest, *, source: str) -> None:
     """
     check_paths([f.path for f in manifest.files], source=source)
     sizes = {f.path: f.size for f in manifest.files}
+    for i, f in enumerate(manifest.files):
+        if f.gguf_header is not None and (f.gguf_header.end > f.size or not f.path.endswith(".gguf")):
+            why = f"the header digest of {f.path!r} must cover bytes of a .gguf file of {f.size} bytes"
+            _fail(source, f"files.{i}.gguf_header.end", f.gguf_header.end, why)
     tensors: dict[str, TensorEntry] = {}
     for i, t in enumerate(manifest.tensors or ()):
         if t.name in tensors:

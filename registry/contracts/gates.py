@@ -32,7 +32,7 @@ from .errors import (
     UnsupportedContractError,
 )
 from .formats import as_plane
-from .gguf_blocks import gguf_block_scales, row_bytes
+from .gguf_blocks import SCALE_RULES, gguf_block_scales, row_bytes
 from .model import (
     AffineIntContract,
     CodesSpec,
@@ -263,7 +263,10 @@ def check_values(weight: LogicalWeight, planes: Planes) -> tuple[str, ...]:
         bad = ~np.isfinite(scales)
         if bad.any():
             raise ScaleValueError(
-                weight.name, f"{contract.plane} block scales", "finite d/dmin", f"{int(bad.sum())} NaN/inf"
+                weight.name,
+                f"{contract.plane} block scales ({contract.ggml_type})",
+                SCALE_RULES.get(contract.ggml_type, "finite d/dmin"),
+                f"{int(bad.sum())} NaN/inf",
             )
         return ("values.block_scales",)
     if not isinstance(contract, AffineIntContract):

@@ -22,6 +22,9 @@ Layouts (byte offsets within one block):
                        quarter t lane l: low nibble of ql[64h + l + 32·(t mod 2)] (high nibble when
                        t ≥ 2), high two bits ``(qh[32h + l] >> 2t) & 3``.       y = (d·sc)·(q - 32)
 - ``F32``/``F16``/``BF16``: one element per ``type_size`` bytes, widened exactly.
+
+The other types ``gguf.quants`` dequantizes are decoded in :mod:`.gguf_lowbit` (Q2_K, Q3_K, TQ1_0,
+TQ2_0, MXFP4, NVFP4, IQ4_NL, IQ4_XS) and :mod:`.gguf_iquants` (the grid types IQ1_S ... IQ3_S).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import numpy.typing as npt
 
 from shardport.registry.formats.elements import ELEMENTS
 
+from . import gguf_iquants, gguf_lowbit
 from .errors import PlaneShapeError, PlaneSizeError
 from .formats import bf16_bits_to_f32
 from .model import GgmlType
@@ -107,6 +111,22 @@ def _decode_q6k(blocks: U8) -> F32:
     return (d_scale * _f(q)).reshape(count, 256)
 
 
+_MORE_DECODERS = {**gguf_lowbit.DECODERS, **gguf_iquants.DECODERS}
+#: binary16 super-scale fields (offsets in the block) of every type that has them at fixed offsets.
+_HALF_SCALES: dict[str, tuple[int, ...]] = {
+    "Q8_0": (0,),
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    **gguf_lowbit.HALF_SCALES,
+    **gguf_iquants.HALF_SCALES,
+}
+
+
 def _decode_blocks(ggml_type: str, blocks: U8) -> F32:
     """Decode ``[B, type_size]`` bytes into ``[B, block_size]`` binary32 values."""
     if ggml_type == "F32":
@@ -131,6 +151,9 @@ def _decode_blocks(ggml_type: str, blocks: U8) -> F32:
         return _decode_k4(blocks, five_bit=ggml_type == "Q5_K")
     if ggml_type == "Q6_K":
         return _decode_q6k(blocks)
+    decoder = _MORE_DECODERS.get(ggml_type)
+    if decoder is not None:
+        return decoder(blocks)
     raise PlaneShapeError("<gguf>", "ggml_type", f"one of {sorted(BLOCK_SIZES)}", ggml_type)
 
 
@@ -184,18 +207,25 @@ def decode_gguf_rows(
 def gguf_block_scales(
     ggml_type: str, data: npt.NDArray[np.generic], rows: int, columns: int, tensor: str
 ) -> F32:
-    """Return every binary16 super-scale field (d, and dmin/m where present) of the tensor's blocks."""
-    offsets = {
-        "Q8_0": (0,),
-        "Q4_0": (0,),
-        "Q4_1": (0, 2),
-        "Q5_0": (0,),
-        "Q5_1": (0, 2),
-        "Q4_K": (0, 2),
-        "Q5_K": (0, 2),
-        "Q6_K": (208,),
-    }.get(ggml_type, ())
-    if not offsets:
+    """Return every block scale of the tensor as binary32 (the gate wants them all finite).
+
+    The binary16 super-scales (d, and dmin/m where present; IQ1_M's d gathered from its scale
+    words); MXFP4's e8m0 and NVFP4's unsigned-e4m3 scales, NaN where the byte is not one a
+    quantizer writes (:func:`.gguf_lowbit.mx_scale_values`). Float types have none.
+    """
+    offsets = _HALF_SCALES.get(ggml_type, ())
+    if not offsets and ggml_type not in ("IQ1_M", "MXFP4", "NVFP4"):
         return np.zeros(0, dtype=np.float32)
     blocks = as_gguf_rows(data, ggml_type, rows, columns, tensor).reshape(-1, BLOCK_SIZES[ggml_type][1])
+    if ggml_type == "IQ1_M":
+        return gguf_iquants.iq1m_scale(blocks).reshape(-1)
+    if ggml_type in ("MXFP4", "NVFP4"):
+        return gguf_lowbit.mx_scale_values(ggml_type, blocks)
     return np.concatenate([_half(blocks, offset).reshape(-1) for offset in offsets])
+
+
+SCALE_RULES: dict[str, str] = {
+    "MXFP4": "e8m0 scale bytes 0x00..0xFE (0xFF is NaN)",
+    "NVFP4": "unsigned e4m3 scale bytes 0x00..0x7E (bit 7 clear; 0x7F is NaN)",
+}
+"""What the block-scale gate expects of a type, where it is not "finite binary16 d/dmin"."""

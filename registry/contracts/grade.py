@@ -17,6 +17,8 @@ from __future__ import annotations
 import grit
 from grit.infer import GGML_INFERENCE
 
+from shardport.registry.formats.elements import ELEMENTS
+
 from .model import (
     AffineIntContract,
     FloatContract,
@@ -95,6 +97,8 @@ def grade_contract(contract: FloatContract | AffineIntContract | GgufBlockContra
     if isinstance(contract, GgufBlockContract):
         entry = GGML_INFERENCE.get(contract.ggml_type)
         if entry is None:
+            if ELEMENTS[contract.ggml_type].block > 1:
+                return _no(f"ggml {contract.ggml_type}: GRIT v1's ggml table has no entry for this type")
             return _no(f"ggml {contract.ggml_type} is {_CARRIER}")
         if entry.grade is None:
             return _no(f"ggml {contract.ggml_type}: {entry.note}")

@@ -26,7 +26,12 @@ LogicalAxis = Literal["E", "N", "K"]
 ScaleFormat = Literal["binary32", "binary16", "bfloat16", "e8m0", "e4m3"]
 FloatFormat = Literal["binary32", "binary16", "bfloat16", "e4m3", "e5m2"]
 PlaneRole = Literal["codes", "scale", "zero", "g_idx", "perm", "float", "shape"]
-GgmlType = Literal["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+GgmlType = Literal[
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
+    "Q2_K", "Q3_K", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "IQ4_NL", "IQ4_XS",
+    "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
+]  # fmt: skip
+"""Every ggml type ``gguf.quants`` dequantizes (its reference decoders: :mod:`.gguf_blocks`)."""
 #: Closed set of decode laws, each with a fixed evaluation order (see :mod:`.decode`).
 DecodeLaw = Literal["float_upcast", "affine_f32", "affine_round_to_scale_format", "ggml_block"]
 Family = Literal["float", "affine_int", "gguf_block", "mx_block", "codebook", "mixed"]

@@ -28,9 +28,10 @@ import numpy.typing as npt
 
 from .decode import affine_terms, decode_weight, plane_array
 from .encodings import encoding_value_range
-from .errors import ReferenceErrorTooLargeError
+from .errors import ReferenceErrorTooLargeError, UnsupportedContractError
 from .formats import round_to_format
 from .gguf_blocks import BLOCK_SIZES, _fifth_bits, _half, _nibbles32, _scale_min_k4, as_gguf_rows
+from .gguf_terms import GRID_TYPES, SCALE_EPS, lowbit_terms
 from .model import AffineIntContract, FloatContract, GgufBlockContract, LogicalWeight
 
 F32 = npt.NDArray[np.float32]
@@ -148,7 +149,10 @@ def _gguf_terms(
             (q6 == 0).reshape(flat),
             (q6 == 63).reshape(flat),
         )
-    zeros = np.zeros((count, BLOCK_SIZES[ggml_type][0]))
+    more = lowbit_terms(ggml_type, blocks)
+    if more is not None:
+        return more
+    zeros = np.zeros((count, BLOCK_SIZES[ggml_type][0]))  # float types, and the grid types: exact only
     none = np.zeros(zeros.shape, dtype=bool)
     return zeros, zeros, zeros, none, none
 
@@ -173,7 +177,7 @@ def _gguf_bounds(
         eps = _GGUF_EPS[contract.ggml_type]
         bound = eps * np.abs(decoded.astype(np.float64)) + 2.0**-25
     else:
-        eps = FORMAT_EPS["binary16"]
+        eps = SCALE_EPS.get(contract.ggml_type, FORMAT_EPS["binary16"])
         bound = np.abs(step) * (0.5 + 2 * eps * np.abs(level)) + 2 * eps * np.abs(offset)
     return Bounds(decoded, bound, step, low.reshape(as_rows), high.reshape(as_rows), block)
 
@@ -263,6 +267,15 @@ def reference_gate(weight: LogicalWeight, planes: Planes, reference: F32) -> flo
     Each element must lie within its honest rounding bound (module docstring). Rows are compared in
     chunks of at most :data:`CHUNK_ELEMENTS` elements. Returns the Frobenius relative error.
     """
+    contract = weight.contract
+    if isinstance(contract, GgufBlockContract) and contract.ggml_type in GRID_TYPES:
+        raise UnsupportedContractError(
+            weight.name,
+            "--reference",
+            "a type with an element-wise rounding bound",
+            f"ggml {contract.ggml_type}, a grid (vector) codebook: elements are rounded together",
+            "push without --reference, or with --witness (the producer's own decode, compared exactly)",
+        )
     total_rows, k = weight.shape.rows, weight.shape.columns
     table = np.asarray(reference, dtype=np.float32).reshape(total_rows, k)
     step = max(1, CHUNK_ELEMENTS // k)

@@ -38,6 +38,7 @@ Tree::
         ├── UnknownGGMLTypeError                GGUF: ggml type number not in the table
         ├── BlockSizeError                      GGUF: ne0 not a multiple of the block size
         ├── TensorLayoutError                   GGUF: offsets do not follow the padding recurrence
+        ├── QuantizationVersionError            GGUF: ``general.quantization_version`` not one ggml defines
         ├── ShardIndexError                     HF index JSON malformed or unsafe
         ├── ShardMissingError                   a shard named by the index does not exist
         ├── ShardMembershipError                tensor in no shard, two shards, or the wrong one
@@ -207,6 +208,14 @@ class BlockSizeError(ContainerError):
 
 class TensorLayoutError(ContainerError):
     """GGUF tensor offsets do not follow the padding recurrence (each = previous end, padded)."""
+
+
+class QuantizationVersionError(ContainerError):
+    """GGUF: ``general.quantization_version`` is not a UINT32 version the gguf package defines (2).
+
+    Version 1 files (llama.cpp before May 2023) lay out Q4_0/Q4_1/Q8_0 blocks differently; a decoder
+    for version 2 would read them wrong, so they are refused rather than misread.
+    """
 
 
 class ShardIndexError(ContainerError):

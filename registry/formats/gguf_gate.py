@@ -13,6 +13,7 @@ What the gate proves before it returns a :class:`GGUFHeader`:
   the parser never reads past ``max_header_bytes`` (a range-read source sees only header reads);
 * keys and tensor names are UTF-8 and unique; value types are known; arrays nest at most
   ``max_array_depth`` deep; ``general.alignment`` is a UINT32 power of two;
+  ``general.quantization_version``, when present, is a UINT32 in :data:`QUANTIZATION_VERSIONS`;
 * per tensor: n_dims in 0..4, the element and byte counts stay under 2**62, the ggml type is in the
   table of ``gguf.constants.GGML_QUANT_SIZES`` (unknown numbers are refused by number), ne0 is a
   multiple of the block size, the offset is aligned, the extent lies inside the file;
@@ -39,6 +40,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TypeAlias
 
+from gguf.constants import GGML_QUANT_VERSION
+
 from shardport.registry.formats.notes import Notes, collector
 
 from .cursor import HeaderCursor
@@ -52,6 +55,7 @@ from .errors import (
     DimensionError,
     DuplicateKeyError,
     MisalignedTensorError,
+    QuantizationVersionError,
     ShapeOverflowError,
     TensorLayoutError,
     TensorOutOfBoundsError,
@@ -62,6 +66,8 @@ from .errors import (
 )
 from .source import ByteSource, FileSource
 
+QUANTIZATION_VERSIONS: frozenset[int] = frozenset({GGML_QUANT_VERSION})
+"""The ``general.quantization_version`` values whose block layouts the decoders read (gguf's current)."""
 SIZE_BOUND = 2**62
 DEFAULT_ALIGNMENT = 32
 GGML_MAX_DIMS = 4
@@ -145,7 +151,11 @@ class GGUFTensorRecord:
 
 @dataclass(frozen=True, slots=True)
 class GGUFHeader:
-    """A validated GGUF header; ``tensors`` are in file (info) order, offsets absolute."""
+    """A validated GGUF header; ``tensors`` are in file (info) order, offsets absolute.
+
+    ``kv_end``: the offset just past the last key/value pair; bytes ``[0, kv_end)`` (magic, version,
+    counts and every KV pair, tokenizer included) are what the manifest's header digest covers.
+    """
 
     path: str
     file_size: int
@@ -155,6 +165,7 @@ class GGUFHeader:
     kv: Mapping[str, GGUFValue]
     kv_types: Mapping[str, str]
     tensors: tuple[GGUFTensorRecord, ...]
+    kv_end: int = 0
 
     def tensor_map(self) -> dict[str, GGUFTensorRecord]:
         """Return a fresh name → record dict."""
@@ -207,6 +218,8 @@ class _Parser:
         n_tensors, n_kv = cur.u64("tensor count"), cur.u64("KV count")
         self._check_counts(n_tensors, n_kv)
         kv, kv_types = self._read_kvs(n_kv)
+        kv_end = cur.pos
+        self._quantization_version(kv, kv_types)
         alignment = self._alignment(kv, kv_types)
         infos = [self._read_tensor_info(i, alignment) for i in range(n_tensors)]
         data_offset = -(-cur.pos // alignment) * alignment
@@ -220,6 +233,7 @@ class _Parser:
             kv=MappingProxyType(kv),
             kv_types=MappingProxyType(kv_types),
             tensors=tuple(tensors),
+            kv_end=kv_end,
         )
 
     def _check_counts(self, n_tensors: int, n_kv: int) -> None:
@@ -352,6 +366,21 @@ class _Parser:
                 remedy=_REMEDY_RECONVERT,
             )
         return value
+
+    def _quantization_version(self, kv: Mapping[str, GGUFValue], kv_types: Mapping[str, str]) -> None:
+        key = "general.quantization_version"
+        if key not in kv:
+            return
+        value, vtype = kv[key], kv_types[key]
+        if vtype != "UINT32" or isinstance(value, bool) or value not in QUANTIZATION_VERSIONS:
+            raise QuantizationVersionError(
+                self.name,
+                field=key,
+                expected=f"a UINT32 in {sorted(QUANTIZATION_VERSIONS)} (the ggml quantization versions "
+                "whose block layouts this shardport decodes)",
+                found=f"{vtype} {value!r}",
+                remedy="re-quantize the model with a current llama.cpp",
+            )
 
     def _read_tensor_info(self, i: int, alignment: int) -> tuple[str, int, tuple[int, ...], int, int]:
         cur, name = self.cur, self.name
