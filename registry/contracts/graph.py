@@ -148,14 +148,15 @@ SUPPORTED = tuple(sorted(set(_CONFIG_ARCHS) | {f"gguf:{a}" for a in _GGUF_ARCHS}
 class _Params:
     """Typed reads of one parameter mapping, each failure a :class:`GraphContractError` naming the key."""
 
-    def __init__(self, params: Mapping[str, Any], where: str, prefix: str = "") -> None:
-        self.params, self.where, self.prefix = params, where, prefix
+    def __init__(self, params: Mapping[str, Any], where: str, prefix: str = "", block: str = "") -> None:
+        """``prefix``: part of every key (GGUF ``llama.``); ``block``: a nested object's name, for messages."""
+        self.params, self.where, self.prefix, self.block = params, where, prefix, block
 
     def key(self, name: str) -> str:
-        return self.prefix + name
+        return self.block + self.prefix + name
 
     def raw(self, name: str) -> Any:
-        value = self.params.get(self.key(name))
+        value = self.params.get(self.prefix + name)
         if isinstance(value, (list, tuple)):
             raise UnsupportedOperatorError(
                 self.where,
@@ -218,7 +219,7 @@ def _config_scaling(p: _Params, block: object) -> RopeScaling | None:
     kind = block.get("rope_type", block.get("type"))
     if kind in (None, "default"):
         return None
-    scaled = _Params(block, p.where, "rope_scaling.")
+    scaled = _Params(block, p.where, block="rope_scaling.")
     if kind == "linear":
         return RopeScaling(kind="linear", factor=scaled.float("factor"))
     if kind == "llama3":
@@ -276,7 +277,7 @@ def _from_config(
     head_dim = p.int("head_dim", hidden // heads if hidden % heads == 0 else None)
     rope = params.get("rope_parameters")
     rope_block = rope if isinstance(rope, Mapping) else params.get("rope_scaling")
-    base_params = _Params(rope, where, "rope_parameters.") if isinstance(rope, Mapping) else p
+    base_params = _Params(rope, where, block="rope_parameters.") if isinstance(rope, Mapping) else p
     base = base_params.float("rope_theta", 10000.0)
     experts = p.int("num_local_experts", None if arch.moe else 0, minimum=0)
     if arch.moe is False and experts:
