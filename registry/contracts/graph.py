@@ -149,7 +149,7 @@ class _Params:
     """Typed reads of one parameter mapping, each failure a :class:`GraphContractError` naming the key."""
 
     def __init__(self, params: Mapping[str, Any], where: str, prefix: str = "", block: str = "") -> None:
-        """``prefix``: part of every key (GGUF ``llama.``); ``block``: a nested object's name, for messages."""
+        """``prefix``: part of every key (GGUF ``llama.``); ``block``: a nested object, for messages."""
         self.params, self.where, self.prefix, self.block = params, where, prefix, block
 
     def key(self, name: str) -> str:

@@ -1,0 +1,80 @@
+"""The graph across real gloo processes on 127.0.0.1 against the single-process float32 reference.
+
+Tolerance: float32 logits of unit scale; tensor-parallel partial sums add in another order than one
+process does, which moves logits by ~1e-6 here; 1e-4 leaves room and still catches any wrong slice
+(a misplaced head or vocabulary row moves logits by ~1e-1, see test_graph's perturbed weight).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardport.deploy.graph import compare, random_model, reference_model
+from shardport.deploy.local_ranks import Job, run_local
+from shardport.registry.contracts.graph import GraphContract
+
+TOLERANCE = 1e-4
+PROMPT = (1, 5, 900, 33, 7, 1000, 2, 64)
+STEPS = 5
+DENSE = GraphContract(
+    architecture="LlamaForCausalLM",
+    source="config.json",
+    layers=2,
+    hidden=144,
+    heads=6,
+    kv_heads=3,
+    head_dim=24,
+    intermediate=200,
+    vocab=1001,
+    rope_base=10000.0,
+    rope_pairs="half",
+    norm_eps=1e-5,
+    tied_embeddings=False,
+)
+MOE = DENSE.model_copy(
+    update={"architecture": "MixtralForCausalLM", "experts": 4, "experts_per_token": 2, "intermediate": 96}
+)
+TIED = DENSE.model_copy(
+    update={"architecture": "Qwen2ForCausalLM", "tied_embeddings": True, "qkv_bias": True}
+)
+
+
+def check(results: list[dict[str, object]], job: Job) -> None:
+    reference = reference_model(job.model).generate(job.prompt, job.steps)
+    for result in results:  # every rank holds the last stage's logits and the same tokens
+        run = result["generation"]
+        parity = compare(run, reference, TOLERANCE)  # type: ignore[arg-type]
+        assert parity.ok, (job.tp, job.ep, job.pp, result["rank"], parity)
+        assert parity.max_abs_diff > 0 or job.tp == 1  # a tp run really summed in another order
+        assert result["cache"]["max_abs_diff"] <= TOLERANCE, result["cache"]  # type: ignore[index]
+        assert result["cache"]["steps"] == STEPS - 1  # type: ignore[index]
+
+
+@pytest.mark.slow
+def test_world_of_two_tp2_ep2_pp2() -> None:
+    jobs = [
+        Job(
+            random_model(DENSE, seed=10), tp=2, prompt=PROMPT, steps=STEPS
+        ),  # uneven heads 4 + 2, vocab 501 + 500
+        Job(random_model(MOE, seed=11), tp=1, ep=2, prompt=PROMPT, steps=STEPS),  # experts 0-1 | 2-3
+        Job(random_model(DENSE, seed=12), tp=1, pp=2, prompt=PROMPT, steps=STEPS),  # layer 0 | layer 1
+    ]
+    for job, results in zip(jobs, run_local(jobs), strict=True):
+        assert len(results) == 2
+        check(results, job)
+    # the MoE job routed tokens to experts on both ep ranks (else ep=2 proved nothing)
+    model = jobs[1].model
+    x = model.embed[list(PROMPT)]
+    chosen = torch.topk(x @ model.layers[0].router.T, 2).indices  # type: ignore[union-attr]
+    assert bool((chosen < 2).any()) and bool((chosen >= 2).any())
+
+
+@pytest.mark.slow
+def test_world_of_three_tp3_tied_with_bias() -> None:
+    job = Job(
+        random_model(TIED, seed=13), tp=3, prompt=PROMPT, steps=STEPS
+    )  # 2 heads, 1 kv head, 334/334/333 rows
+    (results,) = run_local([job])
+    assert len(results) == 3
+    check(results, job)
