@@ -21,9 +21,20 @@ from .collectives import Group, LocalGroup, Mesh
 class MeshShape(Protocol):
     """The tp x ep x pp degrees and the rank numbering (``placement.Topology`` is one)."""
 
-    tp: int
-    ep: int
-    pp: int
+    @property
+    def tp(self) -> int:
+        """Tensor-parallel degree."""
+        ...
+
+    @property
+    def ep(self) -> int:
+        """Expert-parallel degree."""
+        ...
+
+    @property
+    def pp(self) -> int:
+        """Pipeline stages."""
+        ...
 
     def rank_of(self, pp_stage: int, ep_rank: int, tp_rank: int) -> int:
         """The rank number of mesh coordinates."""

@@ -82,10 +82,10 @@ def random_model(contract: GraphContract, seed: int = 0) -> FloatModel:
     h, i, d = contract.hidden, contract.intermediate, contract.head_dim
 
     def w(n: int, k: int) -> torch.Tensor:
-        return torch.randn(n, k, generator=g) / k**0.5
+        return torch.randn(n, k, generator=g).div(k**0.5)
 
     def norm() -> torch.Tensor:
-        return 1 + 0.1 * torch.randn(h, generator=g)
+        return torch.randn(h, generator=g).mul(0.1).add(1.0)
 
     def mlp() -> FloatMlp:
         return FloatMlp(w(i, h), w(i, h), w(h, i))
