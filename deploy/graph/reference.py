@@ -115,7 +115,7 @@ def random_model(contract: GraphContract, seed: int = 0) -> FloatModel:
                 v_bias=0.1 * torch.randn(v.shape[0], generator=g) if bias else None,
             )
         )
-    embed = torch.randn(contract.vocab, h, generator=g)
+    embed = w(contract.vocab, h)  # rows of norm ~1: tied logits stay near unit size too
     head = None if contract.tied_embeddings else w(contract.vocab, h)
     return FloatModel(contract, embed, tuple(layers), norm(), head)
 
