@@ -10,8 +10,11 @@ import torch
 from llama_artifacts import gguf_smollm
 
 from shardport.deploy.errors import GraphWeightError
-from shardport.deploy.graph import compare, reference_model, unpermute_gguf_qk
+from shardport.deploy.graph import compare, reference_model, tp_split, unpermute_gguf_qk
 from shardport.deploy.graph.checkpoint import float_model
+from shardport.deploy.plan_layout import layout_from_plan
+from shardport.placement import plan
+from shardport.placement.topology import Topology
 from shardport.registry.analysis import analyze, decode
 from shardport.registry.contracts.graph import graph_contract
 
@@ -42,3 +45,19 @@ def test_gguf_file_runs_as_stored_and_unpermuted(tmp_path: Path) -> None:
     assert float(a.prompt_logits.std()) > 0.05  # logits that say something (not all ~0)
     with pytest.raises(GraphWeightError, match=r"tensor blk\.1\.ffn_up\.weight"):
         float_model(contract, {k: v for k, v in tensors.items() if k != "blk.1.ffn_up.weight"})
+
+
+@pytest.mark.parametrize("tp", [2, 3])
+def test_the_plans_layout_is_the_graphs_split(tmp_path: Path, tp: int) -> None:
+    root = gguf_smollm(tmp_path / "smol", layers=2, vocab=1001)
+    analysis = analyze(root, ["model.gguf"], witnesses=False)
+    assert analysis is not None
+    contract = graph_contract(
+        analysis.architecture, analysis.params, tensor_shapes={t.name: t.shape for t in analysis.tensors}
+    )
+    planned = plan((analysis.weights, analysis.tensors, analysis.params), Topology(tp=tp))
+    split = tp_split(contract, tp)
+    for rank in range(tp):
+        assert layout_from_plan(planned, contract, rank) == split.layout(rank)
+    inter = {s.ranges for s in planned.splits if s.key.endswith("mlp.intermediate")}
+    assert inter == {split.intermediate}
