@@ -10,13 +10,13 @@ import torch
 from llama_artifacts import gguf_smollm
 
 from shardport.deploy.errors import GraphWeightError
-from shardport.deploy.graph import compare, reference_model, tp_split, unpermute_gguf_qk
+from shardport.deploy.graph import compare, random_model, reference_model, tp_split, unpermute_gguf_qk
 from shardport.deploy.graph.checkpoint import float_model
 from shardport.deploy.plan_layout import layout_from_plan
 from shardport.placement import plan
 from shardport.placement.topology import Topology
 from shardport.registry.analysis import analyze, decode
-from shardport.registry.contracts.graph import graph_contract
+from shardport.registry.contracts.graph import GraphContract, graph_contract
 
 
 def test_gguf_file_runs_as_stored_and_unpermuted(tmp_path: Path) -> None:
@@ -61,3 +61,65 @@ def test_the_plans_layout_is_the_graphs_split(tmp_path: Path, tp: int) -> None:
         assert layout_from_plan(planned, contract, rank) == split.layout(rank)
     inter = {s.ranges for s in planned.splits if s.key.endswith("mlp.intermediate")}
     assert inter == {split.intermediate}
+
+
+def test_moe_names_hugging_face_and_gguf_stacked() -> None:
+    moe = GraphContract(
+        architecture="MixtralForCausalLM",
+        source="config.json",
+        layers=2,
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        intermediate=48,
+        vocab=101,
+        rope_base=10000.0,
+        rope_pairs="half",
+        norm_eps=1e-5,
+        tied_embeddings=False,
+        experts=3,
+        experts_per_token=2,
+    )
+    m = random_model(moe, seed=4)
+    hf: dict[str, torch.Tensor] = {"model.embed_tokens.weight": m.embed, "model.norm.weight": m.norm}
+    gg: dict[str, torch.Tensor] = {"token_embd.weight": m.embed, "output_norm.weight": m.norm}
+    assert m.head is not None
+    hf["lm_head.weight"], gg["output.weight"] = m.head, m.head
+    for i, f in enumerate(m.layers):
+        p = f"model.layers.{i}."
+        assert f.router is not None
+        hf.update(
+            {
+                p + "self_attn.q_proj.weight": f.q,
+                p + "self_attn.k_proj.weight": f.k,
+                p + "self_attn.v_proj.weight": f.v,
+                p + "self_attn.o_proj.weight": f.o,
+                p + "input_layernorm.weight": f.input_norm,
+                p + "post_attention_layernorm.weight": f.post_norm,
+                p + "block_sparse_moe.gate.weight": f.router,
+            }
+        )
+        for e, x in enumerate(f.experts):
+            for w, t in (("w1", x.gate), ("w3", x.up), ("w2", x.down)):
+                hf[f"{p}block_sparse_moe.experts.{e}.{w}.weight"] = t
+        b = f"blk.{i}."
+        gg.update(
+            {
+                b + "attn_q.weight": f.q,
+                b + "attn_k.weight": f.k,
+                b + "attn_v.weight": f.v,
+                b + "attn_output.weight": f.o,
+                b + "attn_norm.weight": f.input_norm,
+                b + "ffn_norm.weight": f.post_norm,
+                b + "ffn_gate_inp.weight": f.router,
+            }
+        )
+        for w in ("gate", "up", "down"):
+            gg[f"{b}ffn_{w}_exps.weight"] = torch.stack([getattr(x, w) for x in f.experts])
+    prompt = [1, 50, 100, 7]
+    want = reference_model(m).forward(prompt, reference_model(m).new_cache())
+    for contract, tensors in ((moe, hf), (moe.model_copy(update={"source": "gguf"}), gg)):
+        got = float_model(contract, tensors)
+        model = reference_model(got)
+        assert torch.equal(model.forward(prompt, model.new_cache()), want)
