@@ -1,4 +1,19 @@
-"""Errors of the bring-up (``registry up``): each names the rank and what failed there."""
+"""Errors of the deploy package: the runtime graph and the bring-up (``registry up``).
+
+Tree::
+
+    ShardportError
+    └── DeployError                  (1)
+        ├── GraphLayoutError         (5)  a rank layout or mesh the graph cannot run (ranges that do not
+        │                                 cover the vocabulary, query heads without their kv head)
+        ├── GraphWeightError         (5)  a rank's weights do not fit the contract and layout (a missing
+        │                                 operator, a linear returning the wrong width)
+        ├── UnsupportedModelError    (5)  an architecture or operator the runtime does not implement
+        ├── ClusterError             (6)  Ray could not be started or joined, or cannot place the ranks
+        ├── RankFailedError        (rank's)  a rank failed validation, admission or I/O: its reason
+        ├── RankLostError            (6)  a rank's process died before it reported
+        └── ParityError              (1)  logits or tokens disagree with the reference beyond tolerance
+"""
 
 from __future__ import annotations
 
@@ -6,9 +21,27 @@ from shardport import ShardportError
 
 
 class DeployError(ShardportError):
-    """A bring-up failed."""
+    """Base of every deploy error."""
 
     exit_code = 1
+
+
+class GraphLayoutError(DeployError):
+    """A rank layout or mesh the runtime graph cannot run."""
+
+    exit_code = 5
+
+
+class GraphWeightError(DeployError):
+    """A rank's weights do not fit the graph contract and its layout."""
+
+    exit_code = 5
+
+
+class UnsupportedModelError(DeployError):
+    """The runtime does not implement this architecture or one of its operators (refused at plan time)."""
+
+    exit_code = 5
 
 
 class ClusterError(DeployError):
@@ -39,9 +72,3 @@ class ParityError(DeployError):
     """The bring-up ran but its logits or tokens disagree with the reference beyond the tolerance."""
 
     exit_code = 1
-
-
-class UnsupportedModelError(DeployError):
-    """The runtime does not implement this architecture or one of its operators (refused at plan time)."""
-
-    exit_code = 5

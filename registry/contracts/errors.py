@@ -32,6 +32,10 @@ Tree::
         ├── ReferenceErrorTooLargeError        decode is much farther from the float reference
         │                                      than the bit width allows (mislabelled contract)
         ├── UnsupportedContractError           a contract this shardport cannot decode
+        ├── GraphContractError                 model parameters that do not make a graph contract
+        │   ├── UnsupportedArchitectureError   an architecture the runtime graph does not implement
+        │   └── UnsupportedOperatorError       an operator it does not implement (rope scaling type,
+        │                                      partial rotary, sliding window, per-layer heads)
         └── ContractAmbiguousError             inference cannot decide; the message says what to
                                                declare
     UsageError                                 (shardport.registry.errors)
@@ -156,6 +160,18 @@ class ReferenceErrorTooLargeError(ContractError):
 
 class UnsupportedContractError(ContractError):
     """The contract is valid but this shardport has no reference decoder for it."""
+
+
+class GraphContractError(ContractError):
+    """The model parameters do not make a graph contract (missing, not a number, inconsistent)."""
+
+
+class UnsupportedArchitectureError(GraphContractError):
+    """An architecture the runtime graph does not implement."""
+
+
+class UnsupportedOperatorError(GraphContractError):
+    """An operator (or operator variant) the runtime graph does not implement."""
 
 
 class ContractAmbiguousError(ContractError):

@@ -1,0 +1,102 @@
+"""A :class:`~.reference.FloatModel` from named float tensors: Hugging Face or GGUF names.
+
+Hugging Face llama/mistral/qwen2 (``model.layers.<l>.self_attn.q_proj.weight`` …), Mixtral experts
+(``block_sparse_moe.gate`` and ``experts.<e>.w1/w2/w3``), or GGUF (``blk.<l>.attn_q.weight`` …,
+stacked ``ffn_{gate,up,down}_exps`` ``[E, N, K]``). Tensors are row-major ``[N, K]`` as the manifest
+records them (GGUF ``ne`` reversed). GGUF Q/K rows stay in the file's order; the contract's
+``rope_pairs`` says how the graph pairs them. A name the model needs and ``tensors`` lacks is a
+:class:`GraphWeightError` naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from shardport.registry.contracts.graph import GraphContract
+
+from ..errors import GraphWeightError
+from .reference import FloatLayer, FloatMlp, FloatModel
+
+_HF = {
+    "q": "self_attn.q_proj",
+    "k": "self_attn.k_proj",
+    "v": "self_attn.v_proj",
+    "o": "self_attn.o_proj",
+    "input_norm": "input_layernorm",
+    "post_norm": "post_attention_layernorm",
+    "gate": "mlp.gate_proj",
+    "up": "mlp.up_proj",
+    "down": "mlp.down_proj",
+    "router": "block_sparse_moe.gate",
+}
+_GGUF = {
+    "q": "attn_q",
+    "k": "attn_k",
+    "v": "attn_v",
+    "o": "attn_output",
+    "input_norm": "attn_norm",
+    "post_norm": "ffn_norm",
+    "gate": "ffn_gate",
+    "up": "ffn_up",
+    "down": "ffn_down",
+    "router": "ffn_gate_inp",
+}
+
+
+class _Names:
+    def __init__(self, contract: GraphContract, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.gguf = contract.source == "gguf"
+        self.tensors = tensors
+
+    def get(self, name: str, optional: bool = False) -> torch.Tensor | None:
+        if name in self.tensors:
+            return self.tensors[name].to(torch.float32)
+        if optional:
+            return None
+        raise GraphWeightError(f"tensor {name}: the model needs it and the checkpoint has none")
+
+    def need(self, name: str) -> torch.Tensor:
+        out = self.get(name)
+        assert out is not None
+        return out
+
+    def layer(self, index: int, op: str, leaf: str = "weight", optional: bool = False) -> torch.Tensor | None:
+        stem = f"blk.{index}.{_GGUF[op]}" if self.gguf else f"model.layers.{index}.{_HF[op]}"
+        return self.get(f"{stem}.{leaf}", optional)
+
+    def experts(self, index: int, count: int) -> tuple[FloatMlp, ...]:
+        if self.gguf:
+            g, u, d = (self.need(f"blk.{index}.ffn_{w}_exps.weight") for w in ("gate", "up", "down"))
+            return tuple(FloatMlp(g[e], u[e], d[e]) for e in range(count))
+        stem = f"model.layers.{index}.block_sparse_moe.experts"
+        return tuple(
+            FloatMlp(*(self.need(f"{stem}.{e}.{w}.weight") for w in ("w1", "w3", "w2"))) for e in range(count)
+        )
+
+
+def float_model(contract: GraphContract, tensors: Mapping[str, torch.Tensor]) -> FloatModel:
+    """The float model of ``contract`` from ``tensors`` (dequantized or float checkpoint tensors)."""
+    n = _Names(contract, tensors)
+    layers = []
+    for i in range(contract.layers):
+        q, k, v, o = (n.layer(i, op) for op in ("q", "k", "v", "o"))
+        assert q is not None and k is not None and v is not None and o is not None
+        norms = n.layer(i, "input_norm"), n.layer(i, "post_norm")
+        assert norms[0] is not None and norms[1] is not None
+        bias = {
+            f"{op}_bias": n.layer(i, op, "bias", optional=not contract.qkv_bias) for op in ("q", "k", "v")
+        }
+        if contract.moe:
+            router = n.layer(i, "router")
+            experts, mlp = n.experts(i, contract.experts), None
+        else:
+            gate, up, down = (n.layer(i, op) for op in ("gate", "up", "down"))
+            assert gate is not None and up is not None and down is not None
+            router, experts, mlp = None, (), FloatMlp(gate, up, down)
+        layers.append(FloatLayer(q, k, v, o, norms[0], norms[1], mlp, router, experts, **bias))
+    embed = n.need("token_embd.weight" if n.gguf else "model.embed_tokens.weight")
+    norm = n.need("output_norm.weight" if n.gguf else "model.norm.weight")
+    head = None if contract.tied_embeddings else n.need("output.weight" if n.gguf else "lm_head.weight")
+    return FloatModel(contract, embed, tuple(layers), norm, head)

@@ -1,0 +1,286 @@
+"""The float32 reference: a whole float model, its tensor-parallel shards, and parity between runs.
+
+:class:`FloatModel` holds full float weights (row order as the contract's ``rope_pairs`` says).
+:func:`tp_split` cuts heads, intermediate columns and vocabulary rows as the placement planner cuts
+float weights (the registry's ``split_points``; query heads in whole kv groups while tp <= kv heads,
+else single heads with kv heads replicated); :func:`shard` gives one rank its operators;
+:func:`reference_model` is the same graph at tp = 1 in one process. :func:`compare` and
+:func:`check_cache` turn two runs into plain parity records (L4 of the parity ladder).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from shardport.registry.contracts.graph import GraphContract
+from shardport.registry.tiles.splits import split_points
+
+from ..errors import GraphLayoutError
+from .collectives import Mesh
+from .model import Generation, RankModel
+from .weights import (
+    Attention,
+    Experts,
+    Layer,
+    Linear,
+    Lookup,
+    Mlp,
+    Range,
+    RankLayout,
+    RankWeights,
+    float_linear,
+    float_lookup,
+    single_layout,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FloatMlp:
+    """Full SwiGLU weights: gate and up ``[I, H]``, down ``[H, I]``."""
+
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class FloatLayer:
+    """Full weights of one layer (``mlp`` for dense layers, ``router`` + ``experts`` for MoE)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    o: torch.Tensor
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    mlp: FloatMlp | None = None
+    router: torch.Tensor | None = None
+    experts: tuple[FloatMlp, ...] = ()
+    q_bias: torch.Tensor | None = None
+    k_bias: torch.Tensor | None = None
+    v_bias: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FloatModel:
+    """A whole model in float: embedding ``[V, H]``, layers, final norm, head (``None`` when tied)."""
+
+    contract: GraphContract
+    embed: torch.Tensor
+    layers: tuple[FloatLayer, ...]
+    norm: torch.Tensor
+    head: torch.Tensor | None
+
+
+def random_model(contract: GraphContract, seed: int = 0) -> FloatModel:
+    """A model with Gaussian weights scaled to keep activations near unit size (tests, demos)."""
+    g = torch.Generator().manual_seed(seed)
+    h, i, d = contract.hidden, contract.intermediate, contract.head_dim
+
+    def w(n: int, k: int) -> torch.Tensor:
+        return torch.randn(n, k, generator=g).div(k**0.5)
+
+    def norm() -> torch.Tensor:
+        return torch.randn(h, generator=g).mul(0.1).add(1.0)
+
+    def mlp() -> FloatMlp:
+        return FloatMlp(w(i, h), w(i, h), w(h, i))
+
+    layers = []
+    for _ in range(contract.layers):
+        q, k, v, o = (
+            w(contract.heads * d, h),
+            w(contract.kv_heads * d, h),
+            w(contract.kv_heads * d, h),
+            w(h, contract.heads * d),
+        )
+        bias = contract.qkv_bias
+        layers.append(
+            FloatLayer(
+                q=q,
+                k=k,
+                v=v,
+                o=o,
+                input_norm=norm(),
+                post_norm=norm(),
+                mlp=None if contract.moe else mlp(),
+                router=w(contract.experts, h) if contract.moe else None,
+                experts=tuple(mlp() for _ in range(contract.experts)),
+                q_bias=0.1 * torch.randn(q.shape[0], generator=g) if bias else None,
+                k_bias=0.1 * torch.randn(k.shape[0], generator=g) if bias else None,
+                v_bias=0.1 * torch.randn(v.shape[0], generator=g) if bias else None,
+            )
+        )
+    embed = w(contract.vocab, h)  # rows of norm ~1: tied logits stay near unit size too
+    head = None if contract.tied_embeddings else w(contract.vocab, h)
+    return FloatModel(contract, embed, tuple(layers), norm(), head)
+
+
+@dataclass(frozen=True, slots=True)
+class TpSplit:
+    """Per tp rank: query and kv head ranges, intermediate columns, vocabulary rows."""
+
+    q_heads: tuple[Range, ...]
+    kv_heads: tuple[Range, ...]
+    intermediate: tuple[Range, ...]
+    vocab: tuple[Range, ...]
+
+    def layout(self, tp_rank: int) -> RankLayout:
+        """The graph layout of ``tp_rank``."""
+        return RankLayout(tp_rank, self.q_heads, self.kv_heads, self.vocab)
+
+
+def _ranges(what: str, extent: int, unit: int, parts: int) -> tuple[Range, ...]:
+    inner = split_points(extent, unit, parts)
+    if inner is None:
+        raise GraphLayoutError(
+            f"{what}: {extent} in units of {unit} cannot give each of tp={parts} ranks one"
+        )
+    points = [0, *inner, extent]
+    return tuple((points[r], points[r + 1]) for r in range(parts))
+
+
+def tp_split(contract: GraphContract, tp: int) -> TpSplit:
+    """The planner's tensor-parallel cuts of a float model of ``contract`` at ``tp``."""
+    d, kv, group = contract.head_dim, contract.kv_heads, contract.group
+    unit = group * d if tp <= kv else d
+    q = tuple((a // d, b // d) for a, b in _ranges("query heads", contract.heads * d, unit, tp))
+    if tp <= kv:
+        kv_ranges = tuple((a // group, -(-b // group)) for a, b in q)
+    elif tp % kv:
+        raise GraphLayoutError(
+            f"tp={tp} > kv heads={kv} and not a multiple of it: a rank would need two kv heads"
+        )
+    else:
+        kv_ranges = tuple((r * kv // tp, r * kv // tp + 1) for r in range(tp))
+    inter = _ranges("intermediate", contract.intermediate, 1, tp)
+    return TpSplit(q, kv_ranges, inter, _ranges("vocabulary", contract.vocab, 1, tp))
+
+
+def _mlp(m: FloatMlp, cols: Range, linear: Callable[[torch.Tensor], Linear]) -> Mlp:
+    a, b = cols
+    return Mlp(linear(m.gate[a:b]), linear(m.up[a:b]), linear(m.down[:, a:b]))
+
+
+def shard(
+    model: FloatModel,
+    split: TpSplit,
+    tp_rank: int,
+    *,
+    layers: range | None = None,
+    experts: Sequence[int] | None = None,
+    first: bool = True,
+    last: bool = True,
+    linear: Callable[[torch.Tensor], Linear] = float_linear,
+    lookup: Callable[[torch.Tensor], Lookup] = float_lookup,
+) -> RankWeights:
+    """Rank ``tp_rank``'s operators for the ``layers`` of its stage and the ``experts`` its ep rank owns."""
+    c, d = model.contract, model.contract.head_dim
+    (qa, qb), (ka, kb) = split.q_heads[tp_rank], split.kv_heads[tp_rank]
+    cols, (v0, v1) = split.intermediate[tp_rank], split.vocab[tp_rank]
+    owned = range(c.experts) if experts is None else experts
+    out = []
+    for index in layers if layers is not None else range(c.layers):
+        f = model.layers[index]
+        q_rows, kv_rows = slice(qa * d, qb * d), slice(ka * d, kb * d)
+        attention = Attention(
+            q=linear(f.q[q_rows]),
+            k=linear(f.k[kv_rows]),
+            v=linear(f.v[kv_rows]),
+            o=linear(f.o[:, q_rows]),
+            q_bias=None if f.q_bias is None else f.q_bias[q_rows],
+            k_bias=None if f.k_bias is None else f.k_bias[kv_rows],
+            v_bias=None if f.v_bias is None else f.v_bias[kv_rows],
+        )
+        mlp: Mlp | Experts
+        if f.router is not None:
+            mlp = Experts(linear(f.router), {e: _mlp(f.experts[e], cols, linear) for e in owned})
+        else:
+            assert f.mlp is not None
+            mlp = _mlp(f.mlp, cols, linear)
+        out.append(Layer(index, f.input_norm, attention, f.post_norm, mlp))
+    head = model.embed if model.head is None else model.head
+    return RankWeights(
+        layers=tuple(out),
+        embed=lookup(model.embed[v0:v1]) if first else None,
+        norm=model.norm if last else None,
+        head=linear(head[v0:v1]) if last else None,
+    )
+
+
+def reference_model(model: FloatModel) -> RankModel:
+    """The whole model in this process (tp = ep = pp = 1), float32: the L4 reference."""
+    c = model.contract
+    split = TpSplit(((0, c.heads),), ((0, c.kv_heads),), ((0, c.intermediate),), ((0, c.vocab),))
+    return RankModel(c, single_layout(c), shard(model, split, 0), Mesh.local())
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Parity(_Record):
+    """Logits of a run against the reference's: the prompt positions and the greedy decode."""
+
+    positions: int
+    max_abs_diff: float
+    top1_agree: tuple[bool, ...]
+    tokens: tuple[int, ...]
+    reference_tokens: tuple[int, ...]
+    decode_max_abs_diff: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        """Within tolerance, top-1 equal at every position, the same greedy tokens."""
+        return (
+            self.max_abs_diff <= self.tolerance
+            and self.decode_max_abs_diff <= self.tolerance
+            and all(self.top1_agree)
+            and self.tokens == self.reference_tokens
+        )
+
+
+class CacheCheck(_Record):
+    """Decode steps through the KV cache against a fresh prefill of the whole prefix."""
+
+    steps: int
+    max_abs_diff: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        """Every decode step's logits equal the prefill's last position within tolerance."""
+        return self.max_abs_diff <= self.tolerance
+
+
+def compare(run: Generation, reference: Generation, tolerance: float) -> Parity:
+    """Parity of ``run`` against ``reference`` (same prompt, same number of steps)."""
+    if run.prompt_logits.shape != reference.prompt_logits.shape:
+        raise GraphLayoutError(
+            f"compare: logits {list(run.prompt_logits.shape)} "
+            f"vs reference {list(reference.prompt_logits.shape)}"
+        )
+    steps = min(len(run.tokens), len(reference.tokens))
+    return Parity(
+        positions=run.prompt_logits.shape[0],
+        max_abs_diff=float((run.prompt_logits - reference.prompt_logits).abs().max()),
+        top1_agree=tuple(bool(x) for x in run.prompt_logits.argmax(-1) == reference.prompt_logits.argmax(-1)),
+        tokens=run.tokens,
+        reference_tokens=reference.tokens,
+        decode_max_abs_diff=float((run.token_logits[:steps] - reference.token_logits[:steps]).abs().max()),
+        tolerance=tolerance,
+    )
+
+
+def check_cache(model: RankModel, prompt: Sequence[int], run: Generation, tolerance: float) -> CacheCheck:
+    """Re-run each decode step as a full prefill of prompt + tokens so far (every rank calls it)."""
+    worst = 0.0
+    for i in range(1, len(run.tokens)):
+        logits = model.forward([*prompt, *run.tokens[:i]], model.new_cache())[-1]
+        worst = max(worst, float((logits - run.token_logits[i]).abs().max()))
+    return CacheCheck(steps=len(run.tokens) - 1, max_abs_diff=worst, tolerance=tolerance)
