@@ -196,24 +196,25 @@ class PreparedInt4(PreparedLinear):
     def probe_codes(self, columns: npt.NDArray[np.int64] | None = None) -> I64:
         """Read the codes back out of the packed bytes by running the kernel itself.
 
-        Activations are rows of the identity (``columns``: which K columns; all when None) and every
-        (scale, zero) is (1, 0), so the output is ``u - 8`` exactly, under the ISA that packed it.
-        Returns ``u [n_local, len(columns)]``.
+        Activations are rows of the identity (``columns``: which K columns; all when None) in bfloat16
+        (the fast path; ``u - 8`` in -8..7 and a one-term sum are exact in it) and every (scale, zero) is
+        (1, 0), so the output is ``u - 8`` exactly, under the ISA that packed it. Returns
+        ``u [n_local, len(columns)]``.
         """
         import torch
 
         self._check_isa()
         k, n = self.op.k_local, self.op.n_local
         cols = np.arange(k) if columns is None else np.asarray(columns, dtype=np.int64)
-        ones = torch.zeros(k // self.group, n, 2, dtype=torch.float32)
+        ones = torch.zeros(k // self.group, n, 2, dtype=torch.bfloat16)
         ones[..., 0] = 1.0
         out = []
-        for at in range(0, cols.size, ROW_CHUNK):
-            pick = torch.from_numpy(cols[at : at + ROW_CHUNK])
-            eye = torch.zeros(pick.numel(), k, dtype=torch.float32)
+        for at in range(0, cols.size, 4 * ROW_CHUNK):
+            pick = torch.from_numpy(cols[at : at + 4 * ROW_CHUNK])
+            eye = torch.zeros(pick.numel(), k, dtype=torch.bfloat16)
             eye[torch.arange(pick.numel()), pick] = 1.0
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group, ones)
-            out.append(y.T.round().to(torch.int64).numpy() + 8)
+            out.append(y.T.to(torch.int64).numpy() + 8)
         return np.concatenate(out, axis=1) if out else np.zeros((n, 0), dtype=np.int64)
 
     def code_check(self, weight: RankWeight) -> tuple[I64, I64] | None:
