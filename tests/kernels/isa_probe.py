@@ -7,8 +7,8 @@ import hashlib
 import numpy as np
 import torch
 
-from shardport.kernels.int4_cpu import CAPABILITY
 from shardport.kernels.capability import OperatorSignature  # noqa: F401  (the package imports cleanly)
+from shardport.kernels.int4_cpu import CAPABILITY
 
 codes = np.random.default_rng(0).integers(0, 16, size=(64, 128)).astype(np.int32)
 packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(codes), 1)

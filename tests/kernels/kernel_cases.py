@@ -8,6 +8,7 @@ does: a column-parallel split cuts N, a row-parallel split cuts K, at whole grou
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +73,7 @@ def gptq(n: int, k: int, group: int, seed: int = 0, *, v2: bool = False) -> Case
 
 def _minmax_tail(w: np.ndarray, group: int) -> dict[str, Any]:
     """Min-max quantization with a last, partial group (pads K to whole groups, then cuts)."""
-    n, k = w.shape
+    k = w.shape[1]
     padded = np.concatenate([w, np.repeat(w[:, -1:], -k % group, axis=1)], axis=1)
     q = quantize_minmax(padded, group)
     return {**q, "q": q["q"][:k]}
@@ -149,7 +150,7 @@ def splits(extent: int, parts: int, unit: int) -> list[tuple[int, int]]:
     units = -(-extent // unit)
     cuts = [min(extent, round(units * i / parts) * unit) for i in range(parts + 1)]
     cuts[-1] = extent
-    return [(a, b) for a, b in zip(cuts, cuts[1:], strict=False)]
+    return list(itertools.pairwise(cuts))
 
 
 def _cut(array: np.ndarray, axes: tuple[str, ...], ranges: dict[str, tuple[int, int]]) -> np.ndarray:

@@ -112,7 +112,6 @@ def test_compressed_tensors_bf16_scales_round_per_law_so_float32_is_a_conversion
 
 
 def _prepare(case, dtype="float32"):
-    n, k = case.weight.shape.extents
     weight = rank_weight(case.weight, case.planes)
     prepared, _ = dispatch(weight, default_catalog(), activation_dtype=dtype, phase="decode")
     return weight, prepared
@@ -141,7 +140,7 @@ def test_out_of_range_code_is_refused_before_the_kernel(cases):
         }
     )
     planes = {contract.codes.plane: codes, contract.scales.plane: np.ones((64, 8), dtype=np.float16)}
-    with pytest.raises(KernelInputError, match="row 3 column 5.*17"):
+    with pytest.raises(KernelInputError, match=r"row 3 column 5.*17"):
         Int4CpuKernel().prepare(rank_weight(local, planes), op.model_copy(update={"n_local": 64}))
 
 
@@ -162,7 +161,7 @@ def test_slice_starting_inside_a_group_is_refused(cases):
 
 
 def test_packed_layout_is_keyed_by_isa_and_never_persisted(cases):
-    weight, prepared = _prepare(cases["q4_0"])
+    _, prepared = _prepare(cases["q4_0"])
     with pytest.raises(NotPersistableError):
         pickle.dumps(prepared)
     x = torch.randn(2, K)
@@ -177,7 +176,7 @@ def test_packed_layout_is_keyed_by_isa_and_never_persisted(cases):
 
 @pytest.mark.slow
 def test_packed_bytes_differ_per_isa_and_each_isa_reads_its_own():
-    """Under ATEN_CPU_CAPABILITY=avx2 and default the same codes pack to different bytes; L1 passes in each."""
+    """Under ATEN_CPU_CAPABILITY avx2 and default codes pack to different bytes; L1 passes in each."""
     script = Path(__file__).with_name("isa_probe.py")
     digests = {}
     for isa in ("avx2", "default"):
@@ -208,9 +207,7 @@ def test_activation_dtype_mismatch_is_a_typed_error(cases):
 def test_policy_forbidding_conversion_moves_to_the_next_candidate(cases):
     weight = rank_weight(cases["gptq"].weight, cases["gptq"].planes)
     strict = FallbackPolicy(conversion="forbid", full_dequant="allow")
-    prepared, trace = dispatch(
-        weight, default_catalog(), activation_dtype="bfloat16", phase="decode", policy=strict
-    )
+    _, trace = dispatch(weight, default_catalog(), activation_dtype="bfloat16", phase="decode", policy=strict)
     first = trace.candidates[0]
     assert first.kernel == "cpu.int4pack@1" and first.prepared and not first.selected
     assert "conversion" in str(first.admission)
