@@ -26,9 +26,9 @@ if TYPE_CHECKING:
     from .capability import Capability, OperatorSignature, layout_id, operator_signature
     from .catalog import Catalog, Kernel, default_catalog
     from .device import Device, this_cpu
-    from .dispatch import DispatchTrace, FallbackWarning, dispatch
+    from .selection import DispatchTrace, FallbackWarning, dispatch, dispatch_phases
     from .errors import KernelError, NoAdmissibleKernelError
-    from .ladder import Ladder, ladder, require
+    from .parity import Ladder, ladder, require
     from .policy import FallbackPolicy
     from .prepared import PreparedLinear
     from .weight import RankWeight, rank_weight
@@ -38,9 +38,9 @@ _HOME = {
     **dict.fromkeys(("Capability", "OperatorSignature", "layout_id", "operator_signature"), "capability"),
     **dict.fromkeys(("Catalog", "Kernel", "default_catalog"), "catalog"),
     **dict.fromkeys(("Device", "this_cpu"), "device"),
-    **dict.fromkeys(("DispatchTrace", "FallbackWarning", "dispatch"), "dispatch"),
+    **dict.fromkeys(("DispatchTrace", "FallbackWarning", "dispatch", "dispatch_phases"), "selection"),
     **dict.fromkeys(("KernelError", "NoAdmissibleKernelError"), "errors"),
-    **dict.fromkeys(("Ladder", "ladder", "require"), "ladder"),
+    **dict.fromkeys(("Ladder", "ladder", "require"), "parity"),
     "FallbackPolicy": "policy",
     "PreparedLinear": "prepared",
     **dict.fromkeys(("RankWeight", "rank_weight"), "weight"),
@@ -68,6 +68,7 @@ __all__ = [
     "admit",
     "default_catalog",
     "dispatch",
+    "dispatch_phases",
     "ladder",
     "layout_id",
     "operator_signature",

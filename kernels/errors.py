@@ -10,8 +10,8 @@ Tree::
         ├── RankWeightError                 (5)  the rank-local planes do not fit the weight's contract
         │                                        (shape, slice start off a group/block boundary, ...)
         ├── NoAdmissibleKernelError         (5)  no candidate kernel is admissible under the policy;
-        │                                        lists every candidate's refusal
-        ├── FallbackForbiddenError          (5)  the only admissible kernels need a fallback the
+        │   │                                    lists every candidate's refusal
+        │   └── FallbackForbiddenError      (5)  the only admissible kernels need a fallback the
         │                                        policy forbids (lists them)
         ├── KernelInputError                (5)  a plane's values would break the kernel (out-of-range
         │                                        code, short scale plane): caught before calling it
@@ -53,7 +53,7 @@ class NoAdmissibleKernelError(KernelError):
     exit_code = 5
 
 
-class FallbackForbiddenError(KernelError):
+class FallbackForbiddenError(NoAdmissibleKernelError):
     """The admissible kernels all need a fallback (generic, full dequant) that the policy forbids."""
 
     exit_code = 5

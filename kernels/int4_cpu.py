@@ -138,7 +138,7 @@ def int4_terms(weight: RankWeight) -> tuple[I64, F64, F64, int]:
 class PreparedInt4(PreparedLinear):
     """A rank's weight packed for ``_weight_int4pack_mm_for_cpu`` (ISA-keyed, never persisted)."""
 
-    def __init__(self, weight: RankWeight, op: OperatorSignature) -> None:
+    def __init__(self, weight: RankWeight, op: OperatorSignature, kernel: str) -> None:
         import torch
 
         u, scale, zero, group = int4_terms(weight)
@@ -151,7 +151,7 @@ class PreparedInt4(PreparedLinear):
         self.scale_zero = torch.from_numpy(sz).to(dtype).contiguous()
         self.group = group
         exact = torch.from_numpy(sz).to(dtype).double().numpy()
-        super().__init__(f"{CAPABILITY.id}@{CAPABILITY.version}", op, "repack", isa=isa)
+        super().__init__(kernel, op, "repack", isa=isa)
         error = self._decode_error(weight, u)
         if error or not np.array_equal(exact, sz):
             self.transformation = "conversion"
@@ -237,4 +237,5 @@ class Int4CpuKernel:
 
     def prepare(self, weight: RankWeight, op: OperatorSignature) -> PreparedLinear:
         """Repack the rank's planes into int4pack at load time (checked codes and scale count)."""
-        return PreparedInt4(weight, op)
+        cap = self.capability
+        return PreparedInt4(weight, op, f"{cap.id}@{cap.version}")

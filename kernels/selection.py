@@ -13,7 +13,7 @@ way) listing every candidate's reasons — never a silent slow path.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -93,12 +93,18 @@ def dispatch(
     policy: FallbackPolicy | None = None,
     required: Sequence[str] = (),
     preferred: Sequence[str] = (),
+    reuse: Mapping[str, PreparedLinear] | None = None,
 ) -> tuple[PreparedLinear, DispatchTrace]:
-    """Select and prepare the kernel for one rank's weight in one phase; return it and the trace."""
+    """Select and prepare the kernel for one rank's weight in one phase; return it and the trace.
+
+    ``reuse``: operators already prepared for this weight (by kernel ``id@version``, e.g. for the other
+    phase); a candidate found there is not prepared again.
+    """
     policy = policy or FallbackPolicy()
     op = operator_signature(weight, activation_dtype, phase, device or this_cpu())
     outcomes: list[Candidate] = []
     chosen: PreparedLinear | None = None
+    chosen_name = ""
     notes: list[str] = []
     for kernel in _order(catalog, preferred):
         cap = kernel.capability
@@ -134,7 +140,7 @@ def dispatch(
             )
             continue
         try:
-            prepared = kernel.prepare(weight, op)
+            prepared = (reuse or {}).get(name) or kernel.prepare(weight, op)
         except (KernelError, ContractError) as exc:
             verdict = _refused(name, verdict, Reason.PREPARE, "a preparable weight", str(exc))
             outcomes.append(
@@ -172,7 +178,7 @@ def dispatch(
             note = f"{weight.where} ({phase}): {name} runs as {done}"
             notes.append(note)
             warnings.warn(note, FallbackWarning, stacklevel=2)
-        chosen = prepared
+        chosen, chosen_name = prepared, name
         outcomes.append(
             Candidate(
                 kernel=name,
@@ -203,9 +209,40 @@ def dispatch(
         required=tuple(required),
         preferred=tuple(preferred),
         candidates=tuple(outcomes),
-        selected=chosen.kernel,
+        selected=chosen_name,
         transformation=chosen.transformation,
         conversion_error=chosen.conversion_error,
         warnings=tuple(notes),
     )
     return chosen, trace
+
+
+def dispatch_phases(
+    weight: RankWeight,
+    catalog: Catalog,
+    *,
+    activation_dtype: ActivationDtype,
+    phases: Sequence[Phase] = ("prefill", "decode"),
+    device: Device | None = None,
+    policy: FallbackPolicy | None = None,
+    required: Sequence[str] = (),
+    preferred: Sequence[str] = (),
+) -> dict[Phase, tuple[PreparedLinear, DispatchTrace]]:
+    """Dispatch each phase (they may select different kernels); one prepared operator per kernel."""
+    out: dict[Phase, tuple[PreparedLinear, DispatchTrace]] = {}
+    done: dict[str, PreparedLinear] = {}
+    for phase in phases:
+        prepared, trace = dispatch(
+            weight,
+            catalog,
+            activation_dtype=activation_dtype,
+            phase=phase,
+            device=device,
+            policy=policy,
+            required=required,
+            preferred=preferred,
+            reuse=done,
+        )
+        done[prepared.kernel] = prepared
+        out[phase] = (prepared, trace)
+    return out
