@@ -26,11 +26,11 @@ if TYPE_CHECKING:
     from .capability import Capability, OperatorSignature, layout_id, operator_signature
     from .catalog import Catalog, Kernel, default_catalog
     from .device import Device, this_cpu
-    from .selection import DispatchTrace, FallbackWarning, dispatch, dispatch_phases
     from .errors import KernelError, NoAdmissibleKernelError
     from .parity import Ladder, ladder, require
     from .policy import FallbackPolicy
     from .prepared import PreparedLinear
+    from .selection import DispatchTrace, FallbackWarning, dispatch, dispatch_phases
     from .weight import RankWeight, rank_weight
 
 _HOME = {
