@@ -25,6 +25,8 @@ decode law rounds each product to the scale format; the kernel does not, which i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,7 @@ import numpy.typing as npt
 
 from shardport.registry.contracts.decode import affine_terms, decode_weight
 from shardport.registry.contracts.encodings import encoding_value_range
+from shardport.registry.contracts.formats import round_to_format
 from shardport.registry.contracts.gguf_blocks import as_gguf_rows
 from shardport.registry.contracts.model import AffineIntContract, GgufBlockContract, LogicalShape
 
@@ -43,7 +46,6 @@ from .weight import RankWeight
 
 GROUPS = (32, 64, 128, 256)
 F64 = npt.NDArray[np.float64]
-Terms = tuple[I64, F64, F64]
 
 CAPABILITY = Capability(
     id="cpu.int4pack",
@@ -75,8 +77,23 @@ CAPABILITY = Capability(
 )
 
 
-def _gguf_q4(c: GgufBlockContract, weight: RankWeight) -> Terms:
-    """Codes ``u [N, K]``, scale and zero ``[G, N]`` (float64, exact) of Q4_0 / Q4_1 blocks."""
+@dataclass(frozen=True)
+class Int4Form:
+    """A rank's weight in int4pack's terms.
+
+    ``u [N, K]``: codes in 0..15; ``scale``/``zero`` ``[G, N]`` (float64, exact); ``group``: the group
+    size; ``reference_rows``: the decode law's rows (binary32) from the same unpacking.
+    """
+
+    u: I64
+    scale: F64
+    zero: F64
+    group: int
+    reference_rows: Callable[[int, int], F32]
+
+
+def _gguf_q4(c: GgufBlockContract, weight: RankWeight) -> Int4Form:
+    """Q4_0 / Q4_1 blocks: ``u`` the nibbles, ``scale = d``, ``zero = 0`` or ``m + 8d``."""
     n, k = weight.n_local, weight.k_local
     head = 2 if c.ggml_type == "Q4_0" else 4
     rows = as_gguf_rows(weight.planes["codes"], c.ggml_type, n, k, c.plane)
@@ -89,30 +106,49 @@ def _gguf_q4(c: GgufBlockContract, weight: RankWeight) -> Terms:
     else:
         m = np.ascontiguousarray(blocks[:, :, 2:4]).view("<f2")[..., 0].astype(np.float64)
         zero = m + 8.0 * d
-    return u, d.T.copy(), zero.T.copy()
+    local = weight.local_weight
+
+    def reference_rows(start: int, stop: int) -> F32:
+        return decode_weight(local, weight.named_planes, range(start, stop))
+
+    return Int4Form(u, d.T.copy(), zero.T.copy(), 32, reference_rows)
 
 
-def _affine(c: AffineIntContract, weight: RankWeight) -> Terms:
-    """Codes ``u [N, K]``, scale and zero ``[G, N]`` (float64) of GPTQ / AWQ / compressed-tensors int4."""
+def _affine(c: AffineIntContract, weight: RankWeight) -> Int4Form:
+    """GPTQ / AWQ / compressed-tensors int4 from the registry's exact unpacking (:func:`affine_terms`)."""
     shape = LogicalShape(axes=("N", "K"), extents=(weight.n_local, weight.k_local))
     terms = affine_terms(c, weight.named_planes, shape, None, weight.where)
     lo = encoding_value_range(c.codes.encoding)[0]
     s = terms.scale.astype(np.float64)
     z = terms.zero.astype(np.float64)
-    return terms.q - lo, s.T.copy(), (s * (8.0 + lo - z)).T.copy()
+    group = terms.group
+
+    def reference_rows(start: int, stop: int) -> F32:  # the decode law, as decode_affine evaluates it
+        q, zero = terms.q[start:stop], terms.zero[start:stop][:, group]
+        if zero.dtype == np.int64:
+            diff = (q - zero).astype(np.float32)
+        else:
+            diff = q.astype(np.float32) - zero.astype(np.float32)
+        values: F32 = diff * terms.scale[start:stop][:, group]
+        if c.decode_law == "affine_round_to_scale_format":
+            values = round_to_format(values, c.scales.format)
+        return values
+
+    return Int4Form(
+        terms.q - lo, s.T.copy(), (s * (8.0 + lo - z)).T.copy(), c.scales.group_size, reference_rows
+    )
 
 
-def int4_terms(weight: RankWeight) -> tuple[I64, F64, F64, int]:
-    """The int4pack form of a rank's weight: codes ``u``, scale, zero (float64) and the group size."""
+def int4_terms(weight: RankWeight) -> Int4Form:
+    """The int4pack form of a rank's weight, its codes range-checked and its scale count checked."""
     c = weight.contract
     if isinstance(c, GgufBlockContract):
-        u, scale, zero = _gguf_q4(c, weight)
-        group = 32
+        form = _gguf_q4(c, weight)
     elif isinstance(c, AffineIntContract):
-        u, scale, zero = _affine(c, weight)
-        group = c.scales.group_size
+        form = _affine(c, weight)
     else:
         raise KernelInputError(weight.where, "contract family", "affine_int or gguf Q4_0/Q4_1", c.family)
+    u, scale, zero, group = form.u, form.scale, form.zero, form.group
     bad = (u < 0) | (u > 15)
     if bad.any():
         r, k = (int(i) for i in np.argwhere(bad)[0])
@@ -132,7 +168,7 @@ def int4_terms(weight: RankWeight) -> tuple[I64, F64, F64, int]:
             list(scale.shape),
             "int4pack does not check the number of groups; a short plane would be read out of bounds",
         )
-    return u, scale, zero, group
+    return form
 
 
 class PreparedInt4(PreparedLinear):
@@ -141,7 +177,8 @@ class PreparedInt4(PreparedLinear):
     def __init__(self, weight: RankWeight, op: OperatorSignature, kernel: str) -> None:
         import torch
 
-        u, scale, zero, group = int4_terms(weight)
+        form = int4_terms(weight)
+        u, scale, zero, group = form.u, form.scale, form.zero, form.group
         dtype = getattr(torch, op.activation_dtype)
         isa = cpu_isa()
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
@@ -150,27 +187,30 @@ class PreparedInt4(PreparedLinear):
         sz = np.stack([scale, zero], axis=-1)
         self.scale_zero = torch.from_numpy(sz).to(dtype).contiguous()
         self.group = group
+        self._sz32: F32 | None = None
         exact = torch.from_numpy(sz).to(dtype).double().numpy()
         super().__init__(kernel, op, "repack", isa=isa)
-        error = self._decode_error(weight, u)
+        error = self._decode_error(form)
         if error or not np.array_equal(exact, sz):
             self.transformation = "conversion"
         self.conversion_error = error
+        self._sz32 = None
 
-    def _decode_error(self, weight: RankWeight, u: I64) -> float:
+    def _decode_error(self, form: Int4Form) -> float:
         """Largest ``|W_layout - W_reference|`` over the slice, a chunk of rows at a time."""
-        local = weight.local_weight
         worst = 0.0
-        for r in range(0, weight.n_local, ROW_CHUNK):
-            rows = range(r, min(r + ROW_CHUNK, weight.n_local))
-            ref = decode_weight(local, weight.named_planes, rows)
-            mine = self._decode_from(u[r : rows.stop], r, rows.stop)
+        for r in range(0, self.op.n_local, 4 * ROW_CHUNK):
+            stop = min(r + 4 * ROW_CHUNK, self.op.n_local)
+            ref = form.reference_rows(r, stop)
+            mine = self._decode_from(form.u[r:stop], r, stop)
             diff = np.abs(mine.astype(np.float64) - ref.astype(np.float64))
             worst = max(worst, float(diff.max()) if diff.size else 0.0)
         return worst
 
     def _decode_from(self, u: npt.NDArray[np.integer[Any]], start: int, stop: int) -> F32:
-        sz: F32 = self.scale_zero.float().numpy()[:, start:stop]  # [G, rows, 2]
+        if self._sz32 is None:
+            self._sz32 = self.scale_zero.float().numpy()
+        sz = self._sz32[:, start:stop]  # [G, rows, 2]
         group = np.arange(u.shape[1]) // self.group
         scale = sz[group, :, 0].T
         zero = sz[group, :, 1].T
@@ -219,7 +259,7 @@ class PreparedInt4(PreparedLinear):
 
     def code_check(self, weight: RankWeight) -> tuple[I64, I64] | None:
         """(codes the planes hold, codes read back through the kernel), both ``[n_local, k_local]``."""
-        return int4_terms(weight)[0], self.probe_codes()
+        return int4_terms(weight).u, self.probe_codes()
 
     def decode_rows(self, start: int, stop: int) -> F32:
         """Rows of ``(u - 8)·scale + zero`` with ``u`` read back from the packed bytes."""
