@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from quantized import inventory, pack_along_columns, pack_along_rows  # noqa: E402
+from quantized import inventory, pack_along_columns, pack_along_rows
 
-from shardport.kernels import default_catalog, dispatch, rank_weight  # noqa: E402
-from shardport.registry.contracts import infer_safetensors  # noqa: E402
+from shardport.kernels import default_catalog, dispatch, rank_weight
+from shardport.registry.contracts import infer_safetensors
 
 PREFIX = "model.layers.0.mlp.down_proj"
 RESULTS = Path(__file__).parent / "results"
@@ -64,9 +64,8 @@ def _weight(n: int, k: int, group: int):
         f"{PREFIX}.scales": scales,
     }
     config = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False, "sym": False}
-    weight = next(
-        w for w in infer_safetensors({"quantization_config": config}, inventory(planes)) if w.name.startswith(PREFIX)
-    )
+    weights = infer_safetensors({"quantization_config": config}, inventory(planes))
+    weight = next(w for w in weights if w.name.startswith(PREFIX))
     return weight, planes, q.T.astype(np.uint8), zeros.T, scales.T.astype(np.float32)
 
 
@@ -131,7 +130,7 @@ def main() -> None:
             x = torch.randn(tokens, k).to(dtype)
             int4 = _median(lambda x=x, p=prepared: p(x), args.repeat)
             per_call = _median(lambda x=x: x @ dequant().T, max(3, args.repeat // 3))
-            dense_mm = _median(lambda x=x: x @ dense.T, args.repeat)
+            dense_mm = _median(lambda x=x, dense=dense: x @ dense.T, args.repeat)
             out["matmul"][f"{dtype_name}_T{tokens}"] = {
                 "transformation": trace.transformation,
                 "int4_ms": int4 * 1e3,
