@@ -106,6 +106,14 @@ def _representation(op: OperatorSignature, cap: Capability, out: list[Refusal]) 
     _member(out, Reason.ZERO_POINT, cap.zero_points, op.zero_point)
     if op.group_size is not None:
         _member(out, Reason.GROUP_SIZE, cap.group_sizes, op.group_size)
+        if cap.scale_per_row and op.group_size < op.k_local:
+            out.append(
+                Refusal(
+                    reason=Reason.GROUP_SIZE,
+                    expected=f"one scale per row (a group of all K_local={op.k_local} columns)",
+                    found=f"{op.k_local // op.group_size} groups of {op.group_size} along K per row",
+                )
+            )
     if op.act_order and not cap.act_order:
         out.append(
             Refusal(reason=Reason.ACT_ORDER, expected="groups in column order", found="act-order g_idx")

@@ -58,6 +58,7 @@ CAPABILITY = Capability(
     scale_levels=(1,),
     zero_points=("none", "implicit", "int_plane/as_is", "int_plane/minus_one", "float_min"),
     group_sizes=GROUPS,
+    scale_per_row=False,
     scale_axes=("K",),
     act_order=False,
     permutation=False,

@@ -33,6 +33,7 @@ def _any(kernel_id: str, abi: str) -> Capability:
         scale_levels=(0, 1, 2),
         zero_points=None,
         group_sizes=None,
+        scale_per_row=False,
         scale_axes=("K", "N"),
         act_order=True,
         permutation=True,

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from shardport.registry.contracts.errors import ContractError
+from shardport.registry.errors import RefusedError
 
 from .admission import Admission, Reason, Refusal, admit
 from .capability import ActivationDtype, OperatorSignature, Phase, Transformation, operator_signature
@@ -141,7 +141,7 @@ def dispatch(
             continue
         try:
             prepared = (reuse or {}).get(name) or kernel.prepare(weight, op)
-        except (KernelError, ContractError) as exc:
+        except (KernelError, RefusedError) as exc:  # contract and kernel-input refusals
             verdict = _refused(name, verdict, Reason.PREPARE, "a preparable weight", str(exc))
             outcomes.append(
                 Candidate(
