@@ -69,7 +69,8 @@ class Capability(_Frozen):
     ``layouts``: fnmatch patterns of layout ids; ``zero_points``: ``none``, ``implicit``,
     ``int_plane/as_is``, ``int_plane/minus_one``, ``float_plane``, ``float_min`` (GGUF's additive
     minimum); ``group_sizes``: along K; ``scale_per_row``: only one scale per row (a group of all K);
-    ``tail_group``: whether a last, partial group is taken; ``n_multiple``/``k_multiple``: of the rank-local extents; ``slice_alignment``: the slice's first
+    ``tail_group``: whether a last, partial group is taken; ``n_multiple``/``k_multiple``: of the
+    rank-local extents; ``slice_alignment``: the slice's first
     column must be a multiple of it (besides the group size); ``workspace_bytes``: the most scratch one
     call uses beyond its output; ``transformation``: what preparing does to the planes.
     """
