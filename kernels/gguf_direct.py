@@ -1,0 +1,407 @@
+"""Direct GGUF block kernel: ``y = x @ W.T`` straight from a rank's raw GGUF block bytes.
+
+The rank's block plane (uint8 ``[N, row_bytes]`` exactly as the loader returns it) is used as it is:
+no repack, no persistent float copy. The matmul walks the rows ``tile_rows`` at a time; each tile of
+rows is decoded into one reused float32 workspace ``[tile_rows, K]`` and multiplied there
+(``torch.mm``), so the extra memory is bounded by :func:`workspace_bytes`, whatever N is.
+
+Decoders:
+
+- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and F32/F16/BF16: vectorised torch tile
+  decoders written from the block layouts (see ``shardport.registry.contracts.gguf_blocks`` for the
+  byte maps). They follow ggml's reference evaluation order (each product and each sum rounded to
+  binary32 separately, never fused), so a decoded tile equals ``gguf.quants.dequantize`` bit for bit.
+- Every other type ``gguf.quants`` dequantizes (the IQ family, TQ1_0/TQ2_0, MXFP4, NVFP4): the tile
+  is decoded by ``gguf.quants.dequantize`` (numpy) and copied into the workspace; those decoders
+  allocate their own temporaries, a few times the tile's float size (counted in the workspace).
+
+Accumulation is float32 (``torch.mm``); bfloat16/float16 activations are widened to float32 first.
+The result differs from a float64 product by float32 summation error only (about ``K * 2**-24``
+relative to ``|x| @ |W|.T``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as _gguf_dequantize
+
+from .gguf_errors import (
+    ActivationError,
+    BlockAlignmentError,
+    BlockDtypeError,
+    NonContiguousBlocksError,
+    RowBytesError,
+    UnknownGgmlTypeError,
+    WorkspaceError,
+)
+
+#: A tile decoder: raw bytes ``[R, blocks_per_row, type_size]`` (uint8) → ``out`` float32
+#: ``[R, blocks_per_row, block_size]``, written in place.
+TileDecoder = Callable[[torch.Tensor, torch.Tensor], None]
+
+_U8 = torch.uint8
+_F32 = torch.float32
+
+
+def _shifts(*values: int) -> torch.Tensor:
+    return torch.tensor(values, dtype=_U8)
+
+
+_NIBBLE = _shifts(0, 4)
+_CRUMB = _shifts(0, 2, 4, 6)
+_BIT = _shifts(0, 1, 2, 3, 4, 5, 6, 7)
+
+
+def _half(tile: torch.Tensor, offset: int) -> torch.Tensor:
+    """The binary16 at byte ``offset`` of every block, widened: ``[R, B, 1]`` float32."""
+    return tile[..., offset : offset + 2].view(torch.float16).to(_F32)
+
+
+def _split_nibbles(qs: torch.Tensor, out: torch.Tensor) -> None:
+    """Element j < n of ``out`` (``[R, B, 2n]``) ← low nibble of byte j, j ≥ n ← high nibble of byte j - n."""
+    half = qs.shape[-1]
+    out[..., :half].copy_(qs & 0x0F)
+    out[..., half:].copy_(qs >> 4)
+
+
+def _bits32(qh: torch.Tensor) -> torch.Tensor:
+    """Bit j (0..31) of the little-endian u32 in ``qh`` (``[R, B, 4]``) as ``[R, B, 32]`` uint8 0/1."""
+    rows, blocks = qh.shape[0], qh.shape[1]
+    return ((qh.unsqueeze(-1) >> _BIT) & 1).reshape(rows, blocks, 32)
+
+
+def _decode_q8_0(tile: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(tile[..., 2:].view(torch.int8))
+    out.mul_(_half(tile, 0))
+
+
+def _decode_q4_0(tile: torch.Tensor, out: torch.Tensor) -> None:
+    _split_nibbles(tile[..., 2:18], out)
+    out.sub_(8.0).mul_(_half(tile, 0))
+
+
+def _decode_q4_1(tile: torch.Tensor, out: torch.Tensor) -> None:
+    _split_nibbles(tile[..., 4:20], out)
+    out.mul_(_half(tile, 0)).add_(_half(tile, 2))
+
+
+def _five_bit_codes(tile: torch.Tensor, qh_at: int, qs_at: int) -> torch.Tensor:
+    """Q5_0/Q5_1 codes 0..31 as uint8 ``[R, B, 32]``: nibbles at ``qs_at``, fifth bits (u32) at ``qh_at``."""
+    codes = torch.empty(tile.shape[0], tile.shape[1], 32, dtype=_U8)
+    _split_nibbles(tile[..., qs_at : qs_at + 16], codes)
+    codes |= _bits32(tile[..., qh_at : qh_at + 4]) << 4
+    return codes
+
+
+def _decode_q5_0(tile: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(_five_bit_codes(tile, 2, 6))
+    out.sub_(16.0).mul_(_half(tile, 0))
+
+
+def _decode_q5_1(tile: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(_five_bit_codes(tile, 4, 8))
+    out.mul_(_half(tile, 0)).add_(_half(tile, 2))
+
+
+def _decode_q2_k(tile: torch.Tensor, out: torch.Tensor) -> None:
+    """Q2_K (256, 84): scales[16] @0 (low nibble scale, high nibble min), qs[64] @16, d @80, dmin @82."""
+    rows, blocks = tile.shape[0], tile.shape[1]
+    scales = tile[..., 0:16]
+    d_scale = (_half(tile, 80) * (scales & 0x0F).to(_F32)).unsqueeze(-1)
+    d_min = (_half(tile, 82) * (scales >> 4).to(_F32)).unsqueeze(-1)
+    qs = tile[..., 16:80].reshape(rows, blocks, 2, 1, 32)
+    view = out.view(rows, blocks, 2, 4, 32)
+    view.copy_((qs >> _CRUMB.view(4, 1)) & 3)
+    sub = out.view(rows, blocks, 16, 16)
+    sub.mul_(d_scale).sub_(d_min)
+
+
+def _decode_q3_k(tile: torch.Tensor, out: torch.Tensor) -> None:
+    """Q3_K (256, 110): hmask[32] @0, qs[64] @32, 6-bit signed scales (12 bytes) @96, d @108."""
+    rows, blocks = tile.shape[0], tile.shape[1]
+    low = (tile[..., 96:104].unsqueeze(-2) >> _NIBBLE.view(2, 1)).reshape(rows, blocks, 16) & 0x0F
+    high = (tile[..., 104:108].unsqueeze(-2) >> _CRUMB.view(4, 1)).reshape(rows, blocks, 16) & 3
+    scale = (low | (high << 4)).to(torch.int8) - 32
+    d_scale = (_half(tile, 108) * scale.to(_F32)).unsqueeze(-1)
+    low_bits = (tile[..., 32:96].reshape(rows, blocks, 2, 1, 32) >> _CRUMB.view(4, 1)) & 3
+    mask = (tile[..., 0:32].reshape(rows, blocks, 1, 32) >> _BIT.view(8, 1)) & 1
+    # The high bit is inverted: a clear hmask bit subtracts 4.
+    codes = low_bits.reshape(rows, blocks, 8, 32).to(torch.int8) - ((mask ^ 1) << 2).to(torch.int8)
+    out.view(rows, blocks, 8, 32).copy_(codes)
+    out.view(rows, blocks, 16, 16).mul_(d_scale)
+
+
+def _scale_min_k4(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 8 sub-block (scale, min) 6-bit pairs of a Q4_K/Q5_K block from its 12 bytes, as float32."""
+    d_bytes, m_bytes, md_bytes = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    scale = torch.cat([d_bytes & 0x3F, (md_bytes & 0x0F) | ((d_bytes >> 2) & 0x30)], dim=-1)
+    minimum = torch.cat([m_bytes & 0x3F, (md_bytes >> 4) | ((m_bytes >> 2) & 0x30)], dim=-1)
+    return scale.to(_F32), minimum.to(_F32)
+
+
+def _decode_k4(tile: torch.Tensor, out: torch.Tensor, *, five_bit: bool) -> None:
+    """Q4_K (256, 144) / Q5_K (256, 176): ``(d*sc)*q - (dmin*m)`` per 32-element sub-block."""
+    rows, blocks = tile.shape[0], tile.shape[1]
+    scale, minimum = _scale_min_k4(tile[..., 4:16])
+    d_scale = (_half(tile, 0) * scale).unsqueeze(-1)
+    d_min = (_half(tile, 2) * minimum).unsqueeze(-1)
+    nib_at = 48 if five_bit else 16
+    codes = (tile[..., nib_at : nib_at + 128].reshape(rows, blocks, 4, 1, 32) >> _NIBBLE.view(2, 1)) & 0x0F
+    codes = codes.reshape(rows, blocks, 8, 32)
+    if five_bit:
+        codes |= ((tile[..., 16:48].reshape(rows, blocks, 1, 32) >> _BIT.view(8, 1)) & 1) << 4
+    view = out.view(rows, blocks, 8, 32)
+    view.copy_(codes)
+    view.mul_(d_scale).sub_(d_min)
+
+
+def _decode_q4_k(tile: torch.Tensor, out: torch.Tensor) -> None:
+    _decode_k4(tile, out, five_bit=False)
+
+
+def _decode_q5_k(tile: torch.Tensor, out: torch.Tensor) -> None:
+    _decode_k4(tile, out, five_bit=True)
+
+
+def _decode_q6_k(tile: torch.Tensor, out: torch.Tensor) -> None:
+    """Q6_K (256, 210): ql[128] @0, qh[64] @128, int8 scales[16] @192, d @208; ``(d*sc)*(q - 32)``."""
+    rows, blocks = tile.shape[0], tile.shape[1]
+    d_scale = (_half(tile, 208) * tile[..., 192:208].view(torch.int8).to(_F32)).unsqueeze(-1)
+    low = (tile[..., 0:128].reshape(rows, blocks, 2, 1, 64) >> _NIBBLE.view(2, 1)) & 0x0F
+    high = (tile[..., 128:192].reshape(rows, blocks, 2, 1, 32) >> _CRUMB.view(4, 1)) & 3
+    codes = low.reshape(rows, blocks, 256) | (high.reshape(rows, blocks, 256) << 4)
+    out.copy_(codes.view(torch.int8) - 32)
+    out.view(rows, blocks, 16, 16).mul_(d_scale)
+
+
+def _decode_f32(tile: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(tile.view(_F32))
+
+
+def _decode_f16(tile: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(tile.view(torch.float16))
+
+
+def _decode_bf16(tile: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(tile.view(torch.bfloat16))
+
+
+#: The types decoded by the torch tile decoders above.
+_NATIVE: dict[str, TileDecoder] = {
+    "F32": _decode_f32,
+    "F16": _decode_f16,
+    "BF16": _decode_bf16,
+    "Q8_0": _decode_q8_0,
+    "Q4_0": _decode_q4_0,
+    "Q4_1": _decode_q4_1,
+    "Q5_0": _decode_q5_0,
+    "Q5_1": _decode_q5_1,
+    "Q2_K": _decode_q2_k,
+    "Q3_K": _decode_q3_k,
+    "Q4_K": _decode_q4_k,
+    "Q5_K": _decode_q5_k,
+    "Q6_K": _decode_q6_k,
+}
+
+#: Types decoded tile by tile through ``gguf.quants.dequantize`` (those this gguf has).
+_VIA_GGUF: tuple[str, ...] = tuple(
+    name
+    for name in (
+        "IQ1_S",
+        "IQ1_M",
+        "IQ2_XXS",
+        "IQ2_XS",
+        "IQ2_S",
+        "IQ3_XXS",
+        "IQ3_S",
+        "IQ4_NL",
+        "IQ4_XS",
+        "TQ1_0",
+        "TQ2_0",
+        "MXFP4",
+        "NVFP4",
+    )
+    if name in GGMLQuantizationType.__members__
+    and GGMLQuantizationType[name] in GGML_QUANT_SIZES
+)
+
+GGUF_DIRECT_TYPES: frozenset[str] = frozenset(_NATIVE) | frozenset(_VIA_GGUF)
+"""The GGUF types :func:`gguf_block_matmul` handles (native torch decoders plus gguf.quants ones)."""
+
+NATIVE_TYPES: frozenset[str] = frozenset(_NATIVE)
+"""The subset decoded by this module's own torch tile decoders."""
+
+#: Upper bound on decoder temporaries, in multiples of the tile's float32 bytes. The torch
+#: decoders hold at most a uint8 code tile plus a few block-sized columns (< 0.5×); the numpy
+#: gguf.quants decoders hold several int/float arrays of tile size (measured peak ≤ 4× for the IQ
+#: grids, counted generously).
+_SCRATCH_NATIVE = 0.5
+_SCRATCH_GGUF = 6.0
+
+
+def block_geometry(ggml_type: str) -> tuple[int, int]:
+    """``(elements per block, bytes per block)`` of a handled type; refuses any other."""
+    if ggml_type not in GGUF_DIRECT_TYPES:
+        raise UnknownGgmlTypeError(
+            "gguf block kernel",
+            "ggml_type",
+            f"one of {sorted(GGUF_DIRECT_TYPES)}",
+            repr(ggml_type),
+            "no direct block decoder exists for this type; another kernel (or full dequant) must run it",
+        )
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
+    return int(block), int(type_size)
+
+
+def row_bytes_for(ggml_type: str, k: int, tensor: str = "gguf block kernel") -> int:
+    """Bytes of one row of ``k`` elements of ``ggml_type``; ``k`` must be a positive whole number of blocks."""
+    block, type_size = block_geometry(ggml_type)
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0 or k % block:
+        raise BlockAlignmentError(
+            tensor,
+            "K",
+            f"a positive multiple of the {ggml_type} block size {block}",
+            k,
+            "a rank's K slice must cover whole GGUF blocks; split K on block boundaries",
+        )
+    return k // block * type_size
+
+
+def workspace_bytes(ggml_type: str, k: int, tile_rows: int) -> int:
+    """Peak extra bytes one :func:`gguf_block_matmul` call needs beyond its operands and result.
+
+    The float32 tile ``tile_rows × K`` plus the decoder's temporaries (a bound, see ``_SCRATCH_*``);
+    independent of N. The uint8 block plane is used in place.
+    """
+    row_bytes_for(ggml_type, k)
+    _check_tile_rows(tile_rows)
+    tile = tile_rows * k * 4
+    factor = _SCRATCH_NATIVE if ggml_type in _NATIVE else _SCRATCH_GGUF
+    return tile + int(tile * factor)
+
+
+def _check_tile_rows(tile_rows: int) -> None:
+    if isinstance(tile_rows, bool) or not isinstance(tile_rows, int) or tile_rows <= 0:
+        raise WorkspaceError(
+            "gguf block kernel", "tile_rows", "a positive int", repr(tile_rows), "pass e.g. 256"
+        )
+
+
+def _check_blocks(blocks: object, ggml_type: str, k: int, tensor: str) -> npt.NDArray[np.uint8]:
+    """Validate the block plane; returns it typed. Checked before anything is allocated."""
+    per_row = row_bytes_for(ggml_type, k, tensor)
+    if not isinstance(blocks, np.ndarray) or blocks.dtype != np.uint8:
+        found = f"numpy {blocks.dtype}" if isinstance(blocks, np.ndarray) else type(blocks).__name__
+        raise BlockDtypeError(
+            tensor, "blocks", "a uint8 numpy array of raw GGUF block bytes", found,
+            "pass the loader's block plane as it is (uint8 [rows, row_bytes]), not decoded values",
+        )  # fmt: skip
+    if blocks.ndim != 2 or blocks.shape[1] != per_row:
+        block, type_size = block_geometry(ggml_type)
+        raise RowBytesError(
+            tensor,
+            "blocks shape",
+            f"[N, {per_row}] (= K {k} / {block} * {type_size} bytes of {ggml_type})",
+            list(blocks.shape),
+            "the GGUF type or K does not match the bytes; check the rank's K slice and the tensor type",
+        )
+    if not blocks.flags.c_contiguous:
+        raise NonContiguousBlocksError(
+            tensor, "blocks layout", "C-contiguous rows", f"strides {blocks.strides}",
+            "slice ranks on whole rows, or copy the columns the rank owns into a contiguous plane",
+        )  # fmt: skip
+    return blocks
+
+
+def _check_x(x: object, k: int, tensor: str) -> torch.Tensor:
+    """Validate the activation; returns it as float32 (widened if bfloat16/float16)."""
+    accepted = (torch.float32, torch.bfloat16, torch.float16)
+    if not isinstance(x, torch.Tensor) or x.ndim != 2 or x.dtype not in accepted or x.device.type != "cpu":
+        found = (
+            f"{x.dtype} {list(x.shape)} on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
+        )
+        raise ActivationError(
+            tensor, "x", "a 2-D [T, K] float32/bfloat16/float16 CPU tensor", found,
+            "flatten leading dimensions to T and pass the activation on the CPU",
+        )  # fmt: skip
+    if x.shape[1] != k:
+        raise ActivationError(
+            tensor, "x columns", f"K = {k}", x.shape[1], "the activation's K must equal the weight's K slice"
+        )
+    return x.to(_F32).contiguous()
+
+
+def _torch_view(blocks: npt.NDArray[np.uint8]) -> torch.Tensor:
+    """A zero-copy torch view of the block plane (read-only planes included; never written)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not writable.*", category=UserWarning)
+        return torch.from_numpy(blocks)
+
+
+def _decode_into(
+    ggml_type: str, tile: torch.Tensor, raw: npt.NDArray[np.uint8], out: torch.Tensor, block: int
+) -> None:
+    """Decode one tile of rows (``tile``: torch view, ``raw``: numpy view of the same bytes) into ``out``."""
+    rows = tile.shape[0]
+    native = _NATIVE.get(ggml_type)
+    if native is not None:
+        blocks_per_row = out.shape[1] // block
+        native(tile.view(rows, blocks_per_row, -1), out.view(rows, blocks_per_row, block))
+        return
+    values = _gguf_dequantize(raw, GGMLQuantizationType[ggml_type])
+    out.copy_(torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)))
+
+
+def gguf_block_matmul(
+    x: torch.Tensor,
+    blocks: np.ndarray,
+    ggml_type: str,
+    k: int,
+    *,
+    tile_rows: int = 256,
+    tensor: str = "gguf weight",
+) -> torch.Tensor:
+    """``x @ W.T`` as float32 ``[T, N]``, decoding W from its raw GGUF blocks one tile of rows at a time.
+
+    ``x`` is ``[T, K]`` (float32, bfloat16 or float16; computed in float32); ``blocks`` is the rank's
+    uint8 ``[N, K / block * type_size]`` plane exactly as loaded; ``k`` is the rank-local K (whole
+    blocks). Extra memory is :func:`workspace_bytes` (one ``tile_rows × K`` float32 tile, reused),
+    never a float copy of W. ``tensor`` names the weight in errors. Raises a
+    :class:`~.gguf_errors.KernelInputError` subclass for a bad type, K, plane or activation.
+    """
+    plane = _check_blocks(blocks, ggml_type, k, tensor)
+    _check_tile_rows(tile_rows)
+    x32 = _check_x(x, k, tensor)
+    block, _ = block_geometry(ggml_type)
+    n = plane.shape[0]
+    out_t = torch.empty(n, x32.shape[0], dtype=_F32)  # rows of y.T: each tile writes a contiguous slab
+    if n and x32.shape[0]:
+        view = _torch_view(plane)
+        workspace = torch.empty(min(tile_rows, n), k, dtype=_F32)
+        x_t = x32.t()
+        for start in range(0, n, tile_rows):
+            stop = min(start + tile_rows, n)
+            w = workspace[: stop - start]
+            _decode_into(ggml_type, view[start:stop], plane[start:stop], w, block)
+            torch.mm(w, x_t, out=out_t[start:stop])
+    return out_t.t().contiguous()
+
+
+def gguf_block_decode(blocks: np.ndarray, ggml_type: str, k: int, *, tensor: str = "gguf weight") -> torch.Tensor:
+    """Decode a (small) block plane to float32 ``[N, K]`` with the kernel's own tile decoders.
+
+    For proofs (the kernel layout's decode vs the reference decoder), not for serving: it does
+    allocate the full float copy the matmul avoids.
+    """
+    plane = _check_blocks(blocks, ggml_type, k, tensor)
+    block, _ = block_geometry(ggml_type)
+    out = torch.empty(plane.shape[0], k, dtype=_F32)
+    if plane.shape[0]:
+        _decode_into(ggml_type, _torch_view(plane), plane, out, block)
+    return out
