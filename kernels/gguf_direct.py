@@ -245,11 +245,11 @@ _SCRATCH_NATIVE = 0.5
 _SCRATCH_GGUF = 6.0
 
 
-def block_geometry(ggml_type: str) -> tuple[int, int]:
+def block_geometry(ggml_type: str, tensor: str = "gguf weight") -> tuple[int, int]:
     """``(elements per block, bytes per block)`` of a handled type; refuses any other."""
     if ggml_type not in GGUF_DIRECT_TYPES:
         raise UnknownGgmlTypeError(
-            "gguf block kernel",
+            tensor,
             "ggml_type",
             f"one of {sorted(GGUF_DIRECT_TYPES)}",
             repr(ggml_type),
@@ -259,9 +259,9 @@ def block_geometry(ggml_type: str) -> tuple[int, int]:
     return int(block), int(type_size)
 
 
-def row_bytes_for(ggml_type: str, k: int, tensor: str = "gguf block kernel") -> int:
+def row_bytes_for(ggml_type: str, k: int, tensor: str = "gguf weight") -> int:
     """Bytes of one row of ``k`` elements of ``ggml_type``; ``k`` must be a positive whole number of blocks."""
-    block, type_size = block_geometry(ggml_type)
+    block, type_size = block_geometry(ggml_type, tensor)
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0 or k % block:
         raise BlockAlignmentError(
             tensor,
@@ -286,10 +286,10 @@ def workspace_bytes(ggml_type: str, k: int, tile_rows: int) -> int:
     return tile + int(tile * factor)
 
 
-def _check_tile_rows(tile_rows: int) -> None:
+def _check_tile_rows(tile_rows: int, tensor: str = "gguf weight") -> None:
     if isinstance(tile_rows, bool) or not isinstance(tile_rows, int) or tile_rows <= 0:
         raise WorkspaceError(
-            "gguf block kernel", "tile_rows", "a positive int", repr(tile_rows), "pass e.g. 256"
+            tensor, "tile_rows", "a positive int", repr(tile_rows), "pass e.g. 256"
         )
 
 
@@ -303,7 +303,7 @@ def _check_blocks(blocks: object, ggml_type: str, k: int, tensor: str) -> npt.ND
             "pass the loader's block plane as it is (uint8 [rows, row_bytes]), not decoded values",
         )  # fmt: skip
     if blocks.ndim != 2 or blocks.shape[1] != per_row:
-        block, type_size = block_geometry(ggml_type)
+        block, type_size = block_geometry(ggml_type, tensor)
         raise RowBytesError(
             tensor,
             "blocks shape",
@@ -376,7 +376,7 @@ def gguf_block_matmul(
     :class:`~.gguf_errors.KernelInputError` subclass for a bad type, K, plane or activation.
     """
     plane = _check_blocks(blocks, ggml_type, k, tensor)
-    _check_tile_rows(tile_rows)
+    _check_tile_rows(tile_rows, tensor)
     x32 = _check_x(x, k, tensor)
     block, _ = block_geometry(ggml_type)
     n = plane.shape[0]
