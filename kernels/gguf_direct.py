@@ -227,8 +227,7 @@ _VIA_GGUF: tuple[str, ...] = tuple(
         "MXFP4",
         "NVFP4",
     )
-    if name in GGMLQuantizationType.__members__
-    and GGMLQuantizationType[name] in GGML_QUANT_SIZES
+    if name in GGMLQuantizationType.__members__ and GGMLQuantizationType[name] in GGML_QUANT_SIZES
 )
 
 GGUF_DIRECT_TYPES: frozenset[str] = frozenset(_NATIVE) | frozenset(_VIA_GGUF)
@@ -238,8 +237,8 @@ NATIVE_TYPES: frozenset[str] = frozenset(_NATIVE)
 """The subset decoded by this module's own torch tile decoders."""
 
 #: Upper bound on decoder temporaries, in multiples of the tile's float32 bytes. The torch
-#: decoders hold at most a uint8 code tile plus a few block-sized columns (< 0.5×); the numpy
-#: gguf.quants decoders hold several int/float arrays of tile size (measured peak ≤ 4× for the IQ
+#: decoders hold at most a uint8 code tile plus a few block-sized columns (< 0.5x); the numpy
+#: gguf.quants decoders hold several int/float arrays of tile size (measured peak <= 4x for the IQ
 #: grids, counted generously).
 _SCRATCH_NATIVE = 0.5
 _SCRATCH_GGUF = 6.0
@@ -260,7 +259,7 @@ def block_geometry(ggml_type: str, tensor: str = "gguf weight") -> tuple[int, in
 
 
 def row_bytes_for(ggml_type: str, k: int, tensor: str = "gguf weight") -> int:
-    """Bytes of one row of ``k`` elements of ``ggml_type``; ``k`` must be a positive whole number of blocks."""
+    """Bytes of one row of ``k`` elements of ``ggml_type``; ``k`` must be a positive number of blocks."""
     block, type_size = block_geometry(ggml_type, tensor)
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0 or k % block:
         raise BlockAlignmentError(
@@ -276,7 +275,7 @@ def row_bytes_for(ggml_type: str, k: int, tensor: str = "gguf weight") -> int:
 def workspace_bytes(ggml_type: str, k: int, tile_rows: int) -> int:
     """Peak extra bytes one :func:`gguf_block_matmul` call needs beyond its operands and result.
 
-    The float32 tile ``tile_rows × K`` plus the decoder's temporaries (a bound, see ``_SCRATCH_*``);
+    The float32 tile ``tile_rows x K`` plus the decoder's temporaries (a bound, see ``_SCRATCH_*``);
     independent of N. The uint8 block plane is used in place.
     """
     row_bytes_for(ggml_type, k)
@@ -288,9 +287,7 @@ def workspace_bytes(ggml_type: str, k: int, tile_rows: int) -> int:
 
 def _check_tile_rows(tile_rows: int, tensor: str = "gguf weight") -> None:
     if isinstance(tile_rows, bool) or not isinstance(tile_rows, int) or tile_rows <= 0:
-        raise WorkspaceError(
-            tensor, "tile_rows", "a positive int", repr(tile_rows), "pass e.g. 256"
-        )
+        raise WorkspaceError(tensor, "tile_rows", "a positive int", repr(tile_rows), "pass e.g. 256")
 
 
 def _check_blocks(blocks: object, ggml_type: str, k: int, tensor: str) -> npt.NDArray[np.uint8]:
@@ -371,7 +368,7 @@ def gguf_block_matmul(
 
     ``x`` is ``[T, K]`` (float32, bfloat16 or float16; computed in float32); ``blocks`` is the rank's
     uint8 ``[N, K / block * type_size]`` plane exactly as loaded; ``k`` is the rank-local K (whole
-    blocks). Extra memory is :func:`workspace_bytes` (one ``tile_rows × K`` float32 tile, reused),
+    blocks). Extra memory is :func:`workspace_bytes` (one ``tile_rows x K`` float32 tile, reused),
     never a float copy of W. ``tensor`` names the weight in errors. Raises a
     :class:`~.gguf_errors.KernelInputError` subclass for a bad type, K, plane or activation.
     """
@@ -393,7 +390,9 @@ def gguf_block_matmul(
     return out_t.t().contiguous()
 
 
-def gguf_block_decode(blocks: np.ndarray, ggml_type: str, k: int, *, tensor: str = "gguf weight") -> torch.Tensor:
+def gguf_block_decode(
+    blocks: np.ndarray, ggml_type: str, k: int, *, tensor: str = "gguf weight"
+) -> torch.Tensor:
     """Decode a (small) block plane to float32 ``[N, K]`` with the kernel's own tile decoders.
 
     For proofs (the kernel layout's decode vs the reference decoder), not for serving: it does

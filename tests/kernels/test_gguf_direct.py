@@ -79,7 +79,7 @@ def assert_close(y: torch.Tensor, ref: np.ndarray, bound: np.ndarray) -> None:
 
 def test_types_are_native_plus_every_gguf_dequantizer() -> None:
     decodable = set()
-    for qtype, (block, type_size) in GGML_QUANT_SIZES.items():
+    for qtype, (_block, type_size) in GGML_QUANT_SIZES.items():
         try:
             dequantize(np.zeros((1, type_size), dtype=np.uint8), qtype)
         except NotImplementedError:
@@ -180,10 +180,16 @@ def _q40(n: int = 4, k: int = 64) -> np.ndarray:
         (lambda x: gguf_block_matmul(x, _q40(), "Q8_0", 64), ge.RowBytesError, "blocks shape"),
         (lambda x: gguf_block_matmul(x, _q40().view(np.int8), "Q4_0", 64), ge.BlockDtypeError, "blocks"),
         (lambda x: gguf_block_matmul(x, torch.from_numpy(_q40()), "Q4_0", 64), ge.BlockDtypeError, "blocks"),
-        (lambda x: gguf_block_matmul(x, np.asfortranarray(_q40()), "Q4_0", 64), ge.NonContiguousBlocksError,
-         "blocks layout"),
-        (lambda x: gguf_block_matmul(x[:, :32], _q40(k=64)[:, :18], "Q4_0", 32), ge.NonContiguousBlocksError,
-         "blocks layout"),
+        (
+            lambda x: gguf_block_matmul(x, np.asfortranarray(_q40()), "Q4_0", 64),
+            ge.NonContiguousBlocksError,
+            "blocks layout",
+        ),
+        (
+            lambda x: gguf_block_matmul(x[:, :32], _q40(k=64)[:, :18], "Q4_0", 32),
+            ge.NonContiguousBlocksError,
+            "blocks layout",
+        ),
         (lambda x: gguf_block_matmul(x[:, :32], _q40(), "Q4_0", 64), ge.ActivationError, "x columns"),
         (lambda x: gguf_block_matmul(x[None], _q40(), "Q4_0", 64), ge.ActivationError, "x"),
         (lambda x: gguf_block_matmul(x.double(), _q40(), "Q4_0", 64), ge.ActivationError, "x"),
