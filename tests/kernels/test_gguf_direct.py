@@ -205,3 +205,31 @@ def test_hostile_inputs_are_refused(call, error: type[ge.KernelInputError], fiel
     assert caught.value.field == field
     assert caught.value.tensor == "gguf weight"
     assert "expected" in str(caught.value) and " — " in str(caught.value)
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(field)
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q3_K", "IQ4_XS"])
+def test_peak_memory_is_the_workspace_not_a_float_copy(name: str) -> None:
+    """Resident high-water mark of one call (reset just before it) against the declared workspace.
+
+    N = 4096, K = 512: a float32 copy of W would be 8 MiB; the kernel may use its workspace
+    (tile_rows 128) plus the result, and 1 MiB of allocator slack: under half the float copy.
+    """
+    n, k = 4096, 512
+    blocks = np.tile(make_blocks(name, 64, k), (n // 64, 1))
+    x = torch.randn(4, k)
+    gguf_block_matmul(x, blocks[:8], name, k, tile_rows=128)  # warm the code paths
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+    before = _status_bytes("VmRSS")
+    y = gguf_block_matmul(x, blocks, name, k, tile_rows=128)
+    peak = _status_bytes("VmHWM") - before
+    allowed = workspace_bytes(name, k, 128) + 2 * y.numel() * 4 + (1 << 20)
+    assert peak <= allowed < n * k * 4 // 2, (peak, allowed)
