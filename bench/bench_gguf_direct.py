@@ -16,11 +16,13 @@ Each (type, method) runs in its own process: the plane is loaded from a file, to
 peak extra resident memory of the first calls is the resident high-water mark (``VmHWM``, reset just
 before them) minus the resident size before them (for ``matmul_only`` the persistent copy is
 reported separately as ``resident_extra_bytes``). Times are the median and minimum of ``--repeat``
-calls after one warm-up, wall clock, with ``--threads`` torch threads (default 1: on this shared
-2-core machine two OpenMP threads under load stall at every parallel region's barrier, 10-30x
-slower for any many-op torch code); the load average is recorded. Q4_0 and Q8_0 planes come from
-``gguf.quants.quantize`` of standard-normal weights; Q4_K and Q6_K (which gguf cannot quantize)
-from random bytes whose binary16 super-scales are set to finite values in [1e-3, 1e-2].
+calls after one warm-up, wall clock and process CPU time (on a loaded machine wall time mostly
+measures the wait for a core; CPU time is the work), with ``--threads`` torch threads (default 1:
+on this shared 2-core machine two OpenMP threads under load stall at every parallel region's
+barrier, 10-30x slower for any many-op torch code); the load average is recorded. Q4_0 and Q8_0
+planes come from ``gguf.quants.quantize`` of standard-normal weights; Q4_K and Q6_K (which gguf
+cannot quantize) from random bytes whose binary16 super-scales are set to finite values in
+[1e-3, 1e-2].
 """
 
 from __future__ import annotations
@@ -111,12 +113,17 @@ def _child(name: str, method: str, plane_path: str, repeat: int, threads: int) -
     peak_extra = _status_bytes("VmHWM") - before
     rows: dict[str, Any] = {}
     for t, x in xs.items():
-        times = []
+        times, cpu = [], []
         for _ in range(repeat):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             call(x)
             times.append(time.perf_counter() - start)
-        rows[str(t)] = {"median_s": round(statistics.median(times), 5), "min_s": round(min(times), 5)}
+            cpu.append(time.process_time() - start_cpu)
+        rows[str(t)] = {
+            "median_s": round(statistics.median(times), 5),
+            "min_s": round(min(times), 5),
+            "cpu_median_s": round(statistics.median(cpu), 5),
+        }
     return {
         "times": rows,
         "peak_extra_bytes": max(0, peak_extra),
@@ -129,13 +136,14 @@ def _child(name: str, method: str, plane_path: str, repeat: int, threads: int) -
 def _summary(per_method: dict[str, Any]) -> dict[str, Any]:
     """Speed-ups of ``direct`` (other method's median time over direct's) and the peak memory ratio."""
 
-    def median(method: str, t: str) -> float:
-        return float(per_method[method]["times"][t]["median_s"])
+    def median(method: str, t: str, key: str) -> float:
+        return float(per_method[method]["times"][t][key])
 
     speedup = {
         t: {
-            "dequant_matmul_over_direct": round(median("dequant_matmul", t) / median("direct", t), 2),
-            "matmul_only_over_direct": round(median("matmul_only", t) / median("direct", t), 2),
+            f"{other}_over_direct{suffix}": round(median(other, t, key) / median("direct", t, key), 2)
+            for other in ("dequant_matmul", "matmul_only")
+            for key, suffix in (("median_s", ""), ("cpu_median_s", "_cpu"))
         }
         for t in map(str, TOKENS)
     }
