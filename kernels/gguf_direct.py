@@ -413,15 +413,29 @@ def gguf_block_matmul(
     n = plane.shape[0]
     out_t = torch.empty(n, x32.shape[0], dtype=_F32)  # rows of y.T: each tile writes a contiguous slab
     if n and x32.shape[0]:
-        view = _torch_view(plane)
-        workspace = torch.empty(min(tile_rows, n), k, dtype=_F32)
-        x_t = x32.t()
-        for start in range(0, n, tile_rows):
-            stop = min(start + tile_rows, n)
-            w = workspace[: stop - start]
-            _decode_into(ggml_type, view[start:stop], plane[start:stop], w, block)
-            torch.mm(w, x_t, out=out_t[start:stop])
+        with torch.no_grad():  # an inference kernel: out= products take no autograd
+            _tiled_matmul(x32, plane, ggml_type, block, tile_rows, out_t)
     return out_t.t().contiguous()
+
+
+def _tiled_matmul(
+    x32: torch.Tensor,
+    plane: npt.NDArray[np.uint8],
+    ggml_type: str,
+    block: int,
+    tile_rows: int,
+    out_t: torch.Tensor,
+) -> None:
+    """``out_t[rows] = W[rows] @ x.T``, one tile of rows at a time through one reused workspace."""
+    n, k = plane.shape[0], x32.shape[1]
+    view = _torch_view(plane)
+    workspace = torch.empty(min(tile_rows, n), k, dtype=_F32)
+    x_t = x32.t()
+    for start in range(0, n, tile_rows):
+        stop = min(start + tile_rows, n)
+        w = workspace[: stop - start]
+        _decode_into(ggml_type, view[start:stop], plane[start:stop], w, block)
+        torch.mm(w, x_t, out=out_t[start:stop])
 
 
 def gguf_block_decode(

@@ -168,5 +168,6 @@ def int8_weight_only_matmul(
     # The op reads scales as if contiguous (a strided view gives wrong results silently): copy them.
     scale_x = scale_t.to(device="cpu", dtype=x.dtype).contiguous()
     x_in = x if x.stride(-1) == 1 else x.contiguous()
-    y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x_in, code_t, scale_x)
+    with torch.no_grad():
+        y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x_in, code_t, scale_x)
     return y

@@ -143,6 +143,17 @@ def test_half_activations_are_widened(dtype: torch.dtype) -> None:
     assert_close(y, *reference(x.to(torch.float32), blocks, "Q4_K"))
 
 
+def test_memmapped_plane_and_grad_activation(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    blocks = make_blocks("Q6_K", 12, 256)
+    path = tmp_path / "plane.bin"
+    blocks.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r", shape=blocks.shape)
+    x = torch.randn(3, 256, requires_grad=True)
+    y = gguf_block_matmul(x, mapped, "Q6_K", 256, tile_rows=5)
+    assert not y.requires_grad
+    assert_close(y, *reference(x.detach(), blocks, "Q6_K"))
+
+
 def test_read_only_plane_and_empty_operands() -> None:
     blocks = make_blocks("Q8_0", 8, 64)
     frozen = np.frombuffer(blocks.tobytes(), dtype=np.uint8).reshape(blocks.shape)
