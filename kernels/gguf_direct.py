@@ -303,6 +303,26 @@ def row_bytes_for(ggml_type: str, k: int, tensor: str = "gguf weight") -> int:
     return k // block * type_size
 
 
+def k_slice_bytes(ggml_type: str, k_start: int, k_local: int, tensor: str = "gguf weight") -> slice:
+    """The byte columns of a row holding elements ``[k_start, k_start + k_local)``.
+
+    A rank's K slice of a GGUF weight must start and end on block boundaries (bytes cut inside a block
+    would still have a plausible length but decode as garbage); anything else is refused.
+    """
+    block, type_size = block_geometry(ggml_type, tensor)
+    if isinstance(k_start, bool) or not isinstance(k_start, int) or k_start < 0 or k_start % block:
+        raise BlockAlignmentError(
+            tensor,
+            "K slice start",
+            f"a non-negative multiple of the {ggml_type} block size {block}",
+            k_start,
+            "split K between ranks on whole GGUF blocks",
+        )
+    width = row_bytes_for(ggml_type, k_local, tensor)
+    first = k_start // block * type_size
+    return slice(first, first + width)
+
+
 def workspace_bytes(ggml_type: str, k: int, tile_rows: int) -> int:
     """Peak extra bytes one :func:`gguf_block_matmul` call needs beyond its operands and result.
 

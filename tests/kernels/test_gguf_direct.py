@@ -21,6 +21,7 @@ from shardport.kernels.gguf_direct import (
     NATIVE_TYPES,
     gguf_block_decode,
     gguf_block_matmul,
+    k_slice_bytes,
     row_bytes_for,
     workspace_bytes,
 )
@@ -118,15 +119,13 @@ def test_matmul_matches_dequant_reference(name: str, tokens: int) -> None:
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_k_slices_of_whole_blocks(name: str, ranks: int) -> None:
     """Row-parallel (K-split) ranks: each slice is whole blocks; the partial products sum to the whole."""
-    block, type_size = _geometry(name)
     unit = _k_unit(name)
     k = ranks * unit
     blocks = make_blocks(name, 45, k, seed=ranks)
     x = torch.randn(5, k, dtype=torch.float64).to(torch.float32)
-    per_rank = unit // block * type_size
     total = torch.zeros(5, 45)
     for rank in range(ranks):
-        local = np.ascontiguousarray(blocks[:, rank * per_rank : (rank + 1) * per_rank])
+        local = np.ascontiguousarray(blocks[:, k_slice_bytes(name, rank * unit, unit)])
         x_local = x[:, rank * unit : (rank + 1) * unit]
         y = gguf_block_matmul(x_local, local, name, unit, tile_rows=16)
         assert_close(y, *reference(x_local, local, name))
@@ -169,6 +168,19 @@ def test_workspace_is_one_tile_independent_of_n() -> None:
     assert workspace_bytes("IQ2_XS", 512, 8) > 8 * 512 * 4
     assert row_bytes_for("Q6_K", 512) == 420
     assert row_bytes_for("F16", 6) == 12
+
+
+def test_k_slice_bytes_refuses_cuts_inside_a_block() -> None:
+    assert k_slice_bytes("Q6_K", 512, 256) == slice(420, 630)
+    assert k_slice_bytes("Q4_0", 32, 64) == slice(18, 54)
+    for start, local in [(16, 32), (-32, 32), (32, 48), (32, 0)]:
+        with pytest.raises(ge.BlockAlignmentError) as caught:
+            k_slice_bytes("Q4_0", start, local)
+        assert caught.value.field in {"K slice start", "K"}
+    with pytest.raises(ge.WorkspaceError):
+        workspace_bytes("Q4_0", 64, 0)
+    with pytest.raises(ge.UnknownGgmlTypeError):
+        workspace_bytes("Q8_K", 256, 8)
 
 
 def _q40(n: int = 4, k: int = 64) -> np.ndarray:
