@@ -275,9 +275,14 @@ def _gguf_chunk_rows(k: int) -> int:
     return max(1, _GGUF_CHUNK_ELEMENTS // k)
 
 
+def _is_count(value: object) -> bool:
+    """An integer (Python or numpy), not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def block_geometry(ggml_type: str, tensor: str = "gguf weight") -> tuple[int, int]:
     """``(elements per block, bytes per block)`` of a handled type; refuses any other."""
-    if ggml_type not in GGUF_DIRECT_TYPES:
+    if not isinstance(ggml_type, str) or ggml_type not in GGUF_DIRECT_TYPES:
         raise UnknownGgmlTypeError(
             tensor,
             "ggml_type",
@@ -292,7 +297,7 @@ def block_geometry(ggml_type: str, tensor: str = "gguf weight") -> tuple[int, in
 def row_bytes_for(ggml_type: str, k: int, tensor: str = "gguf weight") -> int:
     """Bytes of one row of ``k`` elements of ``ggml_type``; ``k`` must be a positive number of blocks."""
     block, type_size = block_geometry(ggml_type, tensor)
-    if isinstance(k, bool) or not isinstance(k, int) or k <= 0 or k % block:
+    if not _is_count(k) or k <= 0 or k % block:
         raise BlockAlignmentError(
             tensor,
             "K",
@@ -310,7 +315,7 @@ def k_slice_bytes(ggml_type: str, k_start: int, k_local: int, tensor: str = "ggu
     would still have a plausible length but decode as garbage); anything else is refused.
     """
     block, type_size = block_geometry(ggml_type, tensor)
-    if isinstance(k_start, bool) or not isinstance(k_start, int) or k_start < 0 or k_start % block:
+    if not _is_count(k_start) or k_start < 0 or k_start % block:
         raise BlockAlignmentError(
             tensor,
             "K slice start",
@@ -339,7 +344,7 @@ def workspace_bytes(ggml_type: str, k: int, tile_rows: int) -> int:
 
 
 def _check_tile_rows(tile_rows: int, tensor: str = "gguf weight") -> None:
-    if isinstance(tile_rows, bool) or not isinstance(tile_rows, int) or tile_rows <= 0:
+    if not _is_count(tile_rows) or tile_rows <= 0:
         raise WorkspaceError(tensor, "tile_rows", "a positive int", repr(tile_rows), "pass e.g. 256")
 
 

@@ -163,6 +163,13 @@ def test_read_only_plane_and_empty_operands() -> None:
     assert gguf_block_matmul(x[:0], blocks, "Q8_0", 64).shape == (0, 8)
 
 
+def test_numpy_integer_k_and_tile_rows_are_accepted() -> None:
+    blocks = make_blocks("Q4_0", 6, 64)
+    x = torch.randn(2, 64)
+    y = gguf_block_matmul(x, blocks, "Q4_0", np.int64(64), tile_rows=np.int32(4))  # type: ignore[arg-type]
+    assert torch.equal(y, gguf_block_matmul(x, blocks, "Q4_0", 64, tile_rows=4))
+
+
 def test_workspace_is_one_tile_independent_of_n() -> None:
     assert workspace_bytes("Q4_K", 4096, 256) == int(256 * 4096 * 4 * 1.5)
     assert workspace_bytes("IQ2_XS", 512, 8) > 8 * 512 * 4
@@ -194,6 +201,7 @@ def _q40(n: int = 4, k: int = 64) -> np.ndarray:
         (lambda x: gguf_block_matmul(x, _q40(), "q4_0", 64), ge.UnknownGgmlTypeError, "ggml_type"),
         (lambda x: gguf_block_matmul(x, _q40(), "Q8_1", 64), ge.UnknownGgmlTypeError, "ggml_type"),
         (lambda x: gguf_block_matmul(x, _q40(), "I8", 64), ge.UnknownGgmlTypeError, "ggml_type"),
+        (lambda x: gguf_block_matmul(x, _q40(), ["Q4_0"], 64), ge.UnknownGgmlTypeError, "ggml_type"),
         (lambda x: gguf_block_matmul(x[:, :48], _q40(), "Q4_0", 48), ge.BlockAlignmentError, "K"),
         (lambda x: gguf_block_matmul(x, _q40(), "Q4_0", 0), ge.BlockAlignmentError, "K"),
         (lambda x: gguf_block_matmul(x, _q40(), "Q4_0", True), ge.BlockAlignmentError, "K"),
