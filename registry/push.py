@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -157,6 +157,8 @@ def push(
     tile_target: int = 1 << 20,
     tile_minimum: int = 64 << 10,
     witness: Path | None = None,
+    kernels_required: Sequence[str] = (),
+    kernels_preferred: Sequence[str] = (),
 ) -> PushResult:
     """Push folder ``src`` as ``name:tag``.
 
@@ -165,8 +167,8 @@ def push(
     planes, and quantized weights get a decode witness (with ``reference``, a float checkpoint, the
     measured error is recorded and a push far beyond the bit width's error is refused).
     ``witness``: the producer's own rows (:mod:`shardport.registry.artifact.witness_file`), checked the
-    same way
-    and stored as a blob the manifest names.
+    same way and stored as a blob the manifest names. ``kernels_required`` / ``kernels_preferred``:
+    kernel ids (``cpu.int4pack`` or ``cpu.int4pack@1``) recorded in ``runtime`` for bring-up's dispatch.
     """
     if session.key is None and not session.allow_unsigned:
         raise UnsignedError(
@@ -194,6 +196,11 @@ def push(
     manifest = build_manifest(src, entries, created_at, analysis, index_digest)
     if producer is not None:
         manifest = manifest.model_copy(update={"producer_witness": producer[1]})
+    if kernels_required or kernels_preferred:
+        runtime = manifest.runtime.model_copy(
+            update={"kernels_required": list(kernels_required), "kernels_preferred": list(kernels_preferred)}
+        )
+        manifest = manifest.model_copy(update={"runtime": runtime})
     unchanged = _unchanged_head(session, name, tag, manifest)
     manifest_digest = manifest.digest()
 

@@ -78,6 +78,16 @@ def _push(add: _Add) -> None:
     )
     p.add_argument("--tile-size", type=int, default=1 << 20, help="target tile size in bytes (tile index)")
     p.add_argument("--tile-min", type=int, default=64 << 10, help="smallest tile in bytes (tile index)")
+    p.add_argument(
+        "--kernels-required",
+        default="",
+        help="kernel ids bring-up may select, comma-separated (ID or ID@VERSION; recorded in runtime)",
+    )
+    p.add_argument(
+        "--kernels-preferred",
+        default="",
+        help="kernel ids bring-up tries first, comma-separated (recorded in runtime)",
+    )
 
 
 def _pull(add: _Add) -> None:

@@ -6,6 +6,7 @@ Each imports the registry modules it needs when it runs.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +53,27 @@ def push(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[A
             sign=args.sign,
             tile_target=args.tile_size,
             tile_minimum=args.tile_min,
+            kernels_required=_kernel_ids("--kernels-required", args.kernels_required),
+            kernels_preferred=_kernel_ids("--kernels-preferred", args.kernels_preferred),
         )
     return res.to_json(), 0
+
+
+_KERNEL_ID = re.compile(r"[a-z0-9][a-z0-9._-]*(@[A-Za-z0-9._-]+)?")
+
+
+def _kernel_ids(option: str, text: str) -> list[str]:
+    """Split ``ID[,ID...]``; each an id like ``cpu.int4pack`` or ``cpu.int4pack@1``."""
+    ids = [part.strip() for part in text.split(",") if part.strip()]
+    for kernel in ids:
+        if not _KERNEL_ID.fullmatch(kernel):
+            raise UsageError(
+                f"{option} {kernel!r}: expected a kernel id (lowercase letters, digits, '.', '-', '_'; "
+                "optionally @VERSION), e.g. cpu.int4pack or cpu.int4pack@1"
+            )
+    if len(set(ids)) != len(ids):
+        raise UsageError(f"{option} {text!r}: a kernel id is named twice")
+    return ids
 
 
 def tag(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:

@@ -1,0 +1,148 @@
+"""Benchmark the CPU packed int4 kernel against dequantize + ``torch.matmul``, and its load-time repack.
+
+One GPTQ int4 weight ``N = K = 4096`` (group 128, seeded random codes, fp16 scales) is prepared with
+:func:`shardport.kernels.dispatch` (the load-time repack into ``_weight_int4pack_mm_for_cpu``'s layout,
+including the admission checks and the exact decode comparison) and then timed, median of ``--repeat``
+calls after a warm-up, at T = 1 (decode) and T = 32 (prefill) in float32 and bfloat16, against:
+
+* ``dequant+matmul``: at each call, dequantize the codes (already unpacked to one byte each — the most
+  favourable start for the baseline) into the activation dtype and ``torch.matmul`` — what a runtime
+  without a packed kernel does while keeping only the quantized weight resident;
+* ``dense matmul``: ``torch.matmul`` on a weight dequantized once (a full-size float copy resident; shown
+  for the memory/time trade, not the goal's baseline).
+
+Repack throughput is GB of codes (N·K/2 bytes) per second: the bare ``_convert_weight_to_int4pack`` call,
+and the whole preparation; compared with BLAKE3 over the same bytes (the verify half of a verified read)
+and with the rank's verified read throughput recorded in ``bench/results/rank-pull.json``.
+
+Usage: python bench/kernels_cpu.py [--size 4096] [--group 128] [--repeat 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import blake3
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from quantized import inventory, pack_along_columns, pack_along_rows
+
+from shardport.kernels import default_catalog, dispatch, rank_weight
+from shardport.registry.contracts import infer_safetensors
+
+PREFIX = "model.layers.0.mlp.down_proj"
+RESULTS = Path(__file__).parent / "results"
+
+
+def _median(fn: Callable[[], Any], repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _weight(n: int, k: int, group: int):
+    rng = np.random.default_rng(0)
+    q = rng.integers(0, 16, size=(k, n))
+    zeros = rng.integers(1, 15, size=(k // group, n))
+    scales = (rng.random((k // group, n)) * 0.02 + 0.001).astype(np.float16)
+    planes = {
+        f"{PREFIX}.qweight": pack_along_rows(q, 4),
+        f"{PREFIX}.qzeros": pack_along_columns(zeros - 1, 4),
+        f"{PREFIX}.scales": scales,
+    }
+    config = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False, "sym": False}
+    weights = infer_safetensors({"quantization_config": config}, inventory(planes))
+    weight = next(w for w in weights if w.name.startswith(PREFIX))
+    return weight, planes, q.T.astype(np.uint8), zeros.T, scales.T.astype(np.float32)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--group", type=int, default=128)
+    parser.add_argument("--repeat", type=int, default=9)
+    args = parser.parse_args()
+    n = k = args.size
+    weight, planes, codes, zeros, scales = _weight(n, k, args.group)
+    rw = rank_weight(weight, planes)
+    code_bytes = n * k // 2
+
+    out: dict[str, Any] = {
+        "n": n,
+        "k": k,
+        "group": args.group,
+        "threads": torch.get_num_threads(),
+        "isa": str(torch.backends.cpu.get_cpu_capability()),
+        "torch": torch.__version__,
+        "matmul": {},
+    }
+    t0 = time.perf_counter()
+    prepared_bf16, _ = dispatch(rw, default_catalog(), activation_dtype="bfloat16", phase="decode")
+    prepare_s = time.perf_counter() - t0
+    u = torch.from_numpy(codes.astype(np.int32))
+    pack_s = _median(lambda: torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1), 3)
+    raw = planes[f"{PREFIX}.qweight"].tobytes()
+    hash_s = _median(lambda: blake3.blake3(raw).digest(), 3)
+    verified = None
+    pull = RESULTS / "rank-pull.json"
+    if pull.exists():
+        verified = statistics.median(r["read_gbps"] for r in json.loads(pull.read_text())["ranks"])
+    out["repack"] = {
+        "code_bytes": code_bytes,
+        "pack_only_gbps": code_bytes / pack_s / 1e9,
+        "prepare_gbps": code_bytes / prepare_s / 1e9,
+        "prepare_seconds": prepare_s,
+        "blake3_gbps": code_bytes / hash_s / 1e9,
+        "rank_verified_read_gbps": verified,
+    }
+    out["resident"] = {
+        "int4_bf16_bytes": prepared_bf16.resident_bytes,
+        "bf16_equivalent_bytes": n * k * 2,
+        "ratio": prepared_bf16.resident_bytes / (n * k * 2),
+    }
+
+    group_of = torch.arange(k) // args.group
+    codes_t = torch.from_numpy(codes)
+    for dtype_name in ("float32", "bfloat16"):
+        dtype = getattr(torch, dtype_name)
+        prepared, trace = dispatch(rw, default_catalog(), activation_dtype=dtype_name, phase="decode")
+        s = torch.from_numpy(scales).to(dtype)
+        z = torch.from_numpy(zeros).to(dtype)
+
+        def dequant(s: torch.Tensor = s, z: torch.Tensor = z, dtype: torch.dtype = dtype) -> torch.Tensor:
+            return (codes_t.to(dtype) - z[:, group_of]) * s[:, group_of]
+
+        dense = dequant()
+        for tokens in (1, 32):
+            x = torch.randn(tokens, k).to(dtype)
+            int4 = _median(lambda x=x, p=prepared: p(x), args.repeat)
+            per_call = _median(lambda x=x: x @ dequant().T, max(3, args.repeat // 3))
+            dense_mm = _median(lambda x=x, dense=dense: x @ dense.T, args.repeat)
+            out["matmul"][f"{dtype_name}_T{tokens}"] = {
+                "transformation": trace.transformation,
+                "int4_ms": int4 * 1e3,
+                "dequant_matmul_ms": per_call * 1e3,
+                "dense_matmul_ms": dense_mm * 1e3,
+                "speedup_vs_dequant_matmul": per_call / int4,
+                "speedup_vs_dense_matmul": dense_mm / int4,
+            }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "kernels_cpu.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
