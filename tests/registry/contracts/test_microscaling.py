@@ -237,3 +237,19 @@ def test_permuted_mx_columns_decode_in_logical_order():
     order[1] = order[0]
     with pytest.raises(PermutationError, match="repeated"):
         run_gates(permuted, with_perm)
+
+
+def test_transposed_scale_plane_declared_by_its_axes():
+    """A G-major scale plane is row_major over physical_axes (G, N), declared; it decodes the same."""
+    _, compressed, planes, inv = _case("mxfp4", seed=2)
+    name = f"{PREFIX}.weight_scale"
+    groups = K // 32
+    planes = {**planes, name: np.ascontiguousarray(planes[name].T)}
+    inv = {**inv, name: TensorInfo(name, "U8", (groups, N))}
+    with pytest.raises(ScaleShapeError):  # undeclared, the [G, N] plane is not [N, G]
+        infer_safetensors(config("mxfp4"), inv)
+    declare = {"weights": {WEIGHT: {"scales": {"physical_axes": ["G", "N"]}}}}
+    (weight,) = infer_safetensors(config("mxfp4"), inv, declare=declare)
+    run_gates(weight, planes, inv)
+    assert np.array_equal(decode_weight(weight, planes), decompress("mxfp4", compressed))
+    assert not weight.contract.grit.expressible and "transposed" in weight.contract.grit.why
