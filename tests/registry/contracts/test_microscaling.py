@@ -237,6 +237,9 @@ def test_permuted_mx_columns_decode_in_logical_order():
     order[1] = order[0]
     with pytest.raises(PermutationError, match="repeated"):
         run_gates(permuted, with_perm)
+    order[1] = K  # one past the last column
+    with pytest.raises(PermutationError, match="outside"):
+        decode_weight(permuted, with_perm)
 
 
 def test_transposed_scale_plane_declared_by_its_axes():
