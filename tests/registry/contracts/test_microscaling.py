@@ -256,3 +256,31 @@ def test_transposed_scale_plane_declared_by_its_axes():
     run_gates(weight, planes, inv)
     assert np.array_equal(decode_weight(weight, planes), decompress("mxfp4", compressed))
     assert not weight.contract.grit.expressible and "transposed" in weight.contract.grit.why
+
+
+def test_every_scale_and_code_decodes_as_compressed_tensors():
+    """Every E8M0 exponent 0..254 and every E4M3 scale (not NaN), with every code, bit for bit."""
+    codes = np.arange(16, dtype=np.uint8)[None, :] * 17  # bytes 0x00, 0x11, ... 0xFF: all 16 codes twice
+    exponents = np.arange(255, dtype=np.uint8)[:, None]
+    mx = {
+        "weight_packed": torch.from_numpy(np.repeat(codes, 255, 0) ^ (exponents & 0x0F)),
+        "weight_scale": torch.from_numpy(exponents.copy()),
+    }
+    e4m3 = np.arange(0x7F, dtype=np.uint8)[:, None]  # every positive non-NaN E4M3
+    rows = np.random.default_rng(0).integers(0, 256, size=(len(e4m3), 16), dtype=np.uint8)
+    cases = [("mxfp4", mx)] + [
+        (
+            "nvfp4",
+            {
+                "weight_packed": torch.from_numpy(rows),
+                "weight_scale": torch.from_numpy(np.repeat(e4m3, 2, 1)).view(torch.float8_e4m3fn),
+                "weight_global_scale": torch.tensor([g], dtype=torch.float32),
+            },
+        )
+        for g in (1.0, 3.0, 448 * 6 / 2.7, 7.7e4)
+    ]
+    for kind, compressed in cases:
+        (weight,) = infer_safetensors(config(kind), inventory(PREFIX, compressed))
+        decoded = decode_weight(weight, numpy_planes(PREFIX, compressed))
+        reference = decompress(kind, compressed)
+        assert np.array_equal(decoded.view(np.uint32), reference.view(np.uint32)), kind
