@@ -236,6 +236,14 @@ def rank_weight(
         raise _fail(
             where, "planes", f"{sorted(roles)}", f"missing {missing}", "load every plane of the weight"
         )
+    if not isinstance(weight.contract, (FloatContract, AffineIntContract, GgufBlockContract)):
+        raise _fail(
+            where,
+            "contract family",
+            "float, affine_int or gguf_block (the families a kernel here reads)",
+            weight.contract.family,
+            "MXFP4/NVFP4 (mx_block) weights have a reference decoder but no kernel yet",
+        )
     contract = _local_contract(where, weight.contract, planes, ((n0, n1), (k0, k1)), k_full)
     return RankWeight(
         weight=weight,

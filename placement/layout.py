@@ -34,6 +34,7 @@ from shardport.registry.contracts.model import (
     GgufBlockContract,
     GroupMapIndex,
     LogicalWeight,
+    MicroscaleContract,
     Packing,
     PlaneRef,
     ZeroFloatPlane,
@@ -173,7 +174,7 @@ def _logical(axis: str) -> LogicalAxis | None:
     return _AXES.get(axis)
 
 
-def _group_map(contract: AffineIntContract) -> DimMap:
+def _group_map(contract: AffineIntContract | MicroscaleContract) -> DimMap:
     scales = contract.scales
     act_order = isinstance(contract.group_map, GroupMapIndex) and not contract.group_map.sequential
     if act_order:
@@ -182,7 +183,7 @@ def _group_map(contract: AffineIntContract) -> DimMap:
 
 
 def _affine_maps(
-    contract: AffineIntContract, plane: PlaneRef
+    contract: AffineIntContract | MicroscaleContract, plane: PlaneRef
 ) -> tuple[tuple[DimMap, ...], tuple[tuple[LogicalAxis, str], ...]]:
     """Dim maps of one plane of an affine-int weight, by its role."""
     codes, zero = contract.codes, contract.zero_point
@@ -245,7 +246,7 @@ def plane_layout(weight: LogicalWeight, plane: PlaneRef, entry: TensorEntry) -> 
         scale[-1] = block
     contract = weight.contract
     blocked: tuple[tuple[LogicalAxis, str], ...] = ()
-    if isinstance(contract, AffineIntContract):
+    if isinstance(contract, AffineIntContract | MicroscaleContract):
         maps, blocked = _affine_maps(contract, plane)
     elif len(dims) != len(weight.shape.axes):
         raise InventoryError(

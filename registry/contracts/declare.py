@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from .errors import DeclareSpecError
-from .model import Contract, Label
+from .errors import DeclareSpecError, ScalePlacementError
+from .model import SCALE_PLACEMENTS, Contract, Label
 
 _CONTRACT: TypeAdapter[Any] = TypeAdapter(Contract)
 
@@ -73,6 +73,21 @@ def declared_quantization(spec: DeclareSpec) -> list[str]:
     ]
 
 
+def _check_placement(name: str, data: Mapping[str, Any]) -> None:
+    """Refuse a declared scale placement this shardport cannot read, naming the ones it can."""
+    scales = data.get("scales")
+    placement = scales.get("placement") if isinstance(scales, Mapping) else None
+    if placement is not None and placement not in SCALE_PLACEMENTS:
+        raise ScalePlacementError(
+            name,
+            "scales.placement",
+            f"one of {', '.join(SCALE_PLACEMENTS)} (C order over the plane's physical_axes; a transposed "
+            'plane is row_major with physical_axes ["G", "N"])',
+            repr(placement),
+            "re-export the scales in a supported placement (e.g. un-swizzle a 128x4 tiled plane)",
+        )
+
+
 def apply_weight_declarations(name: str, contract: Any, spec: DeclareSpec) -> Any:
     """Deep-merge every matching ``weights`` declaration into ``contract``; relabel it ``declared``."""
     matches = [
@@ -88,6 +103,7 @@ def apply_weight_declarations(name: str, contract: Any, spec: DeclareSpec) -> An
     ]
     for _, body in matches:
         data = _merge(data, body)
+    _check_placement(name, data)
     prior = [
         line for line in data.get("label", {}).get("evidence", []) if not line.startswith("--declare weights")
     ]

@@ -16,8 +16,11 @@ Decode laws (closed set, fixed evaluation order):
   decompressor.
 - ``ggml_block``: defined per ggml type in :mod:`.gguf_blocks`.
 
-Where the codes' group is ``g(k) = k // G``, or ``g_idx[k]`` under a g_idx group map; with a
-permutation plane, logical column ``k`` is stored column ``perm[k]``.
+- ``mx_f32`` / ``mx_round_bf16``: FP4 block formats, in :mod:`.microscaling`.
+
+Where the codes' group is ``g(k) = k // G``, or ``g_idx[k]`` under a g_idx group map, over stored
+columns; a permutation plane then puts the columns in logical order in its declared direction
+(:mod:`.permutation`).
 """
 
 from __future__ import annotations
@@ -30,26 +33,29 @@ import numpy.typing as npt
 
 from .errors import (
     GroupIndexError,
-    PermutationError,
     PlaneMissingError,
     UnsupportedContractError,
 )
 from .formats import as_plane, round_to_format, scale_to_f32
 from .gates import check_contract_shape
 from .gguf_blocks import decode_gguf_rows
+from .microscaling import E2M1, block_scales
 from .model import (
     AffineIntContract,
     FloatContract,
     GgufBlockContract,
+    GlobalScalePlane,
     GroupMapIndex,
     LogicalShape,
     LogicalWeight,
+    MicroscaleContract,
     PermutationPlane,
     ZeroFloatPlane,
     ZeroImplicit,
     ZeroIntPlane,
 )
 from .packing import apply_encoding, unpack_rows
+from .permutation import read_permutation, to_logical
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -108,6 +114,41 @@ def decode_gguf(
     index = _row_indices(rows, shape.rows, weight)
     values = decode_gguf_rows(contract.ggml_type, data, shape.rows, shape.columns, contract.plane, index)
     return values.reshape(shape.extents) if index is None else values
+
+
+def decode_mx(
+    contract: MicroscaleContract,
+    planes: Planes,
+    shape: LogicalShape,
+    rows: Sequence[int] | None = None,
+    weight: str = "<weight>",
+) -> F32:
+    """Decode FP4 codes with block scales (MXFP4, NVFP4): ``y = e2m1(q) · s`` in binary32 (law rounding)."""
+    check_contract_shape(weight, contract, shape)
+    n, k = shape.extents
+    index = _row_indices(rows, n, weight)
+    codes = contract.codes
+    code_plane = as_plane(
+        plane_array(planes, codes.plane, weight), codes.physical_dtype, codes.physical_shape, codes.plane
+    )
+    q = unpack_rows(code_plane, codes.physical_axes, codes.bits, codes.packing, {"N": n, "K": k}, index)
+    glob = contract.global_scale
+    scale = block_scales(
+        weight,
+        contract,
+        plane_array(planes, contract.scales.plane, weight),
+        plane_array(planes, glob.plane, weight) if isinstance(glob, GlobalScalePlane) else None,
+        index,
+    )
+    with np.errstate(over="ignore"):  # 6 · 2^127 is +inf, in compressed-tensors' decode too
+        values = E2M1[q] * scale[:, np.arange(k, dtype=np.int64) // contract.scales.group_size]
+    if contract.decode_law == "mx_round_bf16":
+        values = round_to_format(values, "bfloat16")
+    if isinstance(contract.permutation, PermutationPlane):
+        values = to_logical(
+            values, read_permutation(weight, contract.permutation, planes, k), contract.permutation.direction
+        )
+    return values.astype(np.float32, copy=False)
 
 
 def _group_of_columns(contract: AffineIntContract, planes: Planes, k: int, weight: str) -> I64:
@@ -207,13 +248,7 @@ def affine_terms(
     group = _group_of_columns(contract, planes, k, weight)
     columns: I64 | None = None
     if isinstance(contract.permutation, PermutationPlane):
-        perm = contract.permutation
-        order = as_plane(
-            plane_array(planes, perm.plane, weight), perm.physical_dtype, perm.physical_shape, perm.plane
-        )
-        columns = order.reshape(-1).astype(np.int64)
-        if not np.array_equal(np.sort(columns), np.arange(k, dtype=np.int64)):
-            raise PermutationError(weight, f"{perm.plane} values", f"a permutation of range({k})", "not one")
+        columns = read_permutation(weight, contract.permutation, planes, k)
     return AffineTerms(q=q, zero=z, scale=s, group=group, columns=columns)
 
 
@@ -234,8 +269,8 @@ def decode_affine(
     values = diff * terms.scale[:, group]
     if contract.decode_law == "affine_round_to_scale_format":
         values = round_to_format(values, contract.scales.format)
-    if terms.columns is not None:
-        values = values[:, terms.columns]
+    if terms.columns is not None and isinstance(contract.permutation, PermutationPlane):
+        values = to_logical(values, terms.columns, contract.permutation.direction)
     return values.astype(np.float32, copy=False)
 
 
@@ -246,4 +281,6 @@ def decode_weight(weight: LogicalWeight, planes: Planes, rows: Sequence[int] | N
         return decode_float(contract, planes, weight.shape, rows, weight.name)
     if isinstance(contract, GgufBlockContract):
         return decode_gguf(contract, planes, weight.shape, rows, weight.name)
+    if isinstance(contract, MicroscaleContract):
+        return decode_mx(contract, planes, weight.shape, rows, weight.name)
     return decode_affine(contract, planes, weight.shape, rows, weight.name)

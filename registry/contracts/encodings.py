@@ -2,6 +2,8 @@
 
 An encoding names how a ``b``-bit field denotes an integer: ``u<b>`` unsigned; ``s<b>_twos`` two's
 complement (``s8`` for the native int8); ``s<b>_offset<2^(b-1)>`` unsigned storage minus the offset.
+``e2m1`` is the one float element: the 4-bit FP4 of MXFP4/NVFP4 (sign, 2 exponent bits, 1 mantissa
+bit; every pattern a value), read through :data:`E2M1_VALUES` rather than as an integer.
 """
 
 from __future__ import annotations
@@ -29,8 +31,14 @@ def __getattr__(name: str) -> Any:
 _ENCODING_RE = re.compile(r"u([1-8])|s([2-7])_twos|s(8)|s([2-8])_offset([0-9]+)")  # whole-string match
 
 
+#: The value of each E2M1 code ``0..15`` (bit 3 the sign): ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
 def encoding_bits(encoding: str) -> int:
     """Return the bit width of a value encoding (``u4`` → 4, ``s4_offset8`` → 4, ``s8`` → 8)."""
+    if encoding == "e2m1":
+        return 4
     match = _ENCODING_RE.fullmatch(encoding)
     if match is None:
         raise ValueError(f"unknown value encoding {encoding!r} (u<b>, s<b>_twos, s8, s<b>_offset<2^(b-1)>)")
@@ -44,6 +52,8 @@ def encoding_bits(encoding: str) -> int:
 
 def encoding_value_range(encoding: str) -> tuple[int, int]:
     """Return the closed range of integer values the encoding denotes (after any offset)."""
+    if encoding == "e2m1":
+        raise ValueError("e2m1 denotes floats, not integers: read it through E2M1_VALUES")
     bits = encoding_bits(encoding)
     if encoding.startswith("u"):
         return 0, (1 << bits) - 1

@@ -22,8 +22,10 @@ Tree::
         ├── TailGroupError                     the tail group is missing, extra, or not allowed
         ├── ScaleFormatError                   declared scale format does not fit the plane's dtype
         │   └── ScaleNarrowingError            a wider float plane declared as E8M0 (narrowing)
+        ├── ScalePlacementError                a scale placement (layout id) this shardport cannot read
         ├── ScaleValueError                    a scale is not finite
-        │   └── ScaleSignError                 a negative scale where the sign domain is positive
+        │   ├── ScaleSignError                 a negative scale where the sign domain is positive
+        │   └── GlobalScaleError               a per-tensor global scale not one positive finite f32
         ├── CodeRangeError                     a code (or padding bit) outside its element format
         ├── ZeroPointRangeError                an effective zero point outside the code range
         ├── GroupIndexError                    g_idx out of range or groups of the wrong size
@@ -126,6 +128,14 @@ class ScaleValueError(ContractError):
 
 class ScaleSignError(ScaleValueError):
     """A scale is negative although the contract's sign domain is ``positive``."""
+
+
+class GlobalScaleError(ScaleValueError):
+    """A per-tensor global scale (NVFP4) is not one positive, finite binary32."""
+
+
+class ScalePlacementError(ContractError):
+    """A declared scale placement (layout id) is not one this shardport reads; the message lists them."""
 
 
 class CodeRangeError(ContractError):

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
-from . import plane_values
+from . import microscaling, plane_values
 from .errors import (
     PlaneMissingError,
     PlaneShapeError,
@@ -38,9 +38,11 @@ from .model import (
     CodesSpec,
     Contract,
     GgufBlockContract,
+    GlobalScalePlane,
     GroupMapIndex,
     LogicalShape,
     LogicalWeight,
+    MicroscaleContract,
     PermutationPlane,
     ScaleSpec,
     TensorInfo,
@@ -150,6 +152,15 @@ def _check_scale_format(weight: str, scales: ScaleSpec, dtype: str) -> None:
         raise ScaleFormatError(weight, f"{scales.plane} scales.storage", storage, scales.storage)
 
 
+def check_scale_plane(
+    weight: str, scales: ScaleSpec, dtype: str, shape: tuple[int, ...], n: int, k: int
+) -> None:
+    """The scale plane's group count (tail), shape ``[N, ceil(K/G)]`` on its axes, and format vs dtype."""
+    _check_tail(weight, scales, k)
+    _check_scale_shape(weight, scales, shape, n, k)
+    _check_scale_format(weight, scales, dtype)
+
+
 def check_contract(weight: LogicalWeight) -> tuple[str, ...]:
     """Check the contract against the logical shape alone; return the gate names passed."""
     return check_contract_shape(weight.name, weight.contract, weight.shape)
@@ -160,6 +171,8 @@ def check_contract_shape(name: str, contract: Contract, shape: LogicalShape) -> 
     if isinstance(contract, GgufBlockContract):
         row_bytes(contract.ggml_type, shape.columns, contract.plane)
         return ("contract.block_rows",)
+    if isinstance(contract, MicroscaleContract):
+        return microscaling.check_mx_shape(name, contract, shape)
     if not isinstance(contract, AffineIntContract):
         return ()
     if shape.axes != ("N", "K"):
@@ -209,14 +222,21 @@ def _declared(weight: LogicalWeight) -> dict[str, tuple[str, tuple[int, ...]]]:
     contract = weight.contract
     if isinstance(contract, GgufBlockContract):
         return {contract.plane: (contract.ggml_type, weight.shape.extents)}
-    if not isinstance(contract, AffineIntContract):
+    if not isinstance(contract, AffineIntContract | MicroscaleContract):
         return {contract.plane: (contract.physical_dtype, weight.shape.extents)}
     out = {
         contract.codes.plane: (contract.codes.physical_dtype, contract.codes.physical_shape),
         contract.scales.plane: (contract.scales.physical_dtype, contract.scales.physical_shape),
     }
-    for part in (contract.zero_point, contract.group_map, contract.permutation):
-        if isinstance(part, ZeroIntPlane | ZeroFloatPlane | GroupMapIndex | PermutationPlane):
+    parts = (
+        (contract.global_scale, contract.permutation)
+        if isinstance(contract, MicroscaleContract)
+        else (contract.zero_point, contract.group_map, contract.permutation)
+    )
+    for part in parts:
+        if isinstance(
+            part, ZeroIntPlane | ZeroFloatPlane | GroupMapIndex | PermutationPlane | GlobalScalePlane
+        ):
             out[part.plane] = (part.physical_dtype, part.physical_shape)
     return out
 
@@ -235,7 +255,7 @@ def check_inventory(weight: LogicalWeight, inventory: Mapping[str, TensorInfo]) 
                 "absent",
                 "the checkpoint lost a plane the contract reads",
             )
-        if isinstance(contract, AffineIntContract) and tensor == contract.scales.plane:
+        if isinstance(contract, AffineIntContract | MicroscaleContract) and tensor == contract.scales.plane:
             _check_scale_format(weight.name, contract.scales, info.dtype)
             _check_scale_shape(weight.name, contract.scales, info.shape, *weight.shape.extents)
         if info.dtype != dtype or tuple(info.shape) != tuple(shape):
@@ -269,6 +289,8 @@ def check_values(weight: LogicalWeight, planes: Planes) -> tuple[str, ...]:
                 f"{int(bad.sum())} NaN/inf",
             )
         return ("values.block_scales",)
+    if isinstance(contract, MicroscaleContract):
+        return microscaling.check_mx_values(weight.name, contract, planes, weight.shape.columns)
     if not isinstance(contract, AffineIntContract):
         as_plane(planes[contract.plane], contract.physical_dtype, weight.shape.extents, contract.plane)
         return ("values.size",)

@@ -23,8 +23,10 @@ from .model import (
     AffineIntContract,
     FloatContract,
     GgufBlockContract,
+    GlobalScalePlane,
     GritRecord,
     GroupMapIndex,
+    MicroscaleContract,
     PermutationPlane,
     ZeroFloatPlane,
     ZeroImplicit,
@@ -90,8 +92,36 @@ def _affine(contract: AffineIntContract) -> GritRecord:
     return _yes("grit1(" + ",".join(fields) + ")")
 
 
-def grade_contract(contract: FloatContract | AffineIntContract | GgufBlockContract) -> GritRecord:
+def _microscale(contract: MicroscaleContract) -> GritRecord:
+    """MXFP4 / NVFP4 as GRIT's ``GRADE_MXFP4`` / ``GRADE_NVF4`` where the decode is the same number.
+
+    MXFP4: ``e2m1 · 2^(e-127)`` is exact in binary32 and in bfloat16, so both laws decode as GRIT's
+    MXFP4. NVFP4: GRIT multiplies the E4M3 scale by the binary32 per-tensor scale and keeps binary32;
+    compressed-tensors divides by its global scale and rounds the product to bfloat16 — other bits.
+    """
+    if isinstance(contract.permutation, PermutationPlane):
+        return _no("a column permutation plane has no GRIT v1 field")
+    if contract.scales.physical_axes != ("N", "G"):
+        return _no("a transposed (G-major) scale plane is a placement GRIT v1 does not record")
+    if contract.scheme == "mxfp4":
+        return _yes(grit.GRADE_MXFP4)
+    glob = contract.global_scale
+    if isinstance(glob, GlobalScalePlane) and glob.law == "divide":
+        return _no(
+            "the block scale is divided by the global scale (compressed-tensors); GRIT v1 NVF4 multiplies "
+            "by its per-tensor binary32 scale, which rounds differently"
+        )
+    if contract.decode_law == "mx_round_bf16":
+        return _no("the product is rounded to bfloat16; GRIT v1 NVF4 decodes to binary32")
+    return _yes(grit.GRADE_NVF4)
+
+
+def grade_contract(
+    contract: FloatContract | AffineIntContract | GgufBlockContract | MicroscaleContract,
+) -> GritRecord:
     """Return the GRIT record of a contract (its own ``grit`` field is ignored)."""
+    if isinstance(contract, MicroscaleContract):
+        return _microscale(contract)
     if isinstance(contract, FloatContract):
         return _no(f"{contract.format} is {_CARRIER}")
     if isinstance(contract, GgufBlockContract):

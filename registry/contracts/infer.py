@@ -23,12 +23,13 @@ from pydantic import ValidationError
 
 from shardport.registry.formats.elements import ELEMENTS
 
-from . import producers
+from . import microscaling, producers
 from .declare import DeclareSpec, apply_weight_declarations, declared_quantization, parse_declare
 from .errors import ContractAmbiguousError, DeclaredPlaneError, UnsupportedContractError, schema_error
 from .gates import check_contract_shape
 from .grade import grade_contract
 from .model import (
+    AffineIntContract,
     FloatContract,
     FloatFormat,
     GgmlType,
@@ -36,6 +37,8 @@ from .model import (
     Label,
     LogicalShape,
     LogicalWeight,
+    MicroscaleContract,
+    PermutationPlane,
     PlaneRef,
     PlaneRole,
     TensorInfo,
@@ -51,7 +54,7 @@ _FLOAT = {
     if e.safetensors and e.float_format == fmt
 }
 _COMPANIONS = {
-    "gptq": ("qweight", "qzeros", "scales", "g_idx"),
+    "gptq": ("qweight", "qzeros", "scales", "g_idx", "perm"),
     "awq": ("qweight", "qzeros", "scales"),
     "compressed-tensors": (
         "weight_packed",
@@ -59,9 +62,11 @@ _COMPANIONS = {
         "weight_zero_point",
         "weight_shape",
         "weight_g_idx",
+        "weight_global_scale",
     ),
 }
 _QUANTIZED_LEAVES = ("qweight", "qzeros", "weight_packed")
+_CT_FORMATS = ("pack-quantized", *microscaling.CT_FORMATS)
 _GGUF_TYPES = get_args(GgmlType)
 _DECLARE_HINT = (
     'declare {"quantization": {"quant_method": "gptq", "checkpoint_format": "gptq", "bits": 4, "group_size": '
@@ -172,9 +177,9 @@ def _logical_shape(name: str, extents: tuple[int, ...]) -> LogicalShape:
 
 def _ct_weights(params: Mapping[str, Any], module: str) -> Mapping[str, Any]:
     """Pick the compressed-tensors config group whose targets match the module."""
-    if str(params.get("format", "pack-quantized")) != "pack-quantized":
+    if str(params.get("format", "pack-quantized")) not in _CT_FORMATS:
         raise UnsupportedContractError(
-            f"{module}.weight", "quantization_config.format", "pack-quantized", params.get("format")
+            f"{module}.weight", "quantization_config.format", " or ".join(_CT_FORMATS), params.get("format")
         )
     candidates = []
     groups = params.get("config_groups") or {}
@@ -266,6 +271,7 @@ def _quantized_weight(
     """Build one quantized logical weight from its module's companion tensors."""
     leaves = {leaf: tensors[name] for leaf, name in found.items()}
     name = f"{prefix}.weight"
+    contract: AffineIntContract | MicroscaleContract
     if settings.method == "gptq":
         (n, k), contract = producers.gptq(prefix, leaves, settings)
     elif settings.method == "awq":
@@ -273,11 +279,32 @@ def _quantized_weight(
     else:
         values = (shape_values or {}).get(found.get("weight_shape", ""))
         weights = _ct_weights(settings.params, prefix)
-        (n, k), contract = producers.compressed_tensors(prefix, leaves, weights, values, settings.label)
+        fmt = str(settings.params.get("format", "pack-quantized"))
+        if fmt in microscaling.CT_FORMATS:
+            (n, k), contract = microscaling.compressed_tensors_fp4(
+                prefix, leaves, weights, fmt, settings.label
+            )
+        else:
+            (n, k), contract = producers.compressed_tensors(prefix, leaves, weights, values, settings.label)
     extra: dict[str, PlaneRole] = {found["weight_shape"]: "shape"} if "weight_shape" in found else {}
+    if "perm" in found:
+        extra[found["perm"]] = "perm"
     planes = _plane_refs(contract, tensors, extra)
     shape = _logical_shape(name, (n, k))
-    return _finish(name, shape, planes, contract, hf_binding(name, architecture, None), spec)
+    weight = _finish(name, shape, planes, contract, hf_binding(name, architecture, None), spec)
+    permutation = getattr(weight.contract, "permutation", None)
+    if "perm" in found and not isinstance(permutation, PermutationPlane):
+        raise ContractAmbiguousError(
+            name,
+            "permutation",
+            f"a declared direction for the permutation plane {found['perm']}",
+            "a perm plane and no declaration",
+            f'declare {{"weights": {{"{name}": {{"permutation": {{"kind": "plane", "plane": '
+            f'"{found["perm"]}", "physical_dtype": "{tensors[found["perm"]].dtype}", "physical_shape": '
+            f'{list(tensors[found["perm"]].shape)}, "axis": "K", "direction": "stored_to_logical"}}}}}}}} '
+            "(perm[s] is the logical column at stored position s) or direction logical_to_stored",
+        )
+    return weight
 
 
 def infer_safetensors(

@@ -15,7 +15,7 @@ import base64
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -25,7 +25,7 @@ Axis = Literal["N", "K", "G"]
 LogicalAxis = Literal["E", "N", "K"]
 ScaleFormat = Literal["binary32", "binary16", "bfloat16", "e8m0", "e4m3"]
 FloatFormat = Literal["binary32", "binary16", "bfloat16", "e4m3", "e5m2"]
-PlaneRole = Literal["codes", "scale", "zero", "g_idx", "perm", "float", "shape"]
+PlaneRole = Literal["codes", "scale", "zero", "g_idx", "perm", "float", "shape", "global_scale"]
 GgmlType = Literal[
     "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
     "Q2_K", "Q3_K", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "IQ4_NL", "IQ4_XS",
@@ -33,7 +33,12 @@ GgmlType = Literal[
 ]  # fmt: skip
 """Every ggml type ``gguf.quants`` dequantizes (its reference decoders: :mod:`.gguf_blocks`)."""
 #: Closed set of decode laws, each with a fixed evaluation order (see :mod:`.decode`).
-DecodeLaw = Literal["float_upcast", "affine_f32", "affine_round_to_scale_format", "ggml_block"]
+DecodeLaw = Literal[
+    "float_upcast", "affine_f32", "affine_round_to_scale_format", "ggml_block", "mx_f32", "mx_round_bf16"
+]
+#: Named placements of a scale plane's elements; see :class:`ScaleSpec`.
+ScalePlacement = Literal["row_major"]
+SCALE_PLACEMENTS: tuple[str, ...] = get_args(ScalePlacement)
 Family = Literal["float", "affine_int", "gguf_block", "mx_block", "codebook", "mixed"]
 
 
@@ -111,7 +116,12 @@ class CodesSpec(_Frozen):
 
 
 class ScaleSpec(_Frozen):
-    """The scale plane: format, storage, sign domain and grouping (one level, groups along K)."""
+    """The scale plane: format, storage, sign domain and grouping (one level, groups along K).
+
+    ``placement`` names how the plane's elements sit in its bytes: ``row_major`` — C order over
+    ``physical_axes``, so a transposed (G-major) plane is ``physical_axes=("G", "N")``. Other layouts
+    (e.g. a 128x4 swizzle) are refused by name at declaration (:data:`SCALE_PLACEMENTS`).
+    """
 
     plane: str
     physical_dtype: str
@@ -124,7 +134,7 @@ class ScaleSpec(_Frozen):
     group_size: int = Field(ge=1)
     group_count: int = Field(ge=1)
     tail_rule: Literal["exact", "partial_last"]
-    placement: Literal["row_major"]
+    placement: ScalePlacement
     levels: Literal[1, 2]
 
     @model_validator(mode="after")
@@ -162,6 +172,8 @@ class ZeroIntPlane(_Frozen):
 
     @model_validator(mode="after")
     def _structure(self) -> ZeroIntPlane:
+        if self.encoding == "e2m1":
+            raise ValueError("zero points are integers; e2m1 is a float element")
         if encoding_bits(self.encoding) != self.bits:
             raise ValueError(f"encoding {self.encoding} is not {self.bits}-bit")
         if sorted(self.physical_axes) != ["G", "N"]:
@@ -213,13 +225,19 @@ class PermutationNone(_Frozen):
 
 
 class PermutationPlane(_Frozen):
-    """Logical column ``k`` is stored column ``perm[k]``; the plane must be a bijection of K."""
+    """A permutation of the K columns, stated with its direction; the plane must be a bijection of K.
+
+    ``direction``: ``logical_to_stored`` — logical column ``k`` is stored column ``perm[k]``;
+    ``stored_to_logical`` — stored column ``s`` holds logical column ``perm[s]`` (act-order GPTQ's
+    ``argsort(g_idx)`` order). Codes, scales and the group map are read in stored order.
+    """
 
     kind: Literal["plane"]
     plane: str
     physical_dtype: str
     physical_shape: tuple[int, ...]
     axis: Literal["K"]
+    direction: Literal["logical_to_stored", "stored_to_logical"]
 
 
 Permutation = Annotated[PermutationNone | PermutationPlane, Field(discriminator="kind")]
@@ -276,6 +294,12 @@ class AffineIntContract(_Frozen):
     label: Label
     grit: GritRecord
 
+    @model_validator(mode="after")
+    def _integer_codes(self) -> AffineIntContract:
+        if self.codes.encoding == "e2m1":
+            raise ValueError("e2m1 (FP4) codes are an mx_block contract, not affine_int")
+        return self
+
 
 class GgufBlockContract(_Frozen):
     """A GGUF tensor; every numeric field is implied by its ggml type, which is the declared format."""
@@ -288,14 +312,80 @@ class GgufBlockContract(_Frozen):
     grit: GritRecord
 
 
-Contract = Annotated[FloatContract | AffineIntContract | GgufBlockContract, Field(discriminator="family")]
+class GlobalScaleNone(_Frozen):
+    """No per-tensor scale: the block scale is the scale."""
+
+    kind: Literal["none"]
 
 
-def contract_planes(contract: FloatContract | AffineIntContract | GgufBlockContract) -> dict[str, PlaneRole]:
+class GlobalScalePlane(_Frozen):
+    """A per-tensor binary32 scale ``g`` (a one-element plane) applied to every block scale in binary32.
+
+    ``law``: ``divide`` — ``s = f32(block) / g`` (compressed-tensors ``weight_global_scale``);
+    ``multiply`` — ``s = f32(block) * g`` (ModelOpt ``weight_scale_2``, GRIT's per-tensor ``s1``).
+    """
+
+    kind: Literal["plane"]
+    plane: str
+    physical_dtype: Literal["F32"]
+    physical_shape: tuple[int, ...]
+    law: Literal["divide", "multiply"]
+
+
+GlobalScale = Annotated[GlobalScaleNone | GlobalScalePlane, Field(discriminator="kind")]
+
+
+class MicroscaleContract(_Frozen):
+    """FP4 (E2M1) codes with one narrow scale per block of K: MXFP4 and NVFP4 (:mod:`.microscaling`).
+
+    ``scheme``: ``mxfp4`` — E8M0 block scales, blocks of 32, no global scale; ``nvfp4`` — E4M3 block
+    scales, blocks of 16, a binary32 global scale. The codes are 4-bit E2M1 (every pattern a value),
+    two per byte along K, low nibble first. ``decode_law``: ``mx_f32`` — ``y = f32(e2m1(q) · s)``;
+    ``mx_round_bf16`` — that product rounded to bfloat16 (compressed-tensors' decompressor).
+    The structure mirrors :class:`AffineIntContract` (no zero point, no group map) so placement
+    follows its planes the same way.
+    """
+
+    family: Literal["mx_block"]
+    scheme: Literal["mxfp4", "nvfp4"]
+    codes: CodesSpec
+    scales: ScaleSpec
+    global_scale: GlobalScale
+    permutation: Permutation
+    decode_law: Literal["mx_f32", "mx_round_bf16"]
+    label: Label
+    grit: GritRecord
+
+    @property
+    def zero_point(self) -> ZeroNone:
+        """No zero point (``s·q``), as placement reads an affine contract's."""
+        return ZeroNone(kind="none")
+
+    @property
+    def group_map(self) -> GroupMapNone:
+        """Column ``k`` is in block ``k // G``."""
+        return GroupMapNone(kind="none")
+
+
+Contract = Annotated[
+    FloatContract | AffineIntContract | GgufBlockContract | MicroscaleContract, Field(discriminator="family")
+]
+
+
+def contract_planes(
+    contract: FloatContract | AffineIntContract | GgufBlockContract | MicroscaleContract,
+) -> dict[str, PlaneRole]:
     """Return the tensor names the contract reads, with their roles."""
+    if isinstance(contract, MicroscaleContract):
+        names: dict[str, PlaneRole] = {contract.codes.plane: "codes", contract.scales.plane: "scale"}
+        if isinstance(contract.global_scale, GlobalScalePlane):
+            names[contract.global_scale.plane] = "global_scale"
+        if isinstance(contract.permutation, PermutationPlane):
+            names[contract.permutation.plane] = "perm"
+        return names
     if not isinstance(contract, AffineIntContract):
         return {contract.plane: "float" if contract.family == "float" else "codes"}
-    names: dict[str, PlaneRole] = {contract.codes.plane: "codes", contract.scales.plane: "scale"}
+    names = {contract.codes.plane: "codes", contract.scales.plane: "scale"}
     if isinstance(contract.zero_point, ZeroIntPlane | ZeroFloatPlane):
         names[contract.zero_point.plane] = "zero"
     if isinstance(contract.group_map, GroupMapIndex):

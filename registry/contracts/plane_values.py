@@ -15,14 +15,22 @@ from .encodings import encoding_value_range
 from .errors import (
     CodeRangeError,
     GroupIndexError,
-    PermutationError,
     ScaleSignError,
     ScaleValueError,
     ZeroPointRangeError,
 )
 from .formats import as_plane, scale_to_f32
-from .model import AffineIntContract, GroupMapIndex, PermutationPlane, ScaleSpec, ZeroImplicit, ZeroIntPlane
+from .model import (
+    AffineIntContract,
+    GroupMapIndex,
+    MicroscaleContract,
+    PermutationPlane,
+    ScaleSpec,
+    ZeroImplicit,
+    ZeroIntPlane,
+)
 from .packing import apply_encoding, padding_fields, unpack_rows
+from .permutation import read_permutation
 
 Planes = Mapping[str, npt.NDArray[np.generic]]
 
@@ -144,16 +152,10 @@ def check_group_map(weight: str, contract: AffineIntContract, planes: Planes, k:
         )
 
 
-def check_permutation(weight: str, contract: AffineIntContract, planes: Planes, k: int) -> None:
+def check_permutation(
+    weight: str, contract: AffineIntContract | MicroscaleContract, planes: Planes, k: int
+) -> None:
     """A permutation plane is a bijection of range(K)."""
     perm = contract.permutation
-    if not isinstance(perm, PermutationPlane):
-        return
-    order = as_plane(planes[perm.plane], perm.physical_dtype, perm.physical_shape, perm.plane).reshape(-1)
-    if not np.array_equal(np.sort(order.astype(np.int64)), np.arange(k, dtype=np.int64)):
-        raise PermutationError(
-            weight,
-            f"{perm.plane} values",
-            f"a permutation of range({k})",
-            f"{len(np.unique(order))} distinct values in [{order.min()}, {order.max()}]",
-        )
+    if isinstance(perm, PermutationPlane):
+        read_permutation(weight, perm, planes, k)

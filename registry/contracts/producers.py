@@ -349,51 +349,12 @@ def _compressed_tensors(
     if not group_size:
         raise UnsupportedContractError(name, "weights.group_size", "a positive integer", group_size)
     n = packed.shape[0]
-    if shape_values is not None:
-        if len(shape_values) != 2 or not all(isinstance(v, int) and v > 0 for v in shape_values):
-            raise PlaneShapeError(
-                name, f"values of {module}.weight_shape", "[N, K], two positive integers", list(shape_values)
-            )
-        k = int(shape_values[-1])
-    elif strategy == "group":
-        k = scale.shape[1] * group_size
-    else:
-        raise ContractAmbiguousError(
-            name,
-            "K",
-            f"the value of {module}.weight_shape",
-            "only its shape",
-            "per-channel packing does not fix K; pass the weight_shape values",
-        )
+    k = _ct_columns(module, strategy, group_size, scale, shape_values)
     _positive(name, n, k, "weight_packed and weight_shape (or weight_scale)")
     group = group_size if strategy == "group" else k
     encoding = f"s{bits}_offset{1 << (bits - 1)}"
-    if weights.get("symmetric", True):
-        zero: ZeroIntPlane | ZeroNone = ZeroNone(kind="none")
-    else:
-        zp = _plane(module, leaves, "weight_zero_point", "N/pack,G", ("I32",))
-        zero = ZeroIntPlane(
-            kind="int_plane",
-            plane=zp.name,
-            physical_dtype=zp.dtype,
-            physical_shape=zp.shape,
-            physical_axes=("N", "G"),
-            bits=bits,
-            encoding=encoding,
-            packing=_bitstream("N"),
-            convention="as_is",
-        )
-    if "weight_g_idx" in leaves:
-        g_idx = _plane(module, leaves, "weight_g_idx", "K")
-        group_map: GroupMapIndex | GroupMapNone = GroupMapIndex(
-            kind="g_idx",
-            plane=g_idx.name,
-            physical_dtype=g_idx.dtype,
-            physical_shape=g_idx.shape,
-            sequential=False,
-        )
-    else:
-        group_map = GroupMapNone(kind="none")
+    zero = _ct_zero(module, leaves, weights, bits, encoding)
+    group_map = _ct_group_map(module, leaves)
     contract = AffineIntContract(
         family="affine_int",
         codes=CodesSpec(
@@ -414,3 +375,59 @@ def _compressed_tensors(
         grit=PENDING,
     )
     return (n, k), contract
+
+
+def _ct_columns(
+    module: str, strategy: str, group_size: int, scale: TensorInfo, shape_values: Sequence[int] | None
+) -> int:
+    """K: from the ``weight_shape`` values when read, else (grouped) from the scale plane's groups."""
+    name = f"{module}.weight"
+    if shape_values is not None:
+        if len(shape_values) != 2 or not all(isinstance(v, int) and v > 0 for v in shape_values):
+            raise PlaneShapeError(
+                name, f"values of {module}.weight_shape", "[N, K], two positive integers", list(shape_values)
+            )
+        return int(shape_values[-1])
+    if strategy == "group":
+        return scale.shape[1] * group_size
+    raise ContractAmbiguousError(
+        name,
+        "K",
+        f"the value of {module}.weight_shape",
+        "only its shape",
+        "per-channel packing does not fix K; pass the weight_shape values",
+    )
+
+
+def _ct_zero(
+    module: str, leaves: Mapping[str, TensorInfo], weights: Mapping[str, Any], bits: int, encoding: str
+) -> ZeroIntPlane | ZeroNone:
+    """Symmetric: no zero point; asymmetric: ``weight_zero_point``, a bitstream packed along N."""
+    if weights.get("symmetric", True):
+        return ZeroNone(kind="none")
+    zp = _plane(module, leaves, "weight_zero_point", "N/pack,G", ("I32",))
+    return ZeroIntPlane(
+        kind="int_plane",
+        plane=zp.name,
+        physical_dtype=zp.dtype,
+        physical_shape=zp.shape,
+        physical_axes=("N", "G"),
+        bits=bits,
+        encoding=encoding,
+        packing=_bitstream("N"),
+        convention="as_is",
+    )
+
+
+def _ct_group_map(module: str, leaves: Mapping[str, TensorInfo]) -> GroupMapIndex | GroupMapNone:
+    """A ``weight_g_idx`` plane (activation order), or columns grouped in order."""
+    if "weight_g_idx" not in leaves:
+        return GroupMapNone(kind="none")
+    g_idx = _plane(module, leaves, "weight_g_idx", "K")
+    return GroupMapIndex(
+        kind="g_idx",
+        plane=g_idx.name,
+        physical_dtype=g_idx.dtype,
+        physical_shape=g_idx.shape,
+        sequential=False,
+    )

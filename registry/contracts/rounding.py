@@ -29,10 +29,21 @@ import numpy.typing as npt
 from .decode import affine_terms, decode_weight, plane_array
 from .encodings import encoding_value_range
 from .errors import ReferenceErrorTooLargeError, UnsupportedContractError
-from .formats import round_to_format
+from .formats import as_plane, round_to_format
 from .gguf_blocks import BLOCK_SIZES, _fifth_bits, _half, _nibbles32, _scale_min_k4, as_gguf_rows
 from .gguf_terms import GRID_TYPES, SCALE_EPS, lowbit_terms
-from .model import AffineIntContract, FloatContract, GgufBlockContract, LogicalWeight
+from .microscaling import E2M1, block_scales
+from .model import (
+    AffineIntContract,
+    FloatContract,
+    GgufBlockContract,
+    GlobalScalePlane,
+    LogicalWeight,
+    MicroscaleContract,
+    PermutationPlane,
+)
+from .packing import unpack_rows
+from .permutation import read_permutation, to_logical
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
@@ -93,6 +104,44 @@ def _affine_bounds(
         low_edge, high_edge = low_edge[:, terms.columns], high_edge[:, terms.columns]
     unit = contract.scales.group_size
     return Bounds(decoded.astype(np.float32, copy=False), bound, step, low_edge, high_edge, unit)
+
+
+#: Half the larger gap beside each E2M1 code's level (|level| 0, 0.5, 1, 1.5, 2, 3, 4, 6; sign bit 3).
+_E2M1_HALF_GAP = np.array([0.25, 0.25, 0.25, 0.25, 0.5, 0.5, 1.0, 1.0] * 2)
+
+
+def _mx_bounds(
+    weight: LogicalWeight, contract: MicroscaleContract, planes: Planes, rows: Sequence[int]
+) -> Bounds:
+    """FP4 levels are not evenly spaced: an element's step is the larger gap beside its level."""
+    n, k = weight.shape.extents
+    index = np.asarray(list(rows), dtype=np.int64)
+    codes, glob = contract.codes, contract.global_scale
+    plane = as_plane(
+        plane_array(planes, codes.plane, weight.name), codes.physical_dtype, codes.physical_shape, codes.plane
+    )
+    q = unpack_rows(plane, codes.physical_axes, 4, codes.packing, {"N": n, "K": k}, index)
+    scales = block_scales(
+        weight.name,
+        contract,
+        plane_array(planes, contract.scales.plane, weight.name),
+        plane_array(planes, glob.plane, weight.name) if isinstance(glob, GlobalScalePlane) else None,
+        index,
+    )
+    step = scales[:, np.arange(k) // contract.scales.group_size].astype(np.float64)
+    level = np.abs(E2M1[q].astype(np.float64))
+    eps = FORMAT_EPS[contract.scales.format]
+    bound = np.abs(step) * (_E2M1_HALF_GAP[q] + 2 * eps * level)
+    decoded = decode_weight(weight, planes, rows)
+    if contract.decode_law == "mx_round_bf16":
+        bound = bound + FORMAT_EPS["bfloat16"] * np.abs(decoded.astype(np.float64))
+    low, high = q == 0xF, q == 0x7  # -6 and +6: the ends of the range
+    if isinstance(contract.permutation, PermutationPlane):
+        order = read_permutation(weight.name, contract.permutation, planes, k)
+        direction = contract.permutation.direction
+        bound, step = to_logical(bound, order, direction), to_logical(step, order, direction)
+        low, high = to_logical(low, order, direction), to_logical(high, order, direction)
+    return Bounds(decoded, bound, step, low, high, contract.scales.group_size)
 
 
 def _gguf_terms(
@@ -189,6 +238,8 @@ def bounds_of(weight: LogicalWeight, planes: Planes, rows: Sequence[int]) -> Bou
         return _affine_bounds(weight, contract, planes, rows)
     if isinstance(contract, GgufBlockContract):
         return _gguf_bounds(weight, contract, planes, rows)
+    if isinstance(contract, MicroscaleContract):
+        return _mx_bounds(weight, contract, planes, rows)
     decoded = decode_weight(weight, planes, rows)
     assert isinstance(contract, FloatContract)
     bound = FORMAT_EPS[contract.format] * np.abs(decoded.astype(np.float64)) + 2.0**-25

@@ -40,6 +40,7 @@ from .model import (
     GgufBlockContract,
     GroupMapIndex,
     LogicalWeight,
+    MicroscaleContract,
     cell_positions,
 )
 from .rounding import reference_gate
@@ -64,7 +65,7 @@ def witness_alignment(weight: LogicalWeight) -> int:
     unit = 1
     if isinstance(contract, GgufBlockContract):
         unit = BLOCK_SIZES[contract.ggml_type][0]
-    elif isinstance(contract, AffineIntContract):
+    elif isinstance(contract, AffineIntContract | MicroscaleContract):
         act_order = isinstance(contract.group_map, GroupMapIndex) and not contract.group_map.sequential
         if not act_order:
             unit = math.lcm(unit, contract.scales.group_size)

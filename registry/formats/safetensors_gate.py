@@ -338,6 +338,15 @@ def _accept_tensor(tensor: str, entry: object, data_offset: int, max_ndim: int) 
 def _check_tensor(
     name: str, tensor: str, entry: object, data_offset: int, limits: SafetensorsLimits, notes: Notes
 ) -> TensorRecord:
+    fields = _entry_fields(name, tensor, entry, notes)
+    dtype, dims = _dtype_and_shape(name, tensor, fields["dtype"], fields["shape"], limits)
+    nbytes = _tensor_bytes(name, tensor, dtype, dims)
+    begin, end = _offsets(name, tensor, fields["data_offsets"], nbytes, dtype, dims)
+    return TensorRecord(tensor, dtype, tuple(dims), data_offset + begin, data_offset + end)
+
+
+def _entry_fields(name: str, tensor: str, entry: object, notes: Notes) -> dict[str, object]:
+    """The entry as an object with dtype, shape and data_offsets (unknown extra fields: a note)."""
     if not isinstance(entry, dict):
         raise TensorEntryError(
             name,
@@ -361,7 +370,13 @@ def _check_tensor(
         if missing:
             raise error
         notes.add(error)  # unknown fields only: no loader reads them
-    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    return entry
+
+
+def _dtype_and_shape(
+    name: str, tensor: str, dtype: object, shape: object, limits: SafetensorsLimits
+) -> tuple[str, list[int]]:
+    """A known dtype and a list of at most ``max_ndim`` integer dims."""
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise UnknownDtypeError(
             name,
@@ -380,7 +395,11 @@ def _check_tensor(
             found=repr(shape)[:80],
             remedy=_REMEDY_RESAVE,
         )
-    dims: list[int] = shape
+    return dtype, shape
+
+
+def _tensor_bytes(name: str, tensor: str, dtype: str, dims: list[int]) -> int:
+    """Byte size of ``dims`` elements of ``dtype``, in checked arithmetic (≤ 2**62 bits, whole bytes)."""
     count = 1
     for dim in dims:
         if dim < 0 or dim > SIZE_BOUND or (dim and count > SIZE_BOUND // dim):
@@ -410,7 +429,13 @@ def _check_tensor(
             found=f"{count} elements x {bits} bits = {count * bits} bits",
             remedy="pad the packed tensor",
         )
-    nbytes = count * bits // 8
+    return count * bits // 8
+
+
+def _offsets(
+    name: str, tensor: str, offsets: object, nbytes: int, dtype: str, dims: list[int]
+) -> tuple[int, int]:
+    """``data_offsets`` as ``[begin, end]`` within 2**62, spanning exactly ``nbytes``."""
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
@@ -435,7 +460,7 @@ def _check_tensor(
             found=f"[{begin}, {end}] ({end - begin} bytes)",
             remedy=_REMEDY_RESAVE,
         )
-    return TensorRecord(tensor, dtype, tuple(dims), data_offset + begin, data_offset + end)
+    return begin, end
 
 
 def _check_tiling(name: str, tensors: list[TensorRecord], data_offset: int, size: int) -> None:

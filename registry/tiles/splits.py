@@ -32,6 +32,7 @@ from shardport.registry.contracts.model import (
     AffineIntContract,
     GroupMapIndex,
     LogicalWeight,
+    MicroscaleContract,
     Packing,
     PlaneRef,
     ZeroFloatPlane,
@@ -158,7 +159,7 @@ def _packed(packing: Packing, bits: int, axis: str, group: int) -> _Map:
     return _Map(axis, bits, packing.container_bits, group)
 
 
-def _affine_maps(c: AffineIntContract, plane: PlaneRef) -> tuple[_Map, ...] | None:
+def _affine_maps(c: AffineIntContract | MicroscaleContract, plane: PlaneRef) -> tuple[_Map, ...] | None:
     if c.scales.group_axis != "K":
         return None
     act_order = isinstance(c.group_map, GroupMapIndex) and not c.group_map.sequential
@@ -184,7 +185,7 @@ def _maps(weight: LogicalWeight, plane: PlaneRef, entry: TensorEntry) -> tuple[_
     """How each dim of ``entry`` (GGUF: its last dim in blocks) follows the weight's logical axes."""
     if tuple(entry.shape) != tuple(plane.shape) or not entry.shape:
         return None
-    if isinstance(weight.contract, AffineIntContract):
+    if isinstance(weight.contract, AffineIntContract | MicroscaleContract):
         maps = _affine_maps(weight.contract, plane)
     elif len(entry.shape) == len(weight.shape.axes):
         maps = tuple(_Map(a) for a in weight.shape.axes)

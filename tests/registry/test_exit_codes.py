@@ -159,7 +159,13 @@ def _compressed_tensors(folder: Path, *, scale: tuple[int, ...], packed: np.ndar
 
 def test_5_refused_declared_permutation_plane(registry: Registry, tmp_path: Path) -> None:
     _gptq(tmp_path / "q")
-    perm = {"kind": "plane", "plane": f"{PREFIX}.g_idx", "physical_dtype": "I32", "physical_shape": [128]}
+    perm = {
+        "kind": "plane",
+        "plane": f"{PREFIX}.g_idx",
+        "physical_dtype": "I32",
+        "physical_shape": [128],
+        "direction": "logical_to_stored",
+    }
     declare = {"weights": {f"{PREFIX}.weight": {"permutation": {**perm, "axis": "K"}}}}
     error = registry.error(
         5, "DeclaredPlaneError", "push", tmp_path / "q", "m/q:1", "--declare", json.dumps(declare)

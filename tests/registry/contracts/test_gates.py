@@ -145,6 +145,7 @@ def test_permutation_must_be_a_bijection(build):
                 "physical_dtype": "I32",
                 "physical_shape": [64],
                 "axis": "K",
+                "direction": "logical_to_stored",
             }
         },
         refs,

@@ -155,6 +155,7 @@ def affine(draw, tensors: list[str]) -> dict:
                         "physical_dtype": "I32",
                         "physical_shape": [64],
                         "axis": "K",
+                        "direction": "logical_to_stored",
                     },
                 ]
             )
