@@ -12,7 +12,7 @@ import numpy as np
 
 from shardport.registry.store.libc import libc_function
 
-from ..schedule import DIRECT_MIN
+from ..bands import DIRECT_MIN
 
 try:
     IOV_MAX = int(os.sysconf("SC_IOV_MAX"))
