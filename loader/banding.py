@@ -10,7 +10,7 @@ loading together, each holding a column slice) is read as whole matrix rows, in 
 instead of one narrow strided band per slice (whose rows each cost a request, and whose pages the
 device reads whole anyway). Bands never exceed ``batch_bytes`` unless a single tile does.
 
-A tile row's *runs* of tile columns (:data:`Run`: adjacent tiles with the same destination) depend
+A tile row is cut into *strips* (:data:`Strip`: adjacent tile columns with the same destination); they depend
 only on which slices touch which of its tile columns and whether each holds all of its rows; adjacent
 tile rows planned alike are *stacked* (:class:`_Stack`) into one band of several tile rows, in either
 layout, as long as the stack spans at most ``batch_bytes`` of whole matrix rows. Each band's landing
@@ -64,6 +64,8 @@ def plan_bands(
 
 Touch = tuple[int, int, int, int, int]
 """Slice ``k`` touches tile rows ``[i0, i1)`` x tile columns ``[j0, j1)``: ``(i0, i1, j0, j1, k)``."""
+RowTouch = tuple[int, int, int]
+"""A touch within one tile row: slice ``k`` touches its tile columns ``[j0, j1)``: ``(j0, j1, k)``."""
 
 
 def _wanted(
@@ -146,7 +148,7 @@ def _band(
     tile_width = 0
     if not g.tiled:
         origin, stride = g.start + r0 * g.row_bytes + col0, g.row_bytes
-    else:  # tile rows, each its tiles of one width (_runs) one after the other, a tile row apart
+    else:  # tile rows, each its tiles of one width (_strips) one after the other, a tile row apart
         origin = g.start + tile_offset(g.rows, g.row_bytes, g.rb, g.cb, i, j0)
         stride, tile_width = g.rb * g.row_bytes, width // (j1 - j0)
     out_row = out_col = 0
@@ -180,27 +182,27 @@ def _parts(
             yield Part(k, a - r0, b - r0, c - col0, d - col0, a - s.row0, c - s.col0)
 
 
-def _covers(spans: list[tuple[int, int, int]], n: int) -> bool:
-    """Whether the column spans ``(j0, j1, k)`` together cover columns ``[0, n)``."""
+def _covers(row_touches: list[RowTouch], n: int) -> bool:
+    """Whether the row touches ``(j0, j1, k)`` together cover tile columns ``[0, n)``."""
     reach = 0
-    for j0, j1, _ in sorted(spans):
+    for j0, j1, _ in sorted(row_touches):
         if j0 > reach:
             return False
         reach = max(reach, j1)
     return reach >= n
 
 
-def _runs(g: _Grid, r0: int, r1: int, j0: int, j1: int, limit: int) -> list[tuple[int, int]]:
-    """Tile columns ``[j0, j1)`` of a tile row (matrix rows ``[r0, r1)``) in runs of at most ``limit`` bytes.
+def _strips(g: _Grid, r0: int, r1: int, j0: int, j1: int, limit: int) -> list[tuple[int, int]]:
+    """Tile columns ``[j0, j1)`` of a tile row (rows ``[r0, r1)``) in strips of at most ``limit`` bytes.
 
-    A single tile may exceed ``limit``. A tiled tensor's narrower last tile column is a run of its own
-    (a run's tiles share one width).
+    A single tile may exceed ``limit``. A tiled tensor's narrower last tile column is a strip of its own
+    (a strip's tiles share one width).
     """
     if j1 - j0 == 1:
         return [(j0, j1)]
     cb, row_bytes = g.cb, g.row_bytes
     if g.tiled and j1 == g.grid_cols and row_bytes % cb:
-        return [*_runs(g, r0, r1, j0, j1 - 1, limit), (j1 - 1, j1)]
+        return [*_strips(g, r0, r1, j0, j1 - 1, limit), (j1 - 1, j1)]
     width = limit // (r1 - r0) if r1 > r0 else row_bytes
     if min(j1 * cb, row_bytes) - j0 * cb <= width:
         return [(j0, j1)]
@@ -214,17 +216,17 @@ def _runs(g: _Grid, r0: int, r1: int, j0: int, j1: int, limit: int) -> list[tupl
     return out
 
 
-def _one_slice_runs(
-    g: _Grid, r0: int, r1: int, span: tuple[int, int, int], covered: bool, s: PlaneSlice, limit: int
-) -> list[tuple[int, int, int]]:
-    """Band runs ``(j0, j1, mode)`` of a tile row that one slice ``s`` alone touches.
+def _one_slice_strips(
+    g: _Grid, r0: int, r1: int, touch: RowTouch, covered: bool, s: PlaneSlice, limit: int
+) -> list[RowTouch]:
+    """Strips ``(j0, j1, mode)`` of a tile row that one slice ``s`` alone touches.
 
-    The tile row holds matrix rows ``[r0, r1)``; ``span`` gives the slice's tile columns, ``covered``
+    The tile row holds matrix rows ``[r0, r1)``; ``touch`` gives the slice's tile columns, ``covered``
     whether the slice holds all of the tile row's rows. Only the slice's edge tiles can be cut (staged,
     mode -1); the others go to it directly (mode k).
     """
-    j0, j1, k = span
-    segments: list[tuple[int, int, int]] = []
+    j0, j1, k = touch
+    segments: list[RowTouch] = []
     if not covered:
         segments.append((j0, j1, -1))
     else:
@@ -236,26 +238,26 @@ def _one_slice_runs(
             segments.append((first, last, k))
         if j1 > max(last, first):
             segments.append((max(last, first), j1, -1))
-    merged: list[tuple[int, int, int]] = segments[:1]
-    for seg in segments[1:]:  # both edge tiles of a two-tile span may be cut: one staged run, as in _bands
+    merged: list[RowTouch] = segments[:1]
+    for seg in segments[1:]:  # both edge tiles of a two-tile touch may be cut: one staged strip, as in _bands
         if merged[-1][2] == seg[2] == -1:
             merged[-1] = (merged[-1][0], seg[1], -1)
         else:
             merged.append(seg)
-    return [(a, b, mode) for start, stop, mode in merged for a, b in _runs(g, r0, r1, start, stop, limit)]
+    return [(a, b, mode) for start, stop, mode in merged for a, b in _strips(g, r0, r1, start, stop, limit)]
 
 
-Run = tuple[int, int, int, Iterable[int]]
+Strip = tuple[int, int, int, Iterable[int]]
 """A band's tile columns ``[j0, j1)``, its mode (the slice it goes to directly, or -1: staged) and users."""
 
 
 class _Stack:
-    """Tile rows ``[i0, i1)`` (matrix rows ``[r0, r1)``) of one tensor that share one plan of band runs."""
+    """Tile rows ``[i0, i1)`` (matrix rows ``[r0, r1)``) of one tensor that share one plan of strips."""
 
-    __slots__ = ("g", "i0", "i1", "key", "r0", "r1", "runs")
+    __slots__ = ("g", "i0", "i1", "key", "r0", "r1", "strips")
 
-    def __init__(self, g: _Grid, i: int, r0: int, r1: int, key: object, runs: list[Run]) -> None:
-        self.g, self.i0, self.i1, self.r0, self.r1, self.key, self.runs = g, i, i + 1, r0, r1, key, runs
+    def __init__(self, g: _Grid, i: int, r0: int, r1: int, key: object, strips: list[Strip]) -> None:
+        self.g, self.i0, self.i1, self.r0, self.r1, self.key, self.strips = g, i, i + 1, r0, r1, key, strips
 
     def extends(self, i: int, r1: int, key: object, limit: int) -> bool:
         """Take tile row ``i`` (ending at matrix row ``r1``) if it is the next one and plans the same.
@@ -269,7 +271,7 @@ class _Stack:
         return True
 
     def bands(self, slices: Sequence[PlaneSlice]) -> Iterator[Band]:
-        for a, b, mode, users in self.runs:
+        for a, b, mode, users in self.strips:
             yield _band(self.g, self.i0, self.i1, self.r0, self.r1, a, b, mode, slices, users)
 
 
@@ -279,9 +281,9 @@ def _bands(
     slices: Sequence[PlaneSlice],
     limit: int,
 ) -> list[Band]:
-    """Runs of adjacent tiles with the same destination, at most ``limit`` bytes each.
+    """Bands: strips of adjacent tiles with the same destination, at most ``limit`` bytes each.
 
-    A tile row's runs depend only on which slices touch which of its tile columns and whether each
+    A tile row's strips depend only on which slices touch which of its tile columns and whether each
     holds all of its rows; adjacent tile rows planned alike (the common case: slices holding whole tile
     rows) are stacked into one band of several tile rows, and a plan is made once per distinct shape.
     """
@@ -318,44 +320,44 @@ def _one_slice_bands(g: _Grid, touch: Touch, slices: Sequence[PlaneSlice], limit
             segments.append([a, b, covered, height])
     depth = max(1, limit // (rb * g.row_bytes))  # tile rows a stack may hold (whole matrix rows ≤ limit)
     for a, b, covered, height in segments:
-        runs = _one_slice_runs(g, a * rb, a * rb + height, (j0, j1, k), bool(covered), s, limit)
+        strips = _one_slice_strips(g, a * rb, a * rb + height, (j0, j1, k), bool(covered), s, limit)
         for ia in range(a, b, depth):
             ib = min(ia + depth, b)
             r0, r1 = ia * rb, min(ib * rb, rows)
-            for x, y, mode in runs:
+            for x, y, mode in strips:
                 yield _band(g, ia, ib, r0, r1, x, y, mode, slices, only)
 
 
 def _shared_bands(g: _Grid, touches: list[Touch], slices: Sequence[PlaneSlice], limit: int) -> list[Band]:
     """Bands of a tensor that several slices touch: planned tile row by tile row, alike rows stacked."""
-    spans_of: dict[int, list[tuple[int, int, int]]] = {}
+    touches_of: dict[int, list[RowTouch]] = {}
     for i0, i1, j0, j1, k in touches:
         for i in range(i0, i1):
-            spans_of.setdefault(i, []).append((j0, j1, k))
+            touches_of.setdefault(i, []).append((j0, j1, k))
     out: list[Band] = []
-    plans: dict[object, list[Run]] = {}  # the same for most tile rows
+    plans: dict[object, list[Strip]] = {}  # the same for most tile rows
     stack: _Stack | None = None
-    for i in sorted(spans_of):
-        spans = spans_of[i]
+    for i in sorted(touches_of):
+        row_touches = touches_of[i]
         r0 = i * g.rb
         r1 = min(r0 + g.rb, g.rows)
         key: object
-        if len(spans) == 1:
-            k = spans[0][2]
+        if len(row_touches) == 1:
+            k = row_touches[0][2]
             s = slices[k]
             covered = s.row0 <= r0 and r1 <= s.row1
             key = (k, covered, r1 - r0)
             planned = plans.get(key)
             if planned is None:
                 only = (k,)
-                runs = _one_slice_runs(g, r0, r1, spans[0], covered, s, limit)
-                planned = plans[key] = [(a, b, mode, only) for a, b, mode in runs]
+                strips = _one_slice_strips(g, r0, r1, row_touches[0], covered, s, limit)
+                planned = plans[key] = [(a, b, mode, only) for a, b, mode in strips]
         else:
-            covers = tuple(slices[k].row0 <= r0 and r1 <= slices[k].row1 for _, _, k in spans)
-            key = (tuple(spans), covers, r1 - r0)
+            covers = tuple(slices[k].row0 <= r0 and r1 <= slices[k].row1 for _, _, k in row_touches)
+            key = (tuple(row_touches), covers, r1 - r0)
             planned = plans.get(key)
             if planned is None:
-                planned = plans[key] = _shared_runs(g, r0, r1, spans, slices, limit)
+                planned = plans[key] = _shared_strips(g, r0, r1, row_touches, slices, limit)
         if stack is not None and stack.extends(i, r1, key, limit):
             continue
         if stack is not None:
@@ -366,28 +368,28 @@ def _shared_bands(g: _Grid, touches: list[Touch], slices: Sequence[PlaneSlice], 
     return out
 
 
-def _shared_runs(
-    g: _Grid, r0: int, r1: int, spans: list[tuple[int, int, int]], slices: Sequence[PlaneSlice], limit: int
-) -> list[Run]:
-    """Runs of a tile row (matrix rows ``[r0, r1)``) that several slices touch (``spans``).
+def _shared_strips(
+    g: _Grid, r0: int, r1: int, row_touches: list[RowTouch], slices: Sequence[PlaneSlice], limit: int
+) -> list[Strip]:
+    """Strips of a tile row (matrix rows ``[r0, r1)``) that several slices touch (``row_touches``).
 
     A row-major tile row wanted whole by several slices is read as whole rows (one staged band when
-    it fits ``limit``); otherwise runs of adjacent tiles with the same destination.
+    it fits ``limit``); otherwise strips of adjacent tiles with the same destination.
     """
     cb, row_bytes = g.cb, g.row_bytes
-    sharing = {k for _, _, k in spans}
-    if not g.tiled and g.grid_cols > 1 and len(sharing) > 1 and _covers(spans, g.grid_cols):
-        whole = _runs(g, r0, r1, 0, g.grid_cols, limit)
+    sharing = {k for _, _, k in row_touches}
+    if not g.tiled and g.grid_cols > 1 and len(sharing) > 1 and _covers(row_touches, g.grid_cols):
+        whole = _strips(g, r0, r1, 0, g.grid_cols, limit)
         if len(whole) == 1:  # one staged band (a band inside one slice would need one user)
             return [(0, g.grid_cols, -1, sharing)]
     else:
         whole = []
     columns: dict[int, list[int]] = {}
-    for j0, j1, k in spans:
+    for j0, j1, k in row_touches:
         for j in range(j0, j1):
             columns.setdefault(j, []).append(k)
-    out: list[Run] = []
-    if whole:  # whole rows, in runs of at most `limit`
+    out: list[Strip] = []
+    if whole:  # whole rows, in strips of at most `limit`
         for a, b in whole:
             users = {k for j in range(a, b) for k in columns[j]}
             s = slices[next(iter(users))]
@@ -401,7 +403,7 @@ def _shared_runs(
             )
             out.append((a, b, next(iter(users)) if inside else -1, users))
         return out
-    run: list[int] = []
+    strip: list[int] = []
     mode, users = -2, set[int]()
     for j in sorted(columns):
         c0, c1 = j * cb, min((j + 1) * cb, row_bytes)
@@ -409,14 +411,14 @@ def _shared_runs(
         s = slices[ks[0]]
         inside = len(ks) == 1 and s.row0 <= r0 and r1 <= s.row1 and s.col0 <= c0 and c1 <= s.col1
         this = ks[0] if inside else -1
-        too_big = bool(run) and (r1 - r0) * (c1 - run[0] * cb) > limit
+        too_big = bool(strip) and (r1 - r0) * (c1 - strip[0] * cb) > limit
         narrow = g.tiled and c1 - c0 < cb  # a tiled band's tiles share one width
-        if run and (this != mode or j != run[-1] + 1 or too_big or narrow):
-            out.append((run[0], run[-1] + 1, mode, users))
-            run, users = [], set()
-        run.append(j)
+        if strip and (this != mode or j != strip[-1] + 1 or too_big or narrow):
+            out.append((strip[0], strip[-1] + 1, mode, users))
+            strip, users = [], set()
+        strip.append(j)
         users.update(ks)
         mode = this
-    if run:
-        out.append((run[0], run[-1] + 1, mode, users))
+    if strip:
+        out.append((strip[0], strip[-1] + 1, mode, users))
     return out

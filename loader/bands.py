@@ -32,9 +32,9 @@ cache, announced ahead)."""
 
 
 class Part(NamedTuple):
-    """What slice ``request`` takes from a staged band: band rows/cols → its array at (out_row, out_col)."""
+    """What slice ``slice`` takes from a staged band: band rows/cols → its array at (out_row, out_col)."""
 
-    request: int
+    slice: int
     row0: int
     row1: int
     col0: int

@@ -164,7 +164,7 @@ class _Runner:
         """A scattering staged band's parts (:attr:`~.bands.Band.scatter`) as targets in the result arrays."""
         return [
             _Target(
-                self.outputs[p.request][
+                self.outputs[p.slice][
                     p.out_row : p.out_row + band.rows, p.out_col : p.out_col + p.col1 - p.col0
                 ],
                 p.col0,
@@ -190,14 +190,14 @@ class _Runner:
         tiles = self.index.tensors[band.tensor]
         scattered = self._targets(band) if src is not None and band.scatter else None
         targets = scattered or [_Target(dest.array(), 0, dest.width)]
-        spans = []  # per tile: (the target array holding it, its columns there)
+        places = []  # per tile: (the target array holding it, its columns there)
         for a, b in band.tile_byte_columns:
             tg = next(tg for tg in targets if tg.c0 <= a and b <= tg.c1)
-            spans.append((tg.array, a - tg.c0, b - tg.c0))
-        step = max(1, PART_BYTES // max(1, min(c1 - c0 for _, c0, c1 in spans)))
+            places.append((tg.array, a - tg.c0, b - tg.c0))
+        step = max(1, PART_BYTES // max(1, min(c1 - c0 for _, c0, c1 in places)))
         copy = hashing = 0.0
         for i, t0, t1 in band.tile_rows():  # tile row by tile row; each row's tiles checked once complete
-            hashers = [tile_hasher() for _ in spans]
+            hashers = [tile_hasher() for _ in places]
             for r in range(t0, t1, step):
                 e = min(r + step, t1)
                 start = time.perf_counter()
@@ -210,7 +210,7 @@ class _Runner:
                         run = src[q, tg.c0 // tw : tg.c1 // tw, r - t0 : e - t0]
                         tile_columns(tg.array[r:e], tw)[...] = run.transpose(1, 0, 2)
                 copied = time.perf_counter()
-                for hasher, (rows, a, b) in zip(hashers, spans, strict=True):
+                for hasher, (rows, a, b) in zip(hashers, places, strict=True):
                     part = rows[r:e, a:b]
                     if not part.flags.c_contiguous:
                         gathered = worker.scratch[: part.size].reshape(part.shape)
@@ -343,7 +343,7 @@ class _Runner:
             if band.parts and n not in scattered and not self.stop.is_set():
                 rows = dest.array()
                 for p in band.parts:
-                    out = self.outputs[p.request]
+                    out = self.outputs[p.slice]
                     out[p.out_row : p.out_row + p.row1 - p.row0, p.out_col : p.out_col + p.col1 - p.col0] = (
                         rows[p.row0 : p.row1, p.col0 : p.col1]
                     )
