@@ -159,9 +159,7 @@ def _band(
         out_row, out_col, pitch = r0 - s.row0, col0 - s.col0, s.col1 - s.col0
     else:
         parts, pitch = tuple(_parts(r0, r1, col0, col1, slices, users)), width
-        cb, end = g.cb, g.row_bytes
-        columns = ((j * cb - col0, min((j + 1) * cb, end) - col0) for j in range(j0, j1))
-        scatter = scatters(parts, r1 - r0, columns)
+        scatter = scatters(parts, r1 - r0, width, g.cb)
     return Band(
         g.name, g.file, g.start, g.row_bytes, i, i1, j0, j1, r0, r1, col0, col1, direct, out_row, out_col,
         parts, origin, stride, r1 - r0, width, (r1 - r0) * width, pitch, g.rb, g.cb, scatter, tile_width,

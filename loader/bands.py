@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Iterable
-from itertools import pairwise
+from operator import itemgetter
 from typing import NamedTuple
 
 PAGE = mmap.PAGESIZE
@@ -41,6 +41,9 @@ class Part(NamedTuple):
     col1: int
     out_row: int
     out_col: int
+
+
+_by_column = itemgetter(3)  # Part.col0
 
 
 class Band(NamedTuple):
@@ -198,18 +201,20 @@ class Band(NamedTuple):
         return ((i, i * rb - row0, min((i + 1) * rb, row1) - row0) for i in range(self.i, self.i1))
 
 
-def scatters(parts: tuple[Part, ...], rows: int, columns: Iterable[tuple[int, int]]) -> bool:
-    """Whether a staged band's ``parts`` take each of its tiles (``columns``) whole, all ``rows`` each.
+def scatters(parts: tuple[Part, ...], rows: int, width: int, col_block: int) -> bool:
+    """Whether a staged band's ``parts`` take each of its tiles whole, all ``rows`` each.
 
-    Only then can the band go straight into its parts (a node's whole tile row split by columns among
-    its ranks); parts that overlap (a tile several slices take whole) are copied once, then out.
+    Only then can the band (``width`` bytes, tiles ``col_block`` wide from its first byte) go straight
+    into its parts (a node's whole tile row split by columns among its ranks): the parts, in column
+    order, must tile ``[0, width)`` end to end, each starting and ending on a tile boundary. Parts that
+    overlap (a tile several slices take whole) are copied once, then out.
     """
-    if not parts or any(p.row0 != 0 or p.row1 != rows for p in parts):
-        return False
-    ordered = sorted(parts, key=lambda p: p.col0)
-    if any(a.col1 > b.col0 for a, b in pairwise(ordered)):
-        return False
-    return all(any(p.col0 <= a and b <= p.col1 for p in ordered) for a, b in columns)
+    reach = 0
+    for p in sorted(parts, key=_by_column):
+        if p.row0 or p.row1 != rows or p.col0 != reach or (p.col1 % col_block and p.col1 != width):
+            return False
+        reach = p.col1
+    return reach == width > 0
 
 
 def direct_shifts(bands: Iterable[Band]) -> dict[int, int]:
