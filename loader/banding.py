@@ -217,11 +217,11 @@ def _strips(g: _Grid, r0: int, r1: int, j0: int, j1: int, limit: int) -> list[tu
 def _one_slice_strips(
     g: _Grid, r0: int, r1: int, touch: RowTouch, covered: bool, s: PlaneSlice, limit: int
 ) -> list[RowTouch]:
-    """Strips ``(j0, j1, mode)`` of a tile row that one slice ``s`` alone touches.
+    """Strips ``(j0, j1, direct)`` of a tile row that one slice ``s`` alone touches.
 
     The tile row holds matrix rows ``[r0, r1)``; ``touch`` gives the slice's tile columns, ``covered``
     whether the slice holds all of the tile row's rows. Only the slice's edge tiles can be cut (staged,
-    mode -1); the others go to it directly (mode k).
+    direct -1); the others go to it directly (direct k).
     """
     j0, j1, k = touch
     segments: list[RowTouch] = []
@@ -242,11 +242,12 @@ def _one_slice_strips(
             merged[-1] = (merged[-1][0], seg[1], -1)
         else:
             merged.append(seg)
-    return [(a, b, mode) for start, stop, mode in merged for a, b in _strips(g, r0, r1, start, stop, limit)]
+    return [(a, b, d) for start, stop, d in merged for a, b in _strips(g, r0, r1, start, stop, limit)]
 
 
 Strip = tuple[int, int, int, Iterable[int]]
-"""A band's tile columns ``[j0, j1)``, its mode (the slice it goes to directly, or -1: staged) and users."""
+"""A band's tile columns ``[j0, j1)``, ``direct`` (the slice it goes to directly, or -1: staged) and its
+users (the slices that take from it)."""
 
 
 class _Stack:
@@ -269,8 +270,8 @@ class _Stack:
         return True
 
     def bands(self, slices: Sequence[PlaneSlice]) -> Iterator[Band]:
-        for a, b, mode, users in self.strips:
-            yield _band(self.g, self.i0, self.i1, self.r0, self.r1, a, b, mode, slices, users)
+        for a, b, direct, users in self.strips:
+            yield _band(self.g, self.i0, self.i1, self.r0, self.r1, a, b, direct, slices, users)
 
 
 def _bands(
@@ -322,8 +323,8 @@ def _one_slice_bands(g: _Grid, touch: Touch, slices: Sequence[PlaneSlice], limit
         for ia in range(a, b, depth):
             ib = min(ia + depth, b)
             r0, r1 = ia * rb, min(ib * rb, rows)
-            for x, y, mode in strips:
-                yield _band(g, ia, ib, r0, r1, x, y, mode, slices, only)
+            for x, y, direct in strips:
+                yield _band(g, ia, ib, r0, r1, x, y, direct, slices, only)
 
 
 def _shared_bands(g: _Grid, touches: list[Touch], slices: Sequence[PlaneSlice], limit: int) -> list[Band]:
@@ -349,7 +350,7 @@ def _shared_bands(g: _Grid, touches: list[Touch], slices: Sequence[PlaneSlice], 
             if planned is None:
                 only = (k,)
                 strips = _one_slice_strips(g, r0, r1, row_touches[0], covered, s, limit)
-                planned = plans[key] = [(a, b, mode, only) for a, b, mode in strips]
+                planned = plans[key] = [(a, b, direct, only) for a, b, direct in strips]
         else:
             covers = tuple(slices[k].row0 <= r0 and r1 <= slices[k].row1 for _, _, k in row_touches)
             key = (tuple(row_touches), covers, r1 - r0)
@@ -402,7 +403,7 @@ def _shared_strips(
             out.append((a, b, next(iter(users)) if inside else -1, users))
         return out
     strip: list[int] = []
-    mode, users = -2, set[int]()
+    direct, users = -2, set[int]()
     for j in sorted(columns):
         c0, c1 = j * cb, min((j + 1) * cb, row_bytes)
         ks = columns[j]
@@ -411,12 +412,12 @@ def _shared_strips(
         this = ks[0] if inside else -1
         too_big = bool(strip) and (r1 - r0) * (c1 - strip[0] * cb) > limit
         narrow = g.tiled and c1 - c0 < cb  # a tiled band's tiles share one width
-        if strip and (this != mode or j != strip[-1] + 1 or too_big or narrow):
-            out.append((strip[0], strip[-1] + 1, mode, users))
+        if strip and (this != direct or j != strip[-1] + 1 or too_big or narrow):
+            out.append((strip[0], strip[-1] + 1, direct, users))
             strip, users = [], set()
         strip.append(j)
         users.update(ks)
-        mode = this
+        direct = this
     if strip:
-        out.append((strip[0], strip[-1] + 1, mode, users))
+        out.append((strip[0], strip[-1] + 1, direct, users))
     return out

@@ -108,7 +108,7 @@ class LocalBlobSource:
             return self._direct_fds[file]
 
     def _uncached(self, span: Span) -> bool:
-        """Whether ``span`` is :data:`~.schedule.DIRECT_MIN` or longer and at most an eighth of it cached.
+        """Whether ``span`` is :data:`~.bands.DIRECT_MIN` or longer and at most an eighth of it cached.
 
         Asked with ``cachestat`` (a kernel that cannot say counts as cached).
         """
