@@ -27,8 +27,8 @@ from typing import NamedTuple
 
 PAGE = mmap.PAGESIZE
 DIRECT_MIN = 256 << 10
-"""Smallest run of whole pages a local cold read takes with O_DIRECT (smaller ones: through the page
-cache, announced ahead)."""
+"""Smallest read a local cold read takes with O_DIRECT (a span; a band's whole pages): smaller ones go
+through the page cache, announced ahead."""
 
 
 class Part(NamedTuple):
