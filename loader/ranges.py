@@ -1,7 +1,7 @@
 """Fetch plans: how a batch's bands become reads, with small gaps bridged within a budget.
 
 A band is ``runs`` runs of ``run_bytes`` bytes in its file, ``stride`` apart from ``origin``
-(:class:`~.schedule.Band`). A *contiguous* band (``stride == run_bytes``: whole matrix rows of a
+(:class:`~.bands.Band`). A *contiguous* band (``stride == run_bytes``: whole matrix rows of a
 row-major tensor, a single row, or whole tile rows or a single tile row's tiles of a tiled tensor) is
 one file range. A narrow band (a column slice of several rows of a row-major tensor, or of several tile
 rows of a tiled one) is either read run by run, or, when its gap ``stride - run_bytes`` is at most
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from shardport.placement import Piece, merge_spans
 
 if TYPE_CHECKING:
-    from .schedule import Band
+    from .bands import Band
 
 
 @dataclass(frozen=True, slots=True)

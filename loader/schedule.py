@@ -2,9 +2,9 @@
 
 A :class:`PlaneSlice` asks for rows ``[row0, row1)`` x byte columns ``[col0, col1)`` of a tensor's
 physical byte matrix (the tile index's ``rows`` x ``row_bytes``). Every tile it touches is read whole,
-so that it can be verified; a tile several slices touch is read once.
+so that it can be verified; a tile several slices touch is read once. :mod:`.banding` cuts the touched
+tiles into bands (:class:`~.bands.Band`), direct or staged, each carrying where and how it lands.
 
-A :class:`Band` is a block of tiles ``(i..i1-1, j0..j1-1)`` of one tensor, read and verified together.
 In its file a band is ``runs`` runs of ``run_bytes`` bytes, the first at ``origin``, ``stride`` bytes
 apart. For a row-major tensor (``layout="row_major"``) the runs are the rows of the band's rectangle of
 the byte matrix (``origin = start + row0·row_bytes + col0``, ``stride = row_bytes``). For a tensor in
@@ -12,46 +12,40 @@ the ``shardport-tiled`` layout (:mod:`shardport.registry.tiles.layout`) tiles ar
 tiles of a tile row follow each other, so each of the band's tile rows is one run: its tiles
 ``j0..j1-1`` one after the other (``tile_width`` bytes wide each, all of one width), ``stride`` = a whole
 tile row's bytes apart; the loader de-tiles them into the band's rows. The fetch planner merges runs
-that touch, so a rank's whole tile rows are one read. Adjacent tile rows that plan alike (a slice
-holding whole tile rows; a node's ranks sharing them) are stacked into one band of several tile rows,
-in either layout, as long as the stack spans at most ``batch_bytes`` of whole matrix rows.
+that touch, so a rank's whole tile rows are one read.
 
-A band whose tiles all lie inside one slice is *direct*: its bytes are read straight into that slice's
-result array (no staging, no second copy). Any other band (a tile cut by a slice edge, or shared) is
-*staged*: read into a slot of a page-aligned staging buffer (a contiguous band of at least
-:data:`DIRECT_MIN` at its offset within its first file page, so O_DIRECT can read its whole pages there:
-a page more per such band) and copied out after it verified. A whole
-tile row of a row-major tensor wanted by several slices (the ranks of a node loading together, each
-holding a column slice) is read as whole matrix rows, in staged bands of at most ``batch_bytes`` (one
-contiguous read when the tile row fits), every byte read once for all of them, instead of one narrow
-strided band per slice (whose rows each cost a request, and whose pages the device reads whole
-anyway). Bands never exceed ``batch_bytes`` unless a single tile does; they are ordered by file offset
-and packed into :class:`Batch` es of at most ``batch_bytes`` band bytes, each with its
-:class:`~.ranges.FetchPlan`.
+Bands are ordered by file offset and packed into :class:`Batch` es of at most ``batch_bytes`` band
+bytes, each with its :class:`~.ranges.FetchPlan`. A staged band gets a *slot* in its batch's
+page-aligned staging buffer (a contiguous band of at least :data:`~.bands.DIRECT_MIN` at its offset
+within its first file page, so O_DIRECT can read its whole pages there: a page more per such band).
+The schedule also carries each slice's result-array shift (:func:`~.bands.direct_shifts`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import mmap
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
 
 from shardport.registry.artifact.manifest import FileEntry, TensorEntry
-from shardport.registry.tiles.errors import TileGridError
-from shardport.registry.tiles.grid import tiles_mismatch
-from shardport.registry.tiles.layout import tile_offset
-from shardport.registry.tiles.model import TensorTiles, TileIndex, tile_span
+from shardport.registry.tiles.model import TileIndex
 
-from .errors import IndexMismatchError, SliceRequestError
+from .banding import check_tensor, plan_bands
+from .bands import DIRECT_MIN, PAGE, Band, Part, direct_shifts
 from .ranges import FetchPlan, plan_fetch
 
-PAGE = mmap.PAGESIZE
-DIRECT_MIN = 256 << 10
-"""Smallest run of whole pages a local cold read takes with O_DIRECT (smaller ones: through the page
-cache, announced ahead)."""
+__all__ = [
+    "DIRECT_MIN",
+    "PAGE",
+    "Band",
+    "Batch",
+    "Part",
+    "PlaneSlice",
+    "ReadSchedule",
+    "check_tensor",
+    "schedule_reads",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,120 +69,12 @@ class PlaneSlice:
         return (self.row1 - self.row0) * (self.col1 - self.col0)
 
 
-class Part(NamedTuple):
-    """What slice ``request`` takes from a staged band: band rows/cols → its array at (out_row, out_col)."""
-
-    request: int
-    row0: int
-    row1: int
-    col0: int
-    col1: int
-    out_row: int
-    out_col: int
-
-
-class Band(NamedTuple):
-    """Tiles ``(i..i1-1, j0..j1-1)`` of ``tensor``: matrix rows ``[row0, row1)`` x bytes ``[col0, col1)``.
-
-    Most bands hold one tile row (``i1 = i + 1``); adjacent tile rows of a row-major tensor that go the
-    same way (same tile columns, same destination) are one band, verified tile row by tile row.
-
-    ``direct`` is the slice whose array receives the band in place at ``(out_row, out_col)``, or -1 for
-    a staged band (then ``parts`` say who takes what after verification).
-
-    The band's matrix is ``rows`` x ``width`` bytes. File geometry (see the module docstring): with
-    ``tile_width`` 0 (a row-major tensor), its rows are the runs, the first at file offset ``origin``,
-    ``stride`` bytes apart (``start + row0 * row_bytes + col0`` and ``row_bytes``, see :meth:`rect`);
-    with ``tile_width`` > 0 (a tiled tensor), its tile rows are the runs, each its tiles of
-    ``tile_width`` bytes one after the other. ``start`` and
-    ``row_bytes`` are the tensor's matrix. An immutable named tuple: a load plans hundreds
-    to thousands of bands, and a frozen dataclass cost six times as much to build.
-    """
-
-    tensor: str
-    file: str
-    start: int
-    row_bytes: int
-    i: int
-    i1: int
-    j0: int
-    j1: int
-    row0: int
-    row1: int
-    col0: int
-    col1: int
-    direct: int
-    out_row: int
-    out_col: int
-    parts: tuple[Part, ...]
-    origin: int
-    stride: int
-    rows: int
-    """Rows of the band."""
-    width: int
-    """Bytes per band row."""
-    nbytes: int
-    """Bytes of the band (of its tiles)."""
-    tile_width: int = 0
-    """0: the file holds the band's rows; > 0: its tile rows, as tiles this many bytes wide."""
-
-    @classmethod
-    def rect(
-        cls,
-        tensor: str,
-        file: str,
-        start: int,
-        row_bytes: int,
-        i: int,
-        j0: int,
-        j1: int,
-        row0: int,
-        row1: int,
-        col0: int,
-        col1: int,
-        direct: int,
-        out_row: int,
-        out_col: int,
-        parts: tuple[Part, ...],
-    ) -> Band:
-        """Tile row ``i`` of a row-major tensor's rectangle as a band (origin, stride and sizes derived)."""
-        rows, width = row1 - row0, col1 - col0
-        origin = start + row0 * row_bytes + col0
-        return cls(
-            tensor, file, start, row_bytes, i, i + 1, j0, j1, row0, row1, col0, col1, direct, out_row,
-            out_col, parts, origin, row_bytes, rows, width, rows * width,
-        )  # fmt: skip
-
-    @property
-    def offset(self) -> int:
-        """File offset of the band's first byte (``origin``)."""
-        return self.origin
-
-    @property
-    def runs(self) -> int:
-        """Runs of bytes in the file: the rows, or the tile rows of a band with ``tile_width``."""
-        return self.i1 - self.i if self.tile_width else self.rows
-
-    @property
-    def run_bytes(self) -> int:
-        """Bytes per run."""
-        return self.nbytes // (self.i1 - self.i) if self.tile_width else self.width
-
-    @property
-    def contiguous(self) -> bool:
-        """Whether the band's runs follow each other in the file (one run of ``nbytes`` bytes)."""
-        return self.runs <= 1 or self.stride == self.run_bytes
-
-    @property
-    def extent(self) -> int:
-        """Bytes from the first to one past the last byte of the band in its file."""
-        runs = self.runs
-        return (runs - 1) * self.stride + self.run_bytes if runs else 0
-
-
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """Bands fetched, verified and materialized together; ``slots[k]`` is band k's staging offset."""
+    """Bands fetched, verified and materialized together; ``slots[k]`` is band k's staging offset.
+
+    (-1 for a direct band.)
+    """
 
     bands: tuple[Band, ...]
     slots: tuple[int, ...]
@@ -202,7 +88,8 @@ class ReadSchedule:
 
     ``slot_bytes`` is the staging one batch needs at most; ``bounce_bytes`` bounds a read holding a
     tiled band (a span, or one tile row run), which a local read takes through a bounce buffer: a batch's
-    band bytes plus what its gap budget may bridge.
+    band bytes plus what its gap budget may bridge. ``shifts``: per slice whose result array is to start
+    within a page so that a large direct band's whole pages line up with it (:func:`~.bands.direct_shifts`).
     """
 
     slices: tuple[PlaneSlice, ...]
@@ -211,6 +98,7 @@ class ReadSchedule:
     slot_bytes: int
     largest_tile: int
     bounce_bytes: int = 0
+    shifts: dict[int, int] = field(default_factory=dict)
 
     @property
     def bytes_assigned(self) -> int:
@@ -235,367 +123,6 @@ class ReadSchedule:
 
 def _round_page(n: int) -> int:
     return -(-n // PAGE) * PAGE
-
-
-def check_tensor(entry: TensorEntry, tiles: TensorTiles, files: dict[str, FileEntry]) -> None:
-    """Raise :class:`IndexMismatchError` unless ``tiles`` describes ``entry``'s bytes exactly."""
-    problem = tiles_mismatch(entry, tiles, files)
-    if problem is not None:
-        raise IndexMismatchError(
-            f"tensor {entry.name!r}: {problem}; the tile index belongs to another artifact — "
-            "re-resolve the manifest"
-        )
-
-
-Touch = tuple[int, int, int, int, int]
-"""Slice ``k`` touches tile rows ``[i0, i1)`` x tile columns ``[j0, j1)``: ``(i0, i1, j0, j1, k)``."""
-
-
-def _wanted(
-    slices: Sequence[PlaneSlice],
-    tensors: dict[str, TensorEntry],
-    files: dict[str, FileEntry],
-    index: TileIndex,
-    grids: dict[str, _Grid],
-) -> dict[str, list[Touch]]:
-    """Tensor → the tiles each slice touches, in slice order (slices touching no tile left out).
-
-    Each tensor is checked against its tile index once, and its grid put in ``grids``.
-    """
-    wanted: dict[str, list[Touch]] = {}
-    for k, s in enumerate(slices):
-        entry, tiles = tensors.get(s.tensor), index.tensors.get(s.tensor)
-        if entry is None or tiles is None:
-            lacks = "the manifest" if entry is None else "the tile index"
-            raise SliceRequestError(f"slice {k}: tensor {s.tensor!r} is not in {lacks}")
-        if s.tensor not in grids:
-            check_tensor(entry, tiles, files)
-            grids[s.tensor] = _Grid.of(s.tensor, tiles)
-        try:
-            i0, i1, j0, j1 = tile_span(tiles, s.row0, s.row1, s.col0, s.col1)
-        except TileGridError as exc:
-            raise SliceRequestError(f"slice {k} of tensor {s.tensor!r}: {exc}") from exc
-        if j0 < j1 and i0 < i1:
-            wanted.setdefault(s.tensor, []).append((i0, i1, j0, j1, k))
-    return wanted
-
-
-@dataclass(frozen=True, slots=True)
-class _Grid:
-    """A tensor's tile grid, read off its :class:`TensorTiles` once per schedule."""
-
-    name: str
-    file: str
-    start: int
-    rows: int
-    row_bytes: int
-    rb: int
-    cb: int
-    grid_cols: int
-    tiled: bool
-
-    @classmethod
-    def of(cls, name: str, tiles: TensorTiles) -> _Grid:
-        return cls(
-            name,
-            tiles.file,
-            tiles.start,
-            tiles.rows,
-            tiles.row_bytes,
-            tiles.row_block,
-            tiles.col_block,
-            tiles.grid_cols,
-            tiles.layout == "tiled",
-        )
-
-
-def _band(
-    g: _Grid,
-    i: int,
-    i1: int,
-    r0: int,
-    r1: int,
-    j0: int,
-    j1: int,
-    direct: int,
-    slices: Sequence[PlaneSlice],
-    users: Iterable[int],
-) -> Band:
-    """Tiles ``(i..i1-1, j0..j1-1)`` (rows ``[r0, r1)``) for slice ``direct``, or staged for ``users``."""
-    col0, col1 = j0 * g.cb, min(j1 * g.cb, g.row_bytes)
-    width = col1 - col0
-    tile_width = 0
-    if not g.tiled:
-        origin, stride = g.start + r0 * g.row_bytes + col0, g.row_bytes
-    else:  # tile rows, each its tiles of one width (_runs) one after the other, a tile row apart
-        origin = g.start + tile_offset(g.rows, g.row_bytes, g.rb, g.cb, i, j0)
-        stride, tile_width = g.rb * g.row_bytes, width // (j1 - j0)
-    out_row = out_col = 0
-    parts: tuple[Part, ...] = ()
-    if direct >= 0:
-        out_row, out_col = r0 - slices[direct].row0, col0 - slices[direct].col0
-    else:
-        parts = tuple(_parts(r0, r1, col0, col1, slices, users))
-    return Band(
-        g.name, g.file, g.start, g.row_bytes, i, i1, j0, j1, r0, r1, col0, col1, direct, out_row, out_col,
-        parts, origin, stride, r1 - r0, width, (r1 - r0) * width, tile_width,
-    )  # fmt: skip
-
-
-def _parts(
-    r0: int, r1: int, col0: int, col1: int, slices: Sequence[PlaneSlice], users: Iterable[int]
-) -> Iterator[Part]:
-    """What each of ``users`` takes from the staged rectangle rows ``[r0, r1)`` x bytes ``[col0, col1)``."""
-    for k in sorted(users):
-        s = slices[k]
-        a = r0 if r0 > s.row0 else s.row0
-        b = r1 if r1 < s.row1 else s.row1
-        c = col0 if col0 > s.col0 else s.col0
-        d = col1 if col1 < s.col1 else s.col1
-        if a < b and c < d:
-            yield Part(k, a - r0, b - r0, c - col0, d - col0, a - s.row0, c - s.col0)
-
-
-def _covers(spans: list[tuple[int, int, int]], n: int) -> bool:
-    """Whether the column spans ``(j0, j1, k)`` together cover columns ``[0, n)``."""
-    reach = 0
-    for j0, j1, _ in sorted(spans):
-        if j0 > reach:
-            return False
-        reach = max(reach, j1)
-    return reach >= n
-
-
-def _runs(g: _Grid, r0: int, r1: int, j0: int, j1: int, limit: int) -> list[tuple[int, int]]:
-    """Tile columns ``[j0, j1)`` of a tile row (matrix rows ``[r0, r1)``) in runs of at most ``limit`` bytes.
-
-    A single tile may exceed ``limit``. A tiled tensor's narrower last tile column is a run of its own
-    (a run's tiles share one width).
-    """
-    if j1 - j0 == 1:
-        return [(j0, j1)]
-    cb, row_bytes = g.cb, g.row_bytes
-    if g.tiled and j1 == g.grid_cols and row_bytes % cb:
-        return [*_runs(g, r0, r1, j0, j1 - 1, limit), (j1 - 1, j1)]
-    width = limit // (r1 - r0) if r1 > r0 else row_bytes
-    if min(j1 * cb, row_bytes) - j0 * cb <= width:
-        return [(j0, j1)]
-    out = []
-    while j0 < j1:
-        end = j0 + 1
-        while end < j1 and min((end + 1) * cb, row_bytes) - j0 * cb <= width:
-            end = min(j1, max(end + 1, (j0 * cb + width) // cb))
-        out.append((j0, end))
-        j0 = end
-    return out
-
-
-def _one_slice_runs(
-    g: _Grid, r0: int, r1: int, span: tuple[int, int, int], covered: bool, s: PlaneSlice, limit: int
-) -> list[tuple[int, int, int]]:
-    """Band runs ``(j0, j1, mode)`` of a tile row that one slice ``s`` alone touches.
-
-    The tile row holds matrix rows ``[r0, r1)``; ``span`` gives the slice's tile columns, ``covered``
-    whether the slice holds all of the tile row's rows. Only the slice's edge tiles can be cut (staged,
-    mode -1); the others go to it directly (mode k).
-    """
-    j0, j1, k = span
-    segments: list[tuple[int, int, int]] = []
-    if not covered:
-        segments.append((j0, j1, -1))
-    else:
-        first = j0 + (0 if s.col0 <= j0 * g.cb else 1)
-        last = j1 - (0 if min(j1 * g.cb, g.row_bytes) <= s.col1 else 1)
-        if first > j0:
-            segments.append((j0, first, -1))
-        if last > first:
-            segments.append((first, last, k))
-        if j1 > max(last, first):
-            segments.append((max(last, first), j1, -1))
-    merged: list[tuple[int, int, int]] = segments[:1]
-    for seg in segments[1:]:  # both edge tiles of a two-tile span may be cut: one staged run, as in _bands
-        if merged[-1][2] == seg[2] == -1:
-            merged[-1] = (merged[-1][0], seg[1], -1)
-        else:
-            merged.append(seg)
-    return [(a, b, mode) for start, stop, mode in merged for a, b in _runs(g, r0, r1, start, stop, limit)]
-
-
-Run = tuple[int, int, int, Iterable[int]]
-"""A band's tile columns ``[j0, j1)``, its mode (the slice it goes to directly, or -1: staged) and users."""
-
-
-class _Stack:
-    """Tile rows ``[i0, i1)`` (matrix rows ``[r0, r1)``) of one tensor that share one plan of band runs."""
-
-    __slots__ = ("g", "i0", "i1", "key", "r0", "r1", "runs")
-
-    def __init__(self, g: _Grid, i: int, r0: int, r1: int, key: object, runs: list[Run]) -> None:
-        self.g, self.i0, self.i1, self.r0, self.r1, self.key, self.runs = g, i, i + 1, r0, r1, key, runs
-
-    def extends(self, i: int, r1: int, key: object, limit: int) -> bool:
-        """Take tile row ``i`` (ending at matrix row ``r1``) if it is the next one and plans the same.
-
-        The stack's rows may span at most ``limit`` bytes of the file (whole matrix rows), so that a
-        stacked band's extent — what a page-cache mapping of it covers — stays within one batch.
-        """
-        if i != self.i1 or key != self.key or (r1 - self.r0) * self.g.row_bytes > limit:
-            return False
-        self.i1, self.r1 = i + 1, r1
-        return True
-
-    def bands(self, slices: Sequence[PlaneSlice]) -> Iterator[Band]:
-        for a, b, mode, users in self.runs:
-            yield _band(self.g, self.i0, self.i1, self.r0, self.r1, a, b, mode, slices, users)
-
-
-def _bands(
-    wanted: dict[str, list[Touch]],
-    grids: dict[str, _Grid],
-    slices: Sequence[PlaneSlice],
-    limit: int,
-) -> list[Band]:
-    """Runs of adjacent tiles with the same destination, at most ``limit`` bytes each.
-
-    A tile row's runs depend only on which slices touch which of its tile columns and whether each
-    holds all of its rows; adjacent tile rows planned alike (the common case: slices holding whole tile
-    rows) are stacked into one band of several tile rows, and a plan is made once per distinct shape.
-    """
-    out: list[Band] = []
-    for name, touches in wanted.items():
-        g = grids[name]
-        if len(touches) == 1:
-            out += _one_slice_bands(g, touches[0], slices, limit)
-        else:
-            out += _shared_bands(g, touches, slices, limit)
-    out.sort(key=lambda b: (b.file, b.origin))
-    return out
-
-
-def _one_slice_bands(g: _Grid, touch: Touch, slices: Sequence[PlaneSlice], limit: int) -> Iterator[Band]:
-    """Bands of a tensor that one slice alone touches.
-
-    Only its first and last tile rows can be cut by the slice (or be the tensor's short last tile row),
-    so its tile rows fall into at most three classes, each planned once and stacked.
-    """
-    i0, i1, j0, j1, k = touch
-    s = slices[k]
-    only = (k,)
-    rb, rows = g.rb, g.rows
-    segments: list[list[int]] = []  # [first, end, covered, height]
-    for a, b in ((i0, i0 + 1), (i0 + 1, i1 - 1), (i1 - 1, i1)) if i1 - i0 > 1 else ((i0, i1),):
-        if a >= b:
-            continue
-        r0, r1 = a * rb, min(a * rb + rb, rows)
-        covered, height = int(s.row0 <= r0 and r1 <= s.row1), r1 - r0
-        if segments and segments[-1][2:] == [covered, height]:
-            segments[-1][1] = b
-        else:
-            segments.append([a, b, covered, height])
-    depth = max(1, limit // (rb * g.row_bytes))  # tile rows a stack may hold (whole matrix rows ≤ limit)
-    for a, b, covered, height in segments:
-        runs = _one_slice_runs(g, a * rb, a * rb + height, (j0, j1, k), bool(covered), s, limit)
-        for ia in range(a, b, depth):
-            ib = min(ia + depth, b)
-            r0, r1 = ia * rb, min(ib * rb, rows)
-            for x, y, mode in runs:
-                yield _band(g, ia, ib, r0, r1, x, y, mode, slices, only)
-
-
-def _shared_bands(g: _Grid, touches: list[Touch], slices: Sequence[PlaneSlice], limit: int) -> list[Band]:
-    """Bands of a tensor that several slices touch: planned tile row by tile row, alike rows stacked."""
-    spans_of: dict[int, list[tuple[int, int, int]]] = {}
-    for i0, i1, j0, j1, k in touches:
-        for i in range(i0, i1):
-            spans_of.setdefault(i, []).append((j0, j1, k))
-    out: list[Band] = []
-    plans: dict[object, list[Run]] = {}  # the same for most tile rows
-    stack: _Stack | None = None
-    for i in sorted(spans_of):
-        spans = spans_of[i]
-        r0 = i * g.rb
-        r1 = min(r0 + g.rb, g.rows)
-        key: object
-        if len(spans) == 1:
-            k = spans[0][2]
-            s = slices[k]
-            covered = s.row0 <= r0 and r1 <= s.row1
-            key = (k, covered, r1 - r0)
-            planned = plans.get(key)
-            if planned is None:
-                only = (k,)
-                runs = _one_slice_runs(g, r0, r1, spans[0], covered, s, limit)
-                planned = plans[key] = [(a, b, mode, only) for a, b, mode in runs]
-        else:
-            covers = tuple(slices[k].row0 <= r0 and r1 <= slices[k].row1 for _, _, k in spans)
-            key = (tuple(spans), covers, r1 - r0)
-            planned = plans.get(key)
-            if planned is None:
-                planned = plans[key] = _shared_runs(g, r0, r1, spans, slices, limit)
-        if stack is not None and stack.extends(i, r1, key, limit):
-            continue
-        if stack is not None:
-            out += stack.bands(slices)
-        stack = _Stack(g, i, r0, r1, key, planned)
-    if stack is not None:
-        out += stack.bands(slices)
-    return out
-
-
-def _shared_runs(
-    g: _Grid, r0: int, r1: int, spans: list[tuple[int, int, int]], slices: Sequence[PlaneSlice], limit: int
-) -> list[Run]:
-    """Runs of a tile row (matrix rows ``[r0, r1)``) that several slices touch (``spans``).
-
-    A row-major tile row wanted whole by several slices is read as whole rows (one staged band when
-    it fits ``limit``); otherwise runs of adjacent tiles with the same destination.
-    """
-    cb, row_bytes = g.cb, g.row_bytes
-    sharing = {k for _, _, k in spans}
-    if not g.tiled and g.grid_cols > 1 and len(sharing) > 1 and _covers(spans, g.grid_cols):
-        whole = _runs(g, r0, r1, 0, g.grid_cols, limit)
-        if len(whole) == 1:  # one staged band (a band inside one slice would need one user)
-            return [(0, g.grid_cols, -1, sharing)]
-    else:
-        whole = []
-    columns: dict[int, list[int]] = {}
-    for j0, j1, k in spans:
-        for j in range(j0, j1):
-            columns.setdefault(j, []).append(k)
-    out: list[Run] = []
-    if whole:  # whole rows, in runs of at most `limit`
-        for a, b in whole:
-            users = {k for j in range(a, b) for k in columns[j]}
-            s = slices[next(iter(users))]
-            inside = (
-                len(users) == 1
-                and all(len(columns[j]) == 1 for j in range(a, b))
-                and s.row0 <= r0
-                and r1 <= s.row1
-                and s.col0 <= a * cb
-                and min(b * cb, row_bytes) <= s.col1
-            )
-            out.append((a, b, next(iter(users)) if inside else -1, users))
-        return out
-    run: list[int] = []
-    mode, users = -2, set[int]()
-    for j in sorted(columns):
-        c0, c1 = j * cb, min((j + 1) * cb, row_bytes)
-        ks = columns[j]
-        s = slices[ks[0]]
-        inside = len(ks) == 1 and s.row0 <= r0 and r1 <= s.row1 and s.col0 <= c0 and c1 <= s.col1
-        this = ks[0] if inside else -1
-        too_big = bool(run) and (r1 - r0) * (c1 - run[0] * cb) > limit
-        narrow = g.tiled and c1 - c0 < cb  # a tiled band's tiles share one width
-        if run and (this != mode or j != run[-1] + 1 or too_big or narrow):
-            out.append((run[0], run[-1] + 1, mode, users))
-            run, users = [], set()
-        run.append(j)
-        users.update(ks)
-        mode = this
-    if run:
-        out.append((run[0], run[-1] + 1, mode, users))
-    return out
 
 
 def schedule_reads(
@@ -639,14 +166,11 @@ def _schedule(
     gap_budget: float,
 ) -> ReadSchedule:
     by_path = {f.path: f for f in files}
-    grids: dict[str, _Grid] = {}
-    wanted = _wanted(slices, {t.name: t for t in tensors}, by_path, index, grids)
     batches: list[Batch] = []
     group: list[Band] = []
     size = largest = 0
-    for band in _bands(wanted, grids, slices, batch_bytes):
-        g = grids[band.tensor]
-        largest = max(largest, min(band.rows, g.rb) * min(g.cb, g.row_bytes))
+    for band in plan_bands(slices, tensors, by_path, index, batch_bytes):
+        largest = max(largest, min(band.rows, band.row_block) * min(band.col_block, band.row_bytes))
         if group and size + band.nbytes > batch_bytes:
             batches.append(_batch(group, max_gap, gap_budget))
             group, size = [], 0
@@ -663,7 +187,8 @@ def _schedule(
     for b in batches:
         if any(band.tile_width for band in b.bands):
             bounce = max(bounce, int(sum(band.nbytes for band in b.bands) * (1 + gap_budget)))
-    return ReadSchedule(tuple(slices), tuple(batches), blobs, slot, largest, bounce)
+    shifts = direct_shifts(band for b in batches for band in b.bands)
+    return ReadSchedule(tuple(slices), tuple(batches), blobs, slot, largest, bounce, shifts)
 
 
 def _batch(bands: list[Band], max_gap: int, gap_budget: float) -> Batch:

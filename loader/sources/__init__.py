@@ -6,7 +6,7 @@ bands, de-tiling: pure), :mod:`.local` and :mod:`.s3` (the backends), :mod:`._li
 
 A :class:`Dest` is where a band's bytes go: ``rows`` rows of ``width`` bytes, ``stride`` apart, in a
 writable buffer (a slice's result array for a direct band, a page-aligned staging slot otherwise). The
-band's bytes come from its file geometry (``origin``, file ``stride``; :class:`~.schedule.Band`): a
+band's bytes come from its file geometry (``origin``, file ``stride``; :class:`~.bands.Band`): a
 row-major rectangle, or a tiled tensor's tile rows, each a run of its tiles (:func:`file_view`), which
 :func:`place` de-tiles into the destination's rows.
 
@@ -42,7 +42,6 @@ from .placing import (
     MappedBands,
     TileCheck,
     group_extent,
-    lands_whole,
     map_groups,
     tile_columns,
 )
@@ -62,7 +61,6 @@ __all__ = [
     "cached_pages",
     "direct_middle",
     "group_extent",
-    "lands_whole",
     "map_groups",
     "open_source",
     "tile_columns",

@@ -12,7 +12,7 @@ import numpy as np
 
 from shardport.registry.store.libc import libc_function
 
-from ..schedule import DIRECT_MIN
+from ..bands import DIRECT_MIN
 
 try:
     IOV_MAX = int(os.sysconf("SC_IOV_MAX"))
@@ -73,7 +73,7 @@ def cached_pages(fd: int, offset: int, length: int) -> int | None:
 def direct_middle(offset: int, length: int) -> tuple[int, int] | None:
     """The whole pages ``[a, b)`` inside file bytes ``[offset, offset + length)``, if worth O_DIRECT.
 
-    None below :data:`~.schedule.DIRECT_MIN` bytes.
+    None below :data:`~.bands.DIRECT_MIN` bytes.
     """
     a, b = -(-offset // PAGE) * PAGE, (offset + length) // PAGE * PAGE
     return (a, b) if b - a >= DIRECT_MIN else None

@@ -14,9 +14,9 @@ import numpy as np
 from shardport.registry.errors import NotFoundError, StoreError, StoreObjectError
 from shardport.registry.store.backend import Store, blob_key
 
+from ..bands import DIRECT_MIN, Band
 from ..errors import BlobNotFoundError, RangeReadError
 from ..ranges import FetchPlan, Span
-from ..schedule import DIRECT_MIN, Band
 from ._linux import (
     _MINCORE,
     _NOWAIT,
@@ -108,7 +108,7 @@ class LocalBlobSource:
             return self._direct_fds[file]
 
     def _uncached(self, span: Span) -> bool:
-        """Whether ``span`` is :data:`~.schedule.DIRECT_MIN` or longer and at most an eighth of it cached.
+        """Whether ``span`` is :data:`~.bands.DIRECT_MIN` or longer and at most an eighth of it cached.
 
         Asked with ``cachestat`` (a kernel that cannot say counts as cached).
         """
@@ -191,7 +191,7 @@ class LocalBlobSource:
             if not self._goes_direct(span):
                 os.posix_fadvise(fd, span.offset, span.length, os.POSIX_FADV_WILLNEED)
                 continue
-            if any(bands[k].tile_width and bands[k].width != bands[k].tile_width for k, _ in span.members):
+            if any(bands[k].detiles for k, _ in span.members):
                 continue  # tiles to de-tile: the span is read whole, page by page, with O_DIRECT
             for k, _ in span.members:
                 band = bands[k]
@@ -314,7 +314,7 @@ class LocalBlobSource:
             uncached = self._uncached(span)
             waited |= uncached
             direct = self._direct_fd(span.file) if self._direct and uncached else None
-            if any(_bounces(bands[k], dests[k]) for k, _ in span.members):
+            if any(_bounces(bands[k]) for k, _ in span.members):
                 data = self._read_bounced(fd, direct, span.file, span.offset, span.length)
                 for k, at in span.members:
                     place(dests[k].array(), file_view(data, at, bands[k]), bands[k], _band_check(check, k))

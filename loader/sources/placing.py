@@ -10,8 +10,8 @@ from functools import partial
 import numpy as np
 import numpy.typing as npt
 
+from ..bands import Band
 from ..errors import RangeReadError
-from ..schedule import Band
 from ._linux import PAGE
 
 
@@ -224,25 +224,18 @@ def place_run(
     tile_columns(rows[q * height : (q + 1) * height], band.tile_width)[...] = tiles[0].transpose(1, 0, 2)
 
 
-def lands_whole(band: Band, dest: Dest) -> bool:
-    """Whether ``band``'s file bytes are ``dest``'s bytes as they lie: both contiguous, not de-tiled.
-
-    A tiled band only as a single tile column, whose tile rows lie as matrix rows.
-    """
-    return dest.contiguous and band.contiguous and (not band.tile_width or band.width == band.tile_width)
-
-
-def _bounces(band: Band, dest: Dest) -> bool:
+def _bounces(band: Band) -> bool:
     """Whether a local read of ``band`` goes through the bounce buffer (tiled, unless it lands whole)."""
-    return bool(band.tile_width) and not lands_whole(band, dest)
+    return bool(band.tile_width) and not band.whole
 
 
 def band_pieces(band: Band, dest: Dest, at: int) -> list[tuple[int, memoryview]]:
     """(file offset - band offset + ``at``, destination view) for each piece of ``band`` in ``dest``.
 
-    One piece when it lands whole, else a piece per row. Other tiled bands go through the bounce buffer.
+    One piece when it lands whole (:attr:`~.bands.Band.whole`, decided in the plan, ``dest`` built from
+    it), else a piece per row. Other tiled bands go through the bounce buffer.
     """
-    if lands_whole(band, dest):
+    if band.whole:
         return [(at, dest.whole())]
     if band.tile_width:
         raise RangeReadError(

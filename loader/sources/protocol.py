@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from ..bands import Band
 from ..ranges import FetchPlan
-from ..schedule import Band
 from .placing import Dest, MappedBands, TileCheck
 
 

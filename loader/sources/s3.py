@@ -8,9 +8,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from shardport.registry.store.backend import Store, blob_key
 from shardport.registry.store.retry import RetryPolicy
 
+from ..bands import Band
 from ..errors import BlobNotFoundError, RangeReadError
 from ..ranges import FetchPlan
-from ..schedule import Band
 from .placing import Dest, MappedBands, TileCheck, _band_check, file_view, place, place_run
 from .protocol import _where
 

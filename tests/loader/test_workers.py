@@ -17,7 +17,7 @@ import pytest
 from loader_artifacts import Artifact, load, publish, rank_slices, write_safetensors
 
 from shardport.loader.ranges import FetchPlan
-from shardport.loader.read import _Runner
+from shardport.loader.runner import _Runner
 from shardport.loader.schedule import Band, schedule_reads
 from shardport.loader.sources import BlobSource, Dest, TileCheck, open_source
 from shardport.registry.tiles.errors import TileDigestMismatchError
