@@ -55,13 +55,9 @@ class Artifact:
 
     def flip(self, offset: int) -> None:
         """Flip one byte of the stored blob (not of the source file)."""
-        path = self.store.path(self.blob)
-        data = bytearray(self.store.fs.cat_file(path))
+        data = bytearray(self.store.read(self.blob))
         data[offset] ^= 0xFF
-        if self.store.is_local:
-            Path(path).write_bytes(bytes(data))
-        else:
-            self.store.fs.pipe_file(path, bytes(data))
+        self.store.put(self.blob, bytes(data))
 
 
 def safetensors_entries(path: Path) -> list[TensorEntry]:
