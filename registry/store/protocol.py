@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from shardport import ShardportError
 from shardport.registry.artifact.hashing import digest_bytes, digest_stream
@@ -111,9 +111,14 @@ class Store(abc.ABC):
     retry: RetryPolicy
     """Retries of S3 reads (:mod:`.s3reads`); the loader's ``ReadOptions.retry`` overrides it."""
 
-    def __new__(cls, url: str, *, s3_endpoint: str | None = None, retry: RetryPolicy | None = None) -> Store:
-        """``Store(url)``: the backend serving ``url`` (typed code calls :func:`open_store`)."""
-        return super().__new__(backend_class(url) if cls is Store else cls)
+    def __new__(cls, *args: Any, **kwargs: Any) -> Store:
+        """``Store(url, ...)``: the backend serving ``url`` (typed code calls :func:`open_store`).
+
+        A backend class (and ``copy``/``pickle``, which call ``__new__`` without arguments) makes its own.
+        """
+        if cls is Store:
+            cls = backend_class(kwargs.get("url", args[0] if args else ""))
+        return super().__new__(cls)
 
     # ---- what the backend is -------------------------------------------------------------------
     @property
