@@ -73,7 +73,8 @@ from shardport.registry.artifact.manifest import FileEntry, TensorEntry
 from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.formats import parse_safetensors
 from shardport.registry.session import Session
-from shardport.registry.store.backend import Store, blob_key
+from shardport.registry.store.keys import blob_key
+from shardport.registry.store.protocol import Store
 from shardport.registry.tiles.build import CheckpointReader, build_tile_index
 from shardport.registry.trust.resolve import resolve
 

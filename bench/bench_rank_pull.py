@@ -36,7 +36,7 @@ from shardport.placement import Topology
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.session import Session
-from shardport.registry.store.backend import blob_key
+from shardport.registry.store.keys import blob_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_range_reads import cli, evict, in_scratch, resident, sequential_read

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         # A tampered blob is refused, and the previous pull stays as it was.
         from shardport.registry.session import Session
-        from shardport.registry.store.backend import blob_key
+        from shardport.registry.store.keys import blob_key
 
         session = Session.open()
         manifest = (work / "pulled" / ".shardport" / "manifest.json").read_text()

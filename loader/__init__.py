@@ -13,7 +13,7 @@ files with ``plan.json`` / ``ledger.json`` beside them (:class:`RankPullResult`,
 
 Below them, the read itself. Consumes: the slices a rank needs (:class:`PlaneSlice`: tensor, physical
 rows, byte columns), the manifest's ``tensors`` and ``files``, the artifact's tile index
-(:class:`~shardport.registry.tiles.TileIndex`) and a :class:`~shardport.registry.store.backend.Store`
+(:class:`~shardport.registry.tiles.TileIndex`) and a :class:`~shardport.registry.store.protocol.Store`
 (local
 folder or S3). Produces: one verified ``uint8`` array per slice and a :class:`ReadLedger` (bytes
 assigned / fetched, read amplification, requests, tiles verified, peak staging, seconds per stage).

@@ -139,7 +139,7 @@ def pull_ranks(
     while it is assembled (files are written from the arrays themselves).
     """
     wanted = check_ranks(topology, ranks)
-    where = rank_pull_destination(dest, store_root=session.store.root if session.store.is_local else None)
+    where = rank_pull_destination(dest, store_root=session.store.local_root)
     with stop_on_signals():
         t0 = time.perf_counter()
         node = load_ranks(session, ref, topology, wanted, policy=policy, options=options)

@@ -68,7 +68,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardport.registry.artifact.manifest import FileEntry, TensorEntry
-from shardport.registry.store.backend import Store
+from shardport.registry.store.protocol import Store
 from shardport.registry.store.retry import RetryPolicy
 from shardport.registry.tiles.model import TileIndex
 
@@ -78,25 +78,17 @@ from .schedule import PlaneSlice, ReadSchedule, schedule_reads
 from .sources import SINK_BYTES, BlobSource, anonymous, group_extent, map_groups, open_source
 
 U8Array = npt.NDArray[np.uint8]
-LOCAL_MAX_GAP = 4096
-"""Default gap bridged locally: within a page the device reads the bytes anyway."""
-LOCAL_MIN_DEPTH = 4
-"""Local batches in flight at least, whatever the CPU count: a cold read needs several requests in flight
-to keep the disk busy (2 vCPU, rank 0 of 4 of 2 GiB, alone: at depth 2 cold ranks read at 0.55-0.65x the
-disk's sequential rate, at depth 4 0.6-0.9x, at 8 no better; warm loads the same within noise)."""
-S3_MAX_GAP = 1 << 20
-"""Default gap bridged on S3, where a request costs about as much as a megabyte of transfer."""
 
 
 @dataclass(frozen=True, slots=True)
 class ReadOptions:
     """Knobs of a load.
 
-    ``depth`` (batches in flight, one worker each) None picks the CPU count (:data:`LOCAL_MIN_DEPTH`..8)
-    locally and 4 on S3; ``verify_workers`` (spare workers: a batch whose fetch waited on the storage
+    ``depth`` (batches in flight, one worker each) None picks the store's ``profile.depth`` (CPU count 4..8
+    locally, 4 on S3); ``verify_workers`` (spare workers: a batch whose fetch waited on the storage
     hands its turn to the next batch while one of them verifies it) None picks the CPU count, 0 makes
     each batch keep its turn to the end;
-    ``max_gap`` None picks :data:`LOCAL_MAX_GAP` or :data:`S3_MAX_GAP`; ``concurrency`` is the S3
+    ``max_gap`` None picks the store's ``profile.max_gap`` (4 KiB locally, 1 MiB on S3); ``concurrency``: S3
     requests in flight over all workers; ``record_ranges`` keeps the ranges read in the ledger;
     ``page_cache`` lets a local band whose bytes are all cached be copied from a mapping (False: always
     ``preadv``); ``direct_io`` reads a local span whose pages are (almost) all uncached with ``O_DIRECT``,
@@ -141,7 +133,7 @@ def read_slices(
     """Read and verify ``slices`` from ``store`` (see the module docstring); raise on any mismatch."""
     opts = options or ReadOptions()
     start = time.perf_counter()
-    max_gap = opts.max_gap if opts.max_gap is not None else (LOCAL_MAX_GAP if store.is_local else S3_MAX_GAP)
+    max_gap = opts.max_gap if opts.max_gap is not None else store.profile.max_gap
     schedule = schedule_reads(
         slices,
         tensors,
@@ -152,10 +144,10 @@ def read_slices(
         gap_budget=opts.gap_budget,
     )
     planned = time.perf_counter()
-    direct = opts.direct_io and store.is_local
+    direct = opts.direct_io and store.profile.direct_io
     shifts = schedule.shifts if direct else {}
     outputs = [_result(s.shape, shifts.get(n)) for n, s in enumerate(schedule.slices)]
-    depth = max(1, opts.depth or (min(8, max(LOCAL_MIN_DEPTH, os.cpu_count() or 1)) if store.is_local else 4))
+    depth = max(1, opts.depth or store.profile.depth)
     verify_workers = (os.cpu_count() or 1) if opts.verify_workers is None else max(0, opts.verify_workers)
     source = open_source(
         store,

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from shardport.registry.pull import PullResult, pull
     from shardport.registry.push import PushResult, push
     from shardport.registry.session import Session
-    from shardport.registry.store.backend import Store
+    from shardport.registry.store.protocol import Store
     from shardport.registry.trust.policy import TrustPolicy
     from shardport.registry.trust.resolve import Resolved, resolve
     from shardport.registry.verify import Report, verify_checkpoint, verify_dir, verify_ref
@@ -52,7 +52,7 @@ _HOME = {
     **dict.fromkeys(("Ref", "parse_ref"), "artifact.refs"),
     **dict.fromkeys(("Resolved", "resolve"), "trust.resolve"),
     "Session": "session",
-    "Store": "store.backend",
+    "Store": "store.protocol",
     "TrustPolicy": "trust.policy",
     **dict.fromkeys(("Report", "verify_checkpoint", "verify_dir", "verify_ref"), "verify"),
 }

@@ -57,7 +57,8 @@ from shardport.registry.errors import (
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.push import LEASE_TIME, PushResult, publish, source_date
 from shardport.registry.session import Session
-from shardport.registry.store.backend import blob_key, file_identity
+from shardport.registry.store.copies import file_identity
+from shardport.registry.store.keys import blob_key
 from shardport.registry.tiles.layout import LAYOUT, LAYOUT_VERSION, tile_offset, to_tiled
 from shardport.registry.tiles.model import TensorTiles, TileIndex, tile_hash
 from shardport.registry.trust.resolve import resolve
@@ -88,12 +89,13 @@ def _fetch_all(
     file cannot be had, the files already linked are checked first: a damaged one is named as the cause.
     """
     checks: list[tuple[FileEntry, Callable[[], tuple[str, int]]]] = []
+    root = session.store.local_root  # None: the store has no files here (S3)
     try:
         for f in manifest.files:
             target = folder / f.path
             target.parent.mkdir(parents=True, exist_ok=True)
-            if session.store.is_local:
-                blob = Path(session.store.path(blob_key(f.digest)))
+            if root is not None:
+                blob = root / blob_key(f.digest)
                 try:  # no link followed, a regular file (a pipe or a link to /dev/zero is refused)
                     fd = session.store.open_local(blob_key(f.digest))
                 except NotFoundError as exc:
@@ -128,7 +130,8 @@ def _work_dir(session: Session) -> Iterator[Path]:
     folder.
     """
     store = session.store
-    if not store.is_local:
+    root = store.local_root
+    if root is None:
         with tempfile.TemporaryDirectory(prefix="shardport-convert-") as tmp:
             yield Path(tmp)
         return
@@ -136,7 +139,7 @@ def _work_dir(session: Session) -> Iterator[Path]:
     lease = {"expires": format_time(session.clock() + LEASE_TIME), "digests": []}
     store.put(f"{folder}/lease.json", json.dumps(lease).encode())
     try:
-        yield Path(store.path(folder))
+        yield root / folder
     finally:
         store.delete_tree(folder)
 

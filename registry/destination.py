@@ -51,7 +51,7 @@ def _resolved(path: Path | str) -> Path | None:
         return None
 
 
-def _refuse_store(given: Path, where: Path, store_root: str | None) -> None:
+def _refuse_store(given: Path, where: Path, store_root: Path | None) -> None:
     for what, path in (("the store", store_root), ("shardport's home folder", shardport_home())):
         other = _resolved(path) if path is not None else None
         relation = _relation(where, other) if other is not None else None
@@ -62,7 +62,7 @@ def _refuse_store(given: Path, where: Path, store_root: str | None) -> None:
             )
 
 
-def _refuse_protected(given: Path, where: Path, store_root: str | None) -> None:
+def _refuse_protected(given: Path, where: Path, store_root: Path | None) -> None:
     if where.parent == where:
         raise UsageError(
             f"{given}: is the file system root; pull replaces DEST as a whole and never the root, even "
@@ -117,7 +117,7 @@ def _names(entries: list[str]) -> str:
     return f"{count}: {shown}"
 
 
-def full_pull_destination(dest: Path, *, store_root: str | None, force: bool) -> Path:
+def full_pull_destination(dest: Path, *, store_root: Path | None, force: bool) -> Path:
     """The absolute DEST a full pull may replace, or a :class:`UsageError` saying why not and what to do."""
     where = canonical(dest)
     _refuse_protected(dest, where, store_root)
@@ -160,7 +160,7 @@ def full_pull_destination(dest: Path, *, store_root: str | None, force: bool) ->
     return where
 
 
-def rank_pull_destination(dest: Path, *, store_root: str | None) -> Path:
+def rank_pull_destination(dest: Path, *, store_root: Path | None) -> Path:
     """The absolute DEST a per-rank pull may add its files to (a folder, or a path to create)."""
     where = canonical(dest)
     real = _resolved(where)  # a rank pull writes into the folder a link DEST points to

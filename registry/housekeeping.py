@@ -22,7 +22,7 @@ from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.artifact.manifest_check import check_manifest
 from shardport.registry.errors import RegistryError, VerificationError
 from shardport.registry.session import Session
-from shardport.registry.store.backend import blob_key
+from shardport.registry.store.keys import blob_key
 from shardport.registry.trust.policy import TrustPolicy
 from shardport.registry.trust.signatures import SIGNATURE_ARTIFACT, SIGNATURE_PREDICATE, SIGSTORE_ARTIFACT
 from shardport.registry.trust.tagging import read_raw_history, repositories

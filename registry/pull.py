@@ -76,7 +76,7 @@ def _fetch(session: Session, entry: FileEntry, root: Path, advance: Callable[[in
     return size
 
 
-def _publish(tmp: Path, dest: Path, *, given: Path, store_root: str | None, force: bool) -> None:
+def _publish(tmp: Path, dest: Path, *, given: Path, store_root: Path | None, force: bool) -> None:
     """Put the verified folder ``tmp`` at ``dest``, checking the DEST rules again first."""
     full_pull_destination(given, store_root=store_root, force=force)  # DEST may have changed meanwhile
     try:
@@ -187,7 +187,7 @@ def pull(
     was; the next pull beside ``dest`` removes temporary folders of pulls whose process died.
     """
     reporter = reporter or Quiet()
-    store_root = session.store.root if session.store.is_local else None
+    store_root = session.store.local_root
     where = full_pull_destination(dest, store_root=store_root, force=force)
     with stop_on_signals():
         resolved = resolve(session, ref)

@@ -29,7 +29,7 @@ from shardport.registry.describe import container_of, model_of, quantization_of,
 from shardport.registry.errors import UnsignedError, UsageError
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.session import Session
-from shardport.registry.store.backend import file_identity
+from shardport.registry.store.copies import file_identity
 from shardport.registry.tiles.build import CheckpointReader, build_tile_index
 from shardport.registry.tiles.splits import plane_cuts
 from shardport.registry.trust.signatures import attach_sigstore_bundle, manifest_statement, sign_manifest

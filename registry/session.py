@@ -9,7 +9,7 @@ from pathlib import Path
 
 from shardport.provenance.keys import SigningKey
 from shardport.registry import home
-from shardport.registry.store.backend import Store
+from shardport.registry.store.protocol import Store, open_store
 from shardport.registry.trust.policy import TrustPolicy
 from shardport.registry.trust.policy_file import load_policy
 from shardport.registry.trust.state import TrustState, legacy_identities, store_identity
@@ -44,11 +44,10 @@ class Session:
 
         ``key`` defaults to ``$SHARDPORT_HOME/keys/default.key`` when that exists.
         """
-        store = Store(store_url or home.default_store_url(), s3_endpoint=s3_endpoint)
-        store_id = store_identity(
-            store.url, local_root=store.root if store.is_local else None, endpoint=store.endpoint
-        )
-        legacy = () if store.is_local else legacy_identities(store.url, s3_endpoint)
+        store = open_store(store_url or home.default_store_url(), s3_endpoint=s3_endpoint)
+        root = None if store.local_root is None else str(store.local_root)
+        store_id = store_identity(store.url, local_root=root, endpoint=store.endpoint)
+        legacy = () if root is not None else legacy_identities(store.url, s3_endpoint)  # only S3 had them
         policy = load_policy(trust or home.trust_path())
         signing = None
         default_key = home.keys_dir() / "default.key"

@@ -22,16 +22,17 @@ is still in the CPU cache (a warm strided band costs one strided copy instead of
 each group is unmapped once its bands are done, so the page cache keeps the pages and the mapped file
 pages touched at once stay within one group per worker.
 
-S3 (:class:`S3BlobSource`): spans and runs become ``cat_ranges`` requests, at most ``concurrency`` at a
-time, and the responses are copied (de-tiled for tiled bands) into the destinations. Storage errors are
-wrapped once here, naming the file, its blob and the byte range.
+S3 (:class:`S3BlobSource`): spans and runs become the store's ranged reads (``Store.read_ranges``), at
+most ``concurrency`` at a time, and the responses are copied (de-tiled for tiled bands) into the
+destinations. Storage errors are wrapped once here, naming the file, its blob and the byte range.
+Sources reach the store only through its protocol (:mod:`shardport.registry.store.protocol`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shardport.registry.store.backend import Store
+from shardport.registry.store.protocol import Store
 from shardport.registry.store.retry import RetryPolicy
 
 from ._linux import SINK_BYTES, anonymous, cached_pages, direct_middle
@@ -75,10 +76,13 @@ def open_source(
     direct: bool = False,
     retry: RetryPolicy | None = None,
 ) -> BlobSource:
-    """The source for ``store``'s backend (``direct``: cold local spans read with ``O_DIRECT``).
+    """The source for ``store``: its files' descriptors where it has them, else its ranged reads.
+
+    Descriptors (``profile.file_handles``) are read with ``preadv`` (``direct``: cold spans with
+    ``O_DIRECT``).
 
     ``retry``: the S3 reads' retry policy (None: the store's).
     """
-    if store.is_local:
+    if store.profile.file_handles:
         return LocalBlobSource(store, blobs, direct=direct)
     return S3BlobSource(store, blobs, concurrency=concurrency, retry=retry)

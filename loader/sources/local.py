@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from shardport.registry.errors import NotFoundError, StoreError, StoreObjectError
-from shardport.registry.store.backend import Store, blob_key
+from shardport.registry.store.keys import blob_key
+from shardport.registry.store.protocol import Store
 
 from ..bands import DIRECT_MIN, Band
 from ..errors import BlobNotFoundError, RangeReadError
@@ -47,7 +48,7 @@ from .protocol import _where
 
 
 class LocalBlobSource:
-    """Blobs of a local store, read with ``os.preadv`` into caller-owned buffers."""
+    """Blobs of a store with local files (``Store.open_local``), read with ``os.preadv`` into buffers."""
 
     kind = "local"
     holds_responses = False

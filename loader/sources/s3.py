@@ -1,11 +1,15 @@
-"""S3 blob source: spans and runs as bounded, retried ranged GETs, copied (de-tiled) into destinations."""
+"""Ranged blob source (S3): spans and runs as the store's ranged reads, copied (de-tiled) into destinations.
+
+The reads are ``Store.read_ranges`` (on S3: bounded, retried GETs).
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 
-from shardport.registry.store.backend import Store, blob_key
+from shardport.registry.store.keys import blob_key
+from shardport.registry.store.protocol import Store
 from shardport.registry.store.retry import RetryPolicy
 
 from ..bands import Band
@@ -16,7 +20,7 @@ from .protocol import _where
 
 
 class S3BlobSource:
-    """Blobs of an S3 store, read with fsspec ``cat_ranges`` (bounded concurrency)."""
+    """Blobs of a store without local files, read with :meth:`~.Store.read_ranges` (bounded concurrency)."""
 
     kind = "s3"
     holds_responses = True
@@ -43,7 +47,7 @@ class S3BlobSource:
         """All of the batch's ranges concurrently, then copy each into its destination.
 
         Each range is read with bounded, retried GETs
-        (:meth:`~shardport.registry.store.backend.Store.read_ranges`:
+        (:meth:`~shardport.registry.store.protocol.Store.read_ranges`:
         a reset, a truncated body or a 5xx re-requests that range alone; 4xx answers are final; every byte
         is still verified above). Tiled bands are checked in the responses first. Always waits on the
         network (returns True).
@@ -94,4 +98,4 @@ class S3BlobSource:
         """Nothing: the batch's requests go out together when it is fetched."""
 
     def close(self) -> None:
-        """Nothing to release (the filesystem object is the store's)."""
+        """Nothing to release (connections are the store's)."""

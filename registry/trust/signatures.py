@@ -16,7 +16,7 @@ from shardport.provenance.statement import PAYLOAD_TYPE, Statement, Subject
 from shardport.registry.artifact.hashing import hex_of, is_digest
 from shardport.registry.errors import SignatureError, UnsignedError, UntrustedSignerError, VerificationError
 from shardport.registry.session import Session
-from shardport.registry.store.backend import referrer_key
+from shardport.registry.store.keys import referrer_key
 
 SIGNATURE_PREDICATE = "https://shardport.dev/manifest-signature/v1"
 SIGNATURE_ARTIFACT = "application/vnd.shardport.signature.v1+json"

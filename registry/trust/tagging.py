@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from shardport.provenance import dsse
@@ -12,7 +11,8 @@ from shardport.provenance.statement import PAYLOAD_TYPE
 from shardport.registry import _failpoints
 from shardport.registry.errors import TagMovedError, UnsignedError, UntrustedSignerError, UsageError
 from shardport.registry.session import Session
-from shardport.registry.store.backend import AlreadyExists, tag_dir, tag_key
+from shardport.registry.store.keys import tag_dir, tag_key
+from shardport.registry.store.protocol import AlreadyExists
 from shardport.registry.trust.tags import RollbackOf, SeenTag, TagEntry, next_document, verify_history
 
 _DOC_NAME = re.compile(r"([0-9]{12})\.json")
@@ -67,11 +67,8 @@ def read_raw_history(session: Session, name: str, tag: str) -> dict[int, bytes]:
     versions = [
         int(m.group(1)) for n in session.store.listdir(tag_dir(name, tag)) if (m := _DOC_NAME.fullmatch(n))
     ]
-    if session.store.is_local or len(versions) < 2:  # a pool pays off for object-store round trips only
-        return {v: session.store.read(tag_key(name, tag, v)) for v in versions}
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        raws = pool.map(lambda v: session.store.read(tag_key(name, tag, v)), versions)
-        return dict(zip(versions, raws, strict=True))
+    raws = session.store.read_many([tag_key(name, tag, v) for v in versions])  # S3: overlapped GETs
+    return dict(zip(versions, raws, strict=True))
 
 
 def history(session: Session, name: str, tag: str, *, remember: bool = True) -> list[TagEntry]:

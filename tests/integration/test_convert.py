@@ -11,7 +11,7 @@ from safetensors.numpy import load_file
 
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.session import Session
-from shardport.registry.store.backend import blob_key
+from shardport.registry.store.keys import blob_key
 
 TILES = ("--tile-min", "256", "--tile-size", "16384")
 WEIGHT = "model.layers.1.mlp.down_proj.weight"

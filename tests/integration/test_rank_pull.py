@@ -21,7 +21,7 @@ from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.contracts import CellWitness, decode_weight
 from shardport.registry.contracts.model import cell_positions
 from shardport.registry.session import Session
-from shardport.registry.store.backend import blob_key
+from shardport.registry.store.keys import blob_key
 
 
 def pushed(store: str, kind: str, folder: Path) -> tuple[Path, str]:

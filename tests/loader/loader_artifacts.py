@@ -16,7 +16,8 @@ from shardport.loader import PlaneSlice, ReadOptions, SliceRead, read_slices
 from shardport.registry.artifact.hashing import digest_file
 from shardport.registry.artifact.manifest import FileEntry, TensorEntry
 from shardport.registry.formats import parse_gguf, parse_safetensors
-from shardport.registry.store.backend import Store, blob_key
+from shardport.registry.store.keys import blob_key
+from shardport.registry.store.protocol import Store
 from shardport.registry.tiles.build import CheckpointReader, build_tile_index
 from shardport.registry.tiles.grid import plane_layout
 from shardport.registry.tiles.layout import LAYOUT, to_tiled
@@ -55,13 +56,9 @@ class Artifact:
 
     def flip(self, offset: int) -> None:
         """Flip one byte of the stored blob (not of the source file)."""
-        path = self.store.path(self.blob)
-        data = bytearray(self.store.fs.cat_file(path))
+        data = bytearray(self.store.read(self.blob))
         data[offset] ^= 0xFF
-        if self.store.is_local:
-            Path(path).write_bytes(bytes(data))
-        else:
-            self.store.fs.pipe_file(path, bytes(data))
+        self.store.put(self.blob, bytes(data))
 
 
 def safetensors_entries(path: Path) -> list[TensorEntry]:

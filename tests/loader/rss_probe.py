@@ -19,7 +19,7 @@ import json, resource, sys
 from pathlib import Path
 from shardport.loader import PlaneSlice, ReadOptions, read_slices
 from shardport.registry.artifact.manifest import FileEntry, TensorEntry
-from shardport.registry.store.backend import Store
+from shardport.registry.store.protocol import Store
 from shardport.registry.tiles.model import TileIndex
 
 def status(key):

@@ -14,7 +14,8 @@ from shardport.loader.ranges import gap_threshold, plan_fetch
 from shardport.loader.schedule import Band
 from shardport.loader.sources import Dest, LocalBlobSource, group_extent, map_groups
 from shardport.placement import Piece
-from shardport.registry.store.backend import Store, blob_key
+from shardport.registry.store.keys import blob_key
+from shardport.registry.store.protocol import Store
 
 FILES = {name: random.Random(name).randbytes(40_000) for name in ("a", "b")}
 DIGESTS = {name: f"sha256:{k:064x}" for k, name in enumerate(FILES, start=1)}

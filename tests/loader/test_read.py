@@ -24,7 +24,7 @@ from shardport.loader.ranges import FetchPlan, plan_fetch
 from shardport.loader.schedule import Band
 from shardport.registry.artifact.manifest import FileEntry
 from shardport.registry.errors import DigestMismatchError
-from shardport.registry.store.backend import blob_key
+from shardport.registry.store.keys import blob_key
 from shardport.registry.tiles.errors import TileDigestMismatchError
 from shardport.registry.tiles.model import TensorTiles, tile_pieces
 

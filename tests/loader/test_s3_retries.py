@@ -13,7 +13,7 @@ from loader_artifacts import Artifact, load, publish, rank_slices, write_safeten
 from servers import S3Server
 
 from shardport.loader import RangeReadError
-from shardport.registry.store.backend import Store
+from shardport.registry.store.protocol import Store
 from shardport.registry.store.retry import RetryPolicy, retryable
 from shardport.registry.tiles.errors import TileDigestMismatchError
 

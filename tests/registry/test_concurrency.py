@@ -129,7 +129,7 @@ def test_rollback_scenario(
 
     # An attacker replays the version-1 document as the newest (hides versions 2 and 3).
     from shardport.registry.session import Session
-    from shardport.registry.store.backend import tag_key
+    from shardport.registry.store.keys import tag_key
 
     session = Session.open(store)
     session.store.delete(tag_key(NAME, "prod", 3))

@@ -26,7 +26,7 @@ from shardport.registry.convert import (
 )
 from shardport.registry.errors import VerificationError
 from shardport.registry.session import Session
-from shardport.registry.store.backend import blob_key
+from shardport.registry.store.keys import blob_key
 
 
 class _Meter:

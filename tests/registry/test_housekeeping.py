@@ -14,7 +14,7 @@ from shardport.registry.errors import StateFileError
 from shardport.registry.housekeeping import fsck, gc
 from shardport.registry.progress import Quiet, reporter
 from shardport.registry.session import Session
-from shardport.registry.store.backend import blob_key, tag_key
+from shardport.registry.store.keys import blob_key, tag_key
 from shardport.registry.trust.tags import format_time
 
 

@@ -10,7 +10,7 @@ from safetensors.numpy import save_file
 from support import Cli
 
 from shardport.registry.artifact.manifest import Manifest
-from shardport.registry.store.backend import Store
+from shardport.registry.store.protocol import Store
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from shardport.registry.errors import UnsafePathError
 from shardport.registry.pull import pull
 from shardport.registry.push import push
 from shardport.registry.session import Session
-from shardport.registry.store.backend import Store
+from shardport.registry.store.protocol import Store
 from shardport.registry.trust.policy import TrustPolicy
 from shardport.registry.trust.state import TrustState
 

@@ -20,7 +20,7 @@ from shardport.provenance.statement import PAYLOAD_TYPE, Statement
 from shardport.registry.artifact.hashing import digest_bytes, hex_of
 from shardport.registry.artifact.manifest import ContainerInfo, FileEntry, Manifest
 from shardport.registry.session import Session
-from shardport.registry.store.backend import blob_key, tag_key
+from shardport.registry.store.keys import blob_key, tag_key
 from shardport.registry.trust.signatures import SIGNATURE_ARTIFACT, attach, referrers, sign_manifest
 from shardport.registry.trust.tagging import move_tag
 from shardport.registry.trust.tags import TagDocument

@@ -22,7 +22,7 @@ from shardport.provenance import dsse
 from shardport.registry.artifact.hashing import hex_of
 from shardport.registry.artifact.manifest import Manifest, TileIndexRef
 from shardport.registry.session import Session
-from shardport.registry.store.backend import blob_key, referrer_key, tag_key
+from shardport.registry.store.keys import blob_key, referrer_key, tag_key
 from shardport.registry.tiles.model import TileIndex
 from shardport.registry.trust.signatures import SIGNATURE_ARTIFACT, attach, referrers, sign_manifest
 from shardport.registry.trust.tagging import move_tag

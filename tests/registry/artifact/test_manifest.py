@@ -18,7 +18,7 @@ from shardport.registry.errors import (
     UsageError,
     VerificationError,
 )
-from shardport.registry.store.backend import blob_key
+from shardport.registry.store.keys import blob_key
 
 
 def sample() -> Manifest:

@@ -16,7 +16,7 @@ from shardport.provenance.statement import PAYLOAD_TYPE
 from shardport.registry.artifact.hashing import digest_bytes
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.session import Session
-from shardport.registry.store.backend import blob_key
+from shardport.registry.store.keys import blob_key
 from shardport.registry.trust.signatures import SIGNATURE_ARTIFACT, attach, manifest_statement
 from shardport.registry.trust.tagging import move_tag
 

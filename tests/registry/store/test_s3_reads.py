@@ -10,7 +10,8 @@ from servers import S3Server
 
 from shardport.registry.artifact.hashing import digest_bytes
 from shardport.registry.errors import DigestMismatchError, NotFoundError, StoreError, StoreObjectError
-from shardport.registry.store.backend import Store, blob_key
+from shardport.registry.store.keys import blob_key
+from shardport.registry.store.protocol import Store
 from shardport.registry.store.retry import RetryPolicy
 
 pytestmark = pytest.mark.s3

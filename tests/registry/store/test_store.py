@@ -11,7 +11,9 @@ import pytest
 
 from shardport.registry.artifact.hashing import digest_bytes, digest_file
 from shardport.registry.errors import DigestMismatchError, NotFoundError, StoreError, UsageError
-from shardport.registry.store.backend import AlreadyExists, Store, blob_key, file_identity
+from shardport.registry.store.copies import file_identity
+from shardport.registry.store.keys import blob_key
+from shardport.registry.store.protocol import AlreadyExists, Store
 
 
 @pytest.fixture

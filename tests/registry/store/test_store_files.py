@@ -20,8 +20,9 @@ from support import Cli, make_checkpoint
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.errors import StoreObjectError
 from shardport.registry.session import Session
-from shardport.registry.store.backend import DOCUMENT_MAX, Store, blob_key, tag_key
+from shardport.registry.store.keys import DOCUMENT_MAX, blob_key, tag_key
 from shardport.registry.store.localfiles import open_store_file
+from shardport.registry.store.protocol import Store
 
 REF = "acme/files:v1"
 SPARSE = 64 << 30  # a 64 GiB sparse file: nothing may copy or hash it

@@ -9,7 +9,7 @@ import pytest
 from support import Cli, make_checkpoint
 
 from shardport.registry.session import Session
-from shardport.registry.store.backend import tag_key
+from shardport.registry.store.keys import tag_key
 from shardport.registry.trust.policy import scope_matches
 from shardport.registry.trust.state import normalise_endpoint, store_identity
 
