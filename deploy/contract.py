@@ -1,0 +1,88 @@
+"""The graph contract of a verified manifest, and the strict check of its inventory against it.
+
+The contract comes from the manifest's ``model`` section: the one recorded at push where the manifest
+carries it (``model.params["graph"]``, a :class:`GraphContract` as JSON), else normalised here from
+the model's architecture and parameters and the tensor shapes. :func:`check_inventory` refuses, at plan
+time, a checkpoint whose weights do not match the architecture: a weight the graph needs and the
+manifest lacks, one of the wrong shape, or one the graph would silently ignore.
+"""
+
+from __future__ import annotations
+
+from shardport.registry.artifact.manifest import Manifest
+from shardport.registry.contracts.graph import GraphContract, graph_contract
+
+from .errors import UnsupportedModelError
+from .graph.checkpoint import _GGUF, _HF
+
+
+def contract_of(manifest: Manifest) -> GraphContract:
+    """The manifest's graph contract (recorded at push, or derived from its model section)."""
+    recorded = manifest.model.params.get("graph")
+    if isinstance(recorded, dict):
+        return GraphContract.model_validate(recorded)
+    shapes = {t.name: t.shape for t in manifest.tensors or []}
+    for w in manifest.weights or []:
+        shapes.setdefault(w.name, tuple(w.shape.extents))
+    return graph_contract(manifest.model.architecture, manifest.model.params, tensor_shapes=shapes)
+
+
+def expected_weights(contract: GraphContract) -> dict[str, tuple[int, ...]]:
+    """Every weight the graph reads, with its logical shape (row-major ``[N, K]``; norms ``[hidden]``)."""
+    gguf = contract.source == "gguf"
+    d, h, i = contract.head_dim, contract.hidden, contract.intermediate
+    shapes = {
+        "q": (contract.heads * d, h),
+        "k": (contract.kv_heads * d, h),
+        "v": (contract.kv_heads * d, h),
+        "o": (h, contract.heads * d),
+        "gate": (i, h),
+        "up": (i, h),
+        "down": (h, i),
+        "input_norm": (h,),
+        "post_norm": (h,),
+    }
+    out: dict[str, tuple[int, ...]] = {}
+    for layer in range(contract.layers):
+        for op, shape in shapes.items():
+            if contract.moe and op in ("gate", "up", "down"):
+                continue
+            stem = f"blk.{layer}.{_GGUF[op]}" if gguf else f"model.layers.{layer}.{_HF[op]}"
+            out[f"{stem}.weight"] = shape
+            if contract.qkv_bias and op in ("q", "k", "v"):
+                out[f"{stem}.bias"] = (shape[0],)
+    out["token_embd.weight" if gguf else "model.embed_tokens.weight"] = (contract.vocab, h)
+    out["output_norm.weight" if gguf else "model.norm.weight"] = (h,)
+    if not contract.tied_embeddings:
+        out["output.weight" if gguf else "lm_head.weight"] = (contract.vocab, h)
+    return out
+
+
+def check_inventory(contract: GraphContract, manifest: Manifest) -> None:
+    """Refuse unless the manifest's weights are exactly those the graph reads, at their shapes."""
+    if contract.moe:
+        raise UnsupportedModelError(
+            f"{contract.architecture} with {contract.experts} experts: the bring-up runs dense models; "
+            "mixture-of-experts operators are not wired to the kernels yet"
+        )
+    found = {w.name: tuple(w.shape.extents) for w in manifest.weights or []}
+    want = expected_weights(contract)
+    missing = sorted(set(want) - set(found))
+    wrong = sorted(
+        f"{n}: expected {list(want[n])}, found {list(found[n])}"
+        for n in want
+        if n in found and found[n] != want[n]
+    )
+    extra = sorted(set(found) - set(want))
+    if missing or wrong or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {missing[:6]}{' …' if len(missing) > 6 else ''}")
+        if wrong:
+            parts.append(f"wrong shape {wrong[:6]}")
+        if extra:
+            parts.append(f"not read by the {contract.architecture} graph {extra[:6]}")
+        raise UnsupportedModelError(
+            f"inventory vs architecture {contract.architecture} ({contract.layers} layers, hidden "
+            f"{contract.hidden}): " + "; ".join(parts)
+        )

@@ -1,0 +1,260 @@
+"""One rank of a bring-up, as a plain class (a Ray actor wraps it; tests run it in-process).
+
+Two calls, so that no rank waits in a collective for a rank that already failed:
+
+1. :meth:`Rank.prepare` — resolve the pinned manifest (trust checked again on the rank), ``load_rank``
+   (verified tiles, witness rows), dispatch every quantized linear weight and run its parity ladder.
+   No collectives. Returns a summary or a failure (rank, stage, error type, message, exit code).
+2. :meth:`Rank.run` — join the torch.distributed group (gloo on 127.0.0.1; world 1: none), build the
+   graph, warm up, prefill and greedily decode, re-check the KV cache. Returns the rank's report:
+   timeline, ledger, dispatch traces, ladders, and on the reporting rank the logits.
+
+Everything returned is plain data (lists, dicts, numpy arrays), picklable across processes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from shardport import ShardportError
+
+STAGES = ("resolve", "plan", "fetch", "verify", "repack", "ladder", "warm-up", "first token")
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What a rank needs to know (picklable): where the store is, what to load, what to run."""
+
+    ref: str
+    """The pinned reference ``NAME@sha256:…`` (the driver resolved the tag once)."""
+    store: str | None
+    home: str | None
+    s3_endpoint: str | None
+    tp: int
+    ep: int
+    pp: int
+    rank: int
+    fallback: str
+    prompt: tuple[int, ...]
+    steps: int
+    threads: int = 1
+    cache_tolerance: float = 1e-3
+    ladder: bool = True
+
+
+def failure(rank: int, stage: str, exc: BaseException) -> dict[str, Any]:
+    """A rank's failure as data: rank, stage, error type, message, exit code and the traceback tail."""
+    code = getattr(exc, "exit_code", 1) if isinstance(exc, ShardportError) else 1
+    return {
+        "rank": rank,
+        "stage": stage,
+        "kind": type(exc).__name__,
+        "message": str(exc),
+        "exit_code": int(code),
+        "traceback": "".join(traceback.format_exception(exc))[-3000:],
+    }
+
+
+def _rss() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+class Rank:
+    """One rank's state between :meth:`prepare` and :meth:`run`."""
+
+    def __init__(self, spec: RankSpec) -> None:
+        self.spec = spec
+        self.stage = "start"
+        self.timeline: dict[str, float] = {}
+        self.ledger: dict[str, int] = {}
+        self.loaded: Any = None
+        self.ops: Any = None
+        self.contract: Any = None
+        self.manifest: Any = None
+
+    # -- phase 1 ---------------------------------------------------------------------------------
+    def prepare(self) -> dict[str, Any]:
+        """Resolve, load, dispatch and ladder; a summary, or ``{"failure": …}``."""
+        try:
+            return self._prepare()
+        except BaseException as exc:  # every failure goes back as data, with the stage it happened in
+            return {"failure": failure(self.spec.rank, self.stage, exc)}
+
+    def _prepare(self) -> dict[str, Any]:
+        import torch
+
+        from shardport.kernels import FallbackPolicy
+        from shardport.loader import load_rank
+        from shardport.placement import Topology
+        from shardport.registry.artifact.refs import parse_ref
+        from shardport.registry.session import Session
+        from shardport.registry.trust.resolve import resolve
+
+        from .contract import contract_of
+        from .rank_ops import prepare_ops, run_ladders
+
+        spec = self.spec
+        torch.set_num_threads(max(1, spec.threads))
+        if spec.home is not None:
+            os.environ["SHARDPORT_HOME"] = spec.home
+        self.rss_start = _rss()
+        self.stage = "resolve"
+        t0 = time.perf_counter()
+        session = Session.open(spec.store, s3_endpoint=spec.s3_endpoint)
+        resolved = resolve(session, parse_ref(spec.ref))
+        self.manifest = resolved.manifest
+        self.contract = contract_of(resolved.manifest)
+        self.timeline["resolve"] = time.perf_counter() - t0
+        self.stage = "fetch"
+        t1 = time.perf_counter()
+        topology = Topology(tp=spec.tp, ep=spec.ep, pp=spec.pp)
+        loaded = load_rank(session, resolved, topology, spec.rank)
+        wall = time.perf_counter() - t1
+        sec = loaded.ledger.seconds
+        self.timeline["plan"] = max(0.0, wall - sec.fetch - sec.verify - sec.materialize)
+        self.timeline["fetch"] = sec.fetch
+        self.timeline["verify"] = sec.verify + sec.materialize
+        self.loaded = loaded
+        self.stage = "repack"
+        t2 = time.perf_counter()
+        runtime = resolved.manifest.runtime
+        policy = FallbackPolicy.from_cli(spec.fallback)  # type: ignore[arg-type]
+        weights = {w.name: w for w in resolved.manifest.weights or []}
+        self.ops = prepare_ops(
+            loaded,
+            weights,
+            policy=policy,
+            required=tuple(runtime.kernels_required),
+            preferred=tuple(runtime.kernels_preferred),
+        )
+        self.timeline["repack"] = time.perf_counter() - t2
+        if spec.ladder:
+            self.stage = "ladder"
+            t3 = time.perf_counter()
+            run_ladders(loaded, weights, self.ops)
+            self.timeline["ladder"] = time.perf_counter() - t3
+        ledger = loaded.ledger
+        self.ledger = {
+            "bytes_assigned": int(loaded.bytes_assigned),
+            "bytes_fetched": int(ledger.bytes_fetched),
+            "codes_and_qparams": int(loaded.bytes_assigned),
+            "prepared_operators": int(self.ops.operator_bytes),
+            "float_tensors": int(self.ops.float_bytes),
+            "repack_workspace_peak": int(ledger.scratch_bytes + ledger.peak_staging_bytes),
+        }
+        return {
+            "rank": spec.rank,
+            "digest": loaded.digest,
+            "plan_digest": loaded.plan_digest,
+            "weights": len(self.ops.ops),
+            "tiles_verified": int(ledger.tiles_verified),
+        }
+
+    # -- phase 2 ---------------------------------------------------------------------------------
+    def run(self, port: int | None) -> dict[str, Any]:
+        """Join the group, build the graph, generate; the rank's report, or ``{"failure": …}``."""
+        import torch.distributed as dist
+
+        world = self.spec.tp * self.spec.ep * self.spec.pp
+        joined = False
+        try:
+            self.stage = "join"
+            if world > 1:
+                dist.init_process_group(
+                    "gloo",
+                    init_method=f"tcp://127.0.0.1:{port}",
+                    rank=self.spec.rank,
+                    world_size=world,
+                    timeout=timedelta(seconds=120),
+                )
+                joined = True
+            return self._run()
+        except BaseException as exc:
+            return {"failure": failure(self.spec.rank, self.stage, exc)}
+        finally:
+            if joined and dist.is_initialized():
+                dist.destroy_process_group()
+
+    def _run(self) -> dict[str, Any]:
+        import torch
+
+        from shardport.placement import Topology
+        from shardport.placement.topology import layers_of
+
+        from .graph.collectives import LocalGroup, Mesh
+        from .graph.dist import dist_mesh
+        from .graph.model import RankModel
+        from .graph.reference import check_cache
+        from .plan_layout import layout_from_plan
+        from .rank_ops import rank_weights
+
+        spec, contract = self.spec, self.contract
+        topology = Topology(tp=spec.tp, ep=spec.ep, pp=spec.pp)
+        at = topology.coords(spec.rank)
+        world = topology.world_size
+        mesh = (
+            dist_mesh(topology, spec.rank)
+            if world > 1
+            else Mesh(tp=LocalGroup(), stage=LocalGroup(), pipe=None, first=True, last=True)
+        )
+        self.stage = "warm-up"
+        t0 = time.perf_counter()
+        from shardport.placement import plan
+
+        full_plan = plan(self.manifest, topology, ranks=[spec.rank])
+        layout = layout_from_plan(full_plan, contract, at.tp_rank)
+        layers = layers_of(at.pp_stage, contract.layers, spec.pp)
+        weights = rank_weights(contract, self.ops, layers, first=mesh.first, last=mesh.last)
+        model = RankModel(contract, layout, weights, mesh)
+        model.forward([0], model.new_cache())  # warm-up: every operator runs once
+        self.timeline["warm-up"] = time.perf_counter() - t0
+        self.stage = "first token"
+        t1 = time.perf_counter()
+        cache = model.new_cache()
+        prompt_logits = model.forward(list(spec.prompt), cache)
+        rows = [prompt_logits[-1]]
+        tokens = [int(torch.argmax(rows[-1]))]
+        self.timeline["first token"] = time.perf_counter() - t1
+        self.stage = "decode"
+        t2 = time.perf_counter()
+        for _ in range(spec.steps - 1):
+            rows.append(model.forward([tokens[-1]], cache)[-1])
+            tokens.append(int(torch.argmax(rows[-1])))
+        decode_s = time.perf_counter() - t2
+        kv_bytes = sum(t.numel() * t.element_size() for d in (cache.keys, cache.values) for t in d.values())
+        from .graph.model import Generation
+
+        generation = Generation(prompt_logits, tuple(tokens), torch.stack(rows))
+        self.stage = "cache check"
+        checked = check_cache(model, list(spec.prompt), generation, spec.cache_tolerance)
+        rss = _rss()
+        self.ledger["kv_cache"] = int(kv_bytes)
+        self.ledger["host_resident"] = rss
+        self.ledger["host_resident_growth"] = max(0, rss - self.rss_start)
+        reports = mesh.last and at.tp_rank == 0 and at.ep_rank == 0
+        return {
+            "rank": spec.rank,
+            "coords": {"tp": at.tp_rank, "ep": at.ep_rank, "pp": at.pp_stage},
+            "timeline": dict(self.timeline),
+            "decode_seconds": decode_s,
+            "ledger": dict(self.ledger),
+            "read_amplification": float(self.loaded.ledger.read_amplification),
+            "tiles_verified": int(self.loaded.ledger.tiles_verified),
+            "witness": self.loaded.witness_json(),
+            "dispatch": [t.model_dump(mode="json") for t in self.ops.traces],
+            "ladders": [lad.model_dump(mode="json") for lad in self.ops.ladders],
+            "full_dequant_persistent": self.ops.persistent_full_dequant(),
+            "cache": checked.model_dump(mode="json"),
+            "tokens": list(tokens),
+            "prompt_logits": np.ascontiguousarray(prompt_logits.numpy()) if reports else None,
+            "token_logits": np.ascontiguousarray(generation.token_logits.numpy()) if reports else None,
+        }

@@ -1,0 +1,243 @@
+"""A rank's operators from its loaded tensors: quantized linears through the kernels, the rest as floats.
+
+Pure of Ray and of torch.distributed: given a rank's verified tensors (:class:`~shardport.loader.RankTensors`)
+and the manifest's logical weights, :func:`prepare_ops` describes each quantized linear weight for the
+kernels (:func:`~shardport.kernels.rank_weight`), dispatches it for prefill and decode under the fallback
+policy, and runs its parity ladder L0-L3; float weights (norms, float16 embeddings and heads) are decoded
+by the registry's reference decoder into small float tensors. :func:`rank_weights` assembles the
+graph's :class:`~shardport.deploy.graph.RankWeights` from them by the checkpoint's names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardport.kernels import (
+    DispatchTrace,
+    FallbackPolicy,
+    Ladder,
+    PreparedLinear,
+    default_catalog,
+    dispatch_phases,
+    ladder,
+    rank_weight,
+)
+from shardport.loader import RankTensors
+from shardport.registry.contracts.decode import decode_weight
+from shardport.registry.contracts.graph import GraphContract
+from shardport.registry.contracts.model import AffineIntContract, GgufBlockContract, LogicalWeight
+
+from .errors import GraphWeightError, UnsupportedModelError
+from .graph.checkpoint import _GGUF, _HF
+from .graph.weights import Attention, Layer, Linear, Lookup, Mlp, RankWeights, float_linear, float_lookup
+
+_FLOAT_GGUF = frozenset({"F32", "F16", "BF16"})
+#: Golden activation batches for L3 (decode T=1 and a short prefill), fixed seed.
+L3_TOKENS = (1, 4)
+
+
+def is_quantized(weight: LogicalWeight) -> bool:
+    """A weight a kernel runs: affine integer codes, or GGUF blocks other than plain floats."""
+    c = weight.contract
+    if isinstance(c, AffineIntContract):
+        return True
+    return isinstance(c, GgufBlockContract) and c.ggml_type not in _FLOAT_GGUF
+
+
+@dataclass
+class RankOps:
+    """What one rank prepared: operators per weight and phase, floats, traces, ladders, bytes."""
+
+    ops: dict[str, dict[str, PreparedLinear]] = field(default_factory=dict)
+    floats: dict[str, torch.Tensor] = field(default_factory=dict)
+    rows: dict[str, tuple[int, int]] = field(default_factory=dict)
+    traces: list[DispatchTrace] = field(default_factory=list)
+    ladders: list[Ladder] = field(default_factory=list)
+
+    @property
+    def operator_bytes(self) -> int:
+        """Bytes the prepared operators keep alive (each operator once)."""
+        seen = {id(op): op for phases in self.ops.values() for op in phases.values()}
+        return sum(op.resident_bytes for op in seen.values())
+
+    @property
+    def float_bytes(self) -> int:
+        """Bytes of the float tensors (norms, float embeddings and heads)."""
+        return sum(t.numel() * t.element_size() for t in self.floats.values())
+
+    def persistent_full_dequant(self) -> list[str]:
+        """Weights whose selected operator holds a full-size float copy."""
+        return sorted(
+            name
+            for name, phases in self.ops.items()
+            if any(o.transformation == "full-dequant" for o in phases.values())
+        )
+
+
+def _groups(loaded: RankTensors) -> dict[str, tuple[dict[str, Any], dict[str, tuple[int, int]]]]:
+    """Per logical weight: its planes by tensor name and its logical slice bounds by axis."""
+    out: dict[str, tuple[dict[str, Any], dict[str, tuple[int, int]]]] = {}
+    slices = {(r.tensor, tuple(r.index)): r.slice for r in loaded.plan.reads}
+    for t in loaded.tensors:
+        if t.weight is None:
+            continue
+        planes, bounds = out.setdefault(t.weight, ({}, {}))
+        if t.tensor in planes:
+            raise GraphWeightError(f"tensor {t.tensor}: the rank holds two pieces of it; the graph needs one")
+        planes[t.tensor] = t.array
+        s = slices.get((t.tensor, t.index))
+        if s is not None:
+            bounds.update({a: (int(b[0]), int(b[1])) for a, b in zip(s.axes, s.bounds, strict=True)})
+    return out
+
+
+def _golden(k: int, tokens: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((tokens, k)).astype(np.float32)
+
+
+def prepare_ops(
+    loaded: RankTensors,
+    weights: Mapping[str, LogicalWeight],
+    *,
+    policy: FallbackPolicy,
+    required: tuple[str, ...] = (),
+    preferred: tuple[str, ...] = (),
+) -> RankOps:
+    """Dispatch every quantized linear weight of the rank (prefill and decode), decode the float ones."""
+    catalog = default_catalog()
+    out = RankOps()
+    for name, (planes, bounds) in sorted(_groups(loaded).items()):
+        weight = weights.get(name)
+        if weight is None:
+            raise GraphWeightError(f"weight {name}: loaded but not in the manifest's weights")
+        if len(weight.shape.extents) == 1:
+            out.floats[name] = torch.from_numpy(np.ascontiguousarray(decode_weight(weight, planes)))
+            continue
+        if len(weight.shape.extents) != 2:
+            raise UnsupportedModelError(
+                f"weight {name}: shape {list(weight.shape.extents)}; the bring-up runs 2-D linear weights "
+                "(stacked expert tensors are not implemented yet)"
+            )
+        rw = rank_weight(weight, planes, bounds)
+        out.rows[name] = (rw.row_start, rw.row_start + rw.n_local)
+        if not is_quantized(weight):
+            local = decode_weight(rw.local_weight, rw.named_planes)
+            out.floats[name] = torch.from_numpy(np.ascontiguousarray(local))
+            continue
+        chosen = dispatch_phases(
+            rw,
+            catalog,
+            activation_dtype="float32",
+            policy=policy,
+            required=required,
+            preferred=preferred,
+        )
+        out.ops[name] = {phase: op for phase, (op, _) in chosen.items()}
+        out.traces += [trace for _, trace in chosen.values()]
+    return out
+
+
+def run_ladders(loaded: RankTensors, weights: Mapping[str, LogicalWeight], ops: RankOps) -> None:
+    """Parity L0-L3 of every prepared operator (each kernel once per weight), appended to ``ops.ladders``."""
+    groups = _groups(loaded)
+    tiles = loaded.ledger.tiles
+    for name, phases in sorted(ops.ops.items()):
+        planes, bounds = groups[name]
+        rw = rank_weight(weights[name], planes, bounds)
+        verified = sum(len(tiles.get(t, ())) for t in planes)
+        seed = sum(map(ord, name))
+        for op in {id(o): o for o in phases.values()}.values():
+            batches = tuple(_golden(rw.k_local, t, seed + t) for t in L3_TOKENS)
+            ops.ladders.append(
+                ladder(op, rw, manifest_digest=loaded.digest, verified_tiles=verified, activations=batches)
+            )
+
+
+def _phased(phases: Mapping[str, PreparedLinear]) -> Linear:
+    prefill, decode = phases.get("prefill"), phases.get("decode")
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        op = decode if x.shape[0] == 1 and decode is not None else prefill or decode
+        assert op is not None
+        y: torch.Tensor = op(x.to(torch.float32).contiguous())
+        return y
+
+    return linear
+
+
+def _rows_lookup(op: PreparedLinear) -> Lookup:
+    def lookup(ids: torch.Tensor) -> torch.Tensor:
+        rows = [torch.from_numpy(op.decode_rows(int(i), int(i) + 1)) for i in ids.tolist()]
+        return torch.cat(rows).to(torch.float32)
+
+    return lookup
+
+
+class _Slots:
+    def __init__(self, contract: GraphContract, ops: RankOps) -> None:
+        self.gguf, self.ops = contract.source == "gguf", ops
+
+    def name(self, layer: int, op: str, leaf: str = "weight") -> str:
+        stem = f"blk.{layer}.{_GGUF[op]}" if self.gguf else f"model.layers.{layer}.{_HF[op]}"
+        return f"{stem}.{leaf}"
+
+    def linear(self, name: str) -> Linear:
+        if name in self.ops.ops:
+            return _phased(self.ops.ops[name])
+        if name in self.ops.floats:
+            return float_linear(self.ops.floats[name])
+        raise GraphWeightError(f"weight {name}: the rank's operators lack it (the plan did not assign it)")
+
+    def lookup(self, name: str) -> Lookup:
+        if name in self.ops.ops:
+            phases = self.ops.ops[name]
+            return _rows_lookup(phases.get("decode") or next(iter(phases.values())))
+        if name in self.ops.floats:
+            return float_lookup(self.ops.floats[name])
+        raise GraphWeightError(f"weight {name}: the rank's operators lack it (the plan did not assign it)")
+
+    def tensor(self, name: str) -> torch.Tensor:
+        if name not in self.ops.floats:
+            raise GraphWeightError(f"weight {name}: the rank has no float tensor of it")
+        return self.ops.floats[name]
+
+    def bias(self, layer: int, op: str, needed: bool) -> torch.Tensor | None:
+        name = self.name(layer, op, "bias")
+        return self.ops.floats.get(name) if needed else None
+
+
+def rank_weights(
+    contract: GraphContract, ops: RankOps, layers: range, *, first: bool, last: bool
+) -> RankWeights:
+    """The graph's weights of a rank holding ``layers`` (its stage), first and/or last stage."""
+    if contract.moe:
+        raise UnsupportedModelError(
+            "mixture-of-experts bring-up: the expert operators are not wired to the kernels yet "
+            "(the graph runs them from float weights: deploy.local_ranks)"
+        )
+    s = _Slots(contract, ops)
+    built = []
+    for i in layers:
+        att = Attention(
+            q=s.linear(s.name(i, "q")),
+            k=s.linear(s.name(i, "k")),
+            v=s.linear(s.name(i, "v")),
+            o=s.linear(s.name(i, "o")),
+            q_bias=s.bias(i, "q", contract.qkv_bias),
+            k_bias=s.bias(i, "k", contract.qkv_bias),
+            v_bias=s.bias(i, "v", contract.qkv_bias),
+        )
+        mlp = Mlp(*(s.linear(s.name(i, op)) for op in ("gate", "up", "down")))
+        built.append(Layer(i, s.tensor(s.name(i, "input_norm")), att, s.tensor(s.name(i, "post_norm")), mlp))
+    embed_name = "token_embd.weight" if s.gguf else "model.embed_tokens.weight"
+    head_name = embed_name if contract.tied_embeddings else ("output.weight" if s.gguf else "lm_head.weight")
+    norm_name = "output_norm.weight" if s.gguf else "model.norm.weight"
+    embed: Lookup | None = s.lookup(embed_name) if first else None
+    head: Linear | None = s.linear(head_name) if last else None
+    norm = s.tensor(norm_name) if last else None
+    return RankWeights(layers=tuple(built), embed=embed, norm=norm, head=head)

@@ -1,0 +1,133 @@
+"""Tiny llama-family checkpoints for bring-up tests: a GGUF of the mixes real files have, and GPTQ."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from gguf_artifacts import tensor_data
+from quantized import gptq_planes, quantize_minmax
+from safetensors.numpy import save_file
+
+HIDDEN, HEADS, KV_HEADS, INTER, VOCAB, LAYERS = 192, 6, 3, 768, 397, 2
+"""hidden 192 (6 heads of 32, 3 kv heads: GQA), intermediate 768 (three Q4_K/Q6_K superblocks), odd vocab."""
+
+#: Per slot the GGUF type: classic blocks on K = hidden, K-quants where K = intermediate (256-blocks).
+GGUF_TYPES = {
+    "attn_q": "Q4_0",
+    "attn_k": "Q4_0",
+    "attn_v": "Q8_0",
+    "attn_output": "Q4_1",
+    "ffn_gate": "Q4_0",
+    "ffn_up": "Q8_0",
+    "ffn_down": ("Q4_K", "Q6_K"),
+}
+
+
+def gguf_tiny(folder: Path, *, seed: int = 3, types: dict[str, object] | None = None) -> Path:
+    """A 2-layer llama GGUF as llama.cpp writes one: mixed Q4_0/Q4_1/Q8_0/Q4_K/Q6_K linears, a tied
+    Q8_0 token embedding (no ``output.weight``), F32 norms."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    head_dim = HIDDEN // HEADS
+    w = gguf.GGUFWriter(str(folder / "model.gguf"), "llama")
+    w.add_block_count(LAYERS)
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(INTER)
+    w.add_rope_dimension_count(head_dim)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(VOCAB)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    q80 = gguf.GGMLQuantizationType.Q8_0
+    embed = quantize_scaled("Q8_0", (VOCAB, HIDDEN), rng, 1.0)
+    w.add_tensor("token_embd.weight", embed, raw_dtype=q80)
+    shapes = {
+        "attn_q": (HIDDEN, HIDDEN),
+        "attn_k": (KV_HEADS * head_dim, HIDDEN),
+        "attn_v": (KV_HEADS * head_dim, HIDDEN),
+        "attn_output": (HIDDEN, HIDDEN),
+        "ffn_gate": (INTER, HIDDEN),
+        "ffn_up": (INTER, HIDDEN),
+        "ffn_down": (HIDDEN, INTER),
+    }
+    for layer in range(LAYERS):
+        w.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+        for stem, shape in shapes.items():
+            kind = (types or GGUF_TYPES)[stem]
+            name = kind[layer % len(kind)] if isinstance(kind, tuple) else str(kind)
+            qtype = gguf.GGMLQuantizationType[name]
+            w.add_tensor(
+                f"blk.{layer}.{stem}.weight", quantize_scaled(name, shape, rng, 5.0), raw_dtype=qtype
+            )
+        w.add_tensor(f"blk.{layer}.ffn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return folder
+
+
+def quantize_scaled(name: str, shape: tuple[int, int], rng: np.random.Generator, scale: float) -> np.ndarray:
+    """``tensor_data`` (values ~ N(0, 0.02)) for the classic types, scaled up so logits spread."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    if name in ("Q4_K", "Q6_K"):
+        return tensor_data(name, shape, rng)
+    values = (rng.standard_normal(shape) * 0.02 * scale).astype(np.float32)
+    return quantize(values, GGMLQuantizationType[name])
+
+
+def gptq_tiny(folder: Path, *, seed: int = 5) -> Path:
+    """A 2-layer GPTQ llama safetensors checkpoint (4-bit, group 64), float16 embeddings and head."""
+    rng = np.random.default_rng(seed)
+    head_dim = HIDDEN // HEADS
+    tensors: dict[str, np.ndarray] = {
+        "model.embed_tokens.weight": rng.standard_normal((VOCAB, HIDDEN)).astype(np.float16),
+        "lm_head.weight": (rng.standard_normal((VOCAB, HIDDEN)) * 0.1).astype(np.float16),
+        "model.norm.weight": np.ones(HIDDEN, dtype=np.float16),
+    }
+    shapes = {
+        "self_attn.q_proj": (HIDDEN, HIDDEN),
+        "self_attn.k_proj": (KV_HEADS * head_dim, HIDDEN),
+        "self_attn.v_proj": (KV_HEADS * head_dim, HIDDEN),
+        "self_attn.o_proj": (HIDDEN, HIDDEN),
+        "mlp.gate_proj": (INTER, HIDDEN),
+        "mlp.up_proj": (INTER, HIDDEN),
+        "mlp.down_proj": (HIDDEN, INTER),
+    }
+    for layer in range(LAYERS):
+        for slot, (n, k) in shapes.items():
+            case = quantize_minmax((rng.standard_normal((n, k)) * 0.1).astype(np.float32), 64)
+            tensors.update(gptq_planes(case, f"model.layers.{layer}.{slot}"))
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            tensors[f"model.layers.{layer}.{norm}.weight"] = np.ones(HIDDEN, dtype=np.float16)
+    folder.mkdir(parents=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": LAYERS,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "vocab_size": VOCAB,
+        "rms_norm_eps": 1e-5,
+        "quantization_config": {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": 64,
+            "desc_act": False,
+            "checkpoint_format": "gptq",
+        },
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
