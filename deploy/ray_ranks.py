@@ -1,0 +1,157 @@
+"""The thin Ray layer: one actor per rank in one placement group, torn down whatever happens.
+
+:class:`RayRanks` places one :class:`~.rank.Rank` per bundle (``{"GPU": 1}`` per rank where the
+cluster has GPUs for every rank, a share of the CPUs otherwise: :meth:`Cluster.bundle`), calls
+``prepare`` on every rank, and only when every rank prepared, ``run`` with the gloo rendezvous port.
+A rank that reports a failure aborts the bring-up with :class:`RankFailedError` (rank, stage, reason);
+an actor that dies is a :class:`RankLostError`. :meth:`RayRanks.close` kills every actor and removes the
+placement group (the ranks destroy their process groups themselves, or die with them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .cluster import Cluster, free_port
+from .errors import ClusterError, RankFailedError, RankLostError
+from .rank import Rank, RankSpec
+
+Progress = Callable[[int, str], None]
+
+
+class _RankActor:
+    """The actor body: a :class:`Rank` and its two calls."""
+
+    def __init__(self, spec: RankSpec) -> None:
+        self.rank = Rank(spec)
+
+    def prepare(self) -> dict[str, Any]:
+        return self.rank.prepare()
+
+    def run(self, port: int | None) -> dict[str, Any]:
+        return self.rank.run(port)
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+def raise_failures(results: Sequence[dict[str, Any]]) -> None:
+    """Raise :class:`RankFailedError` for the first failed rank (every failed rank named in it)."""
+    failed = [r["failure"] for r in results if "failure" in r]
+    if not failed:
+        return
+    first = min(failed, key=lambda f: int(f["rank"]))
+    others = [f"rank {f['rank']} at {f['stage']}: {f['kind']}" for f in failed if f is not first]
+    message = first["message"] + (f" (also failed: {'; '.join(others)})" if others else "")
+    raise RankFailedError(
+        int(first["rank"]), str(first["stage"]), str(first["kind"]), message, int(first["exit_code"])
+    )
+
+
+class RayRanks:
+    """The actors of one bring-up on ``cluster``; use as a context manager (teardown on exit)."""
+
+    def __init__(self, cluster: Cluster, specs: Sequence[RankSpec], *, timeout: float = 600.0) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.ray, self.specs, self.timeout = ray, list(specs), timeout
+        world = len(self.specs)
+        bundle = cluster.bundle(world)
+        self.group = placement_group([dict(bundle) for _ in range(world)], strategy="PACK")
+        self.actors: list[Any] = []
+        try:
+            ready = self.group.ready()
+            done, _ = ray.wait([ready], timeout=min(120.0, timeout))
+            if not done:
+                raise ClusterError(
+                    f"cannot place {world} ranks of {bundle} on the cluster ({cluster.cpus:g} CPUs, "
+                    f"{cluster.gpus} GPUs): the placement group did not schedule in time"
+                )
+            actor = ray.remote(_RankActor)
+            for i, spec in enumerate(self.specs):
+                strategy = PlacementGroupSchedulingStrategy(
+                    placement_group=self.group, placement_group_bundle_index=i
+                )
+                self.actors.append(
+                    actor.options(
+                        num_cpus=bundle.get("CPU", 0.0),
+                        num_gpus=bundle.get("GPU", 0.0),
+                        scheduling_strategy=strategy,
+                        max_restarts=0,
+                    ).remote(spec)
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> RayRanks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _gather(self, refs: list[Any], what: str) -> list[dict[str, Any]]:
+        ray = self.ray
+        out: list[dict[str, Any]] = []
+        for spec, ref in zip(self.specs, refs, strict=True):
+            try:
+                out.append(ray.get(ref, timeout=self.timeout))
+            except ray.exceptions.GetTimeoutError as exc:
+                raise RankLostError(
+                    f"rank {spec.rank}: no answer to {what} within {self.timeout:g} s"
+                ) from exc
+            except ray.exceptions.RayActorError as exc:
+                raise RankLostError(
+                    f"rank {spec.rank}: its actor died during {what} ({type(exc).__name__}); "
+                    "the bring-up was aborted and every other rank torn down"
+                ) from exc
+        return out
+
+    def pids(self) -> list[int]:
+        """The actors' process ids (tests)."""
+        return [int(p) for p in self.ray.get([a.pid.remote() for a in self.actors], timeout=self.timeout)]
+
+    def prepare(self) -> list[dict[str, Any]]:
+        """Every rank's ``prepare``; raises for the first failed rank."""
+        results = self._gather([a.prepare.remote() for a in self.actors], "prepare")
+        raise_failures(results)
+        return results
+
+    def run(self) -> list[dict[str, Any]]:
+        """Every rank's ``run`` (one gloo rendezvous on 127.0.0.1); raises for the first failed rank."""
+        port = free_port() if len(self.actors) > 1 else None
+        results = self._gather([a.run.remote(port) for a in self.actors], "run")
+        raise_failures(results)
+        return results
+
+    def close(self) -> None:
+        """Kill every actor and remove the placement group (idempotent)."""
+        ray = self.ray
+        for a in self.actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001 - an actor already gone is what we want
+                pass
+        self.actors = []
+        if self.group is not None:
+            try:
+                ray.util.remove_placement_group(self.group)
+            except Exception:  # noqa: BLE001 - already removed
+                pass
+            self.group = None
+
+
+def run_in_process(specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+    """World size 1 without Ray: the one rank prepared and run here (tests, ``--address local``)."""
+    if len(specs) != 1:
+        raise ClusterError(f"in-process bring-up runs one rank, asked for {len(specs)}")
+    rank = Rank(specs[0])
+    raise_failures([rank.prepare()])
+    result = rank.run(None)
+    raise_failures([result])
+    return [result]

@@ -1,0 +1,281 @@
+"""``registry up``: bring a pinned, verified model up on ranks, prove it, store signed evidence.
+
+The driver (this module) resolves the reference once to a manifest digest (a tag never moves under a
+running bring-up: every rank loads ``NAME@sha256:…``), takes the graph contract from the manifest and
+checks the inventory against the architecture strictly, builds the placement plan (refusing a
+topology the graph cannot run), then hands one :class:`~.rank.RankSpec` per rank to a launcher: Ray
+actors in a placement group (:mod:`.ray_ranks`), or the one rank in-process. It builds the float32
+reference from the registry's reference decode of every weight, compares (L4), checks dispatch and
+resources (L5), signs and stores the evidence, and writes the logits and the HTML report on request.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from shardport.registry.artifact.refs import parse_ref
+from shardport.registry.errors import UsageError
+from shardport.registry.session import Session
+from shardport.registry.trust.resolve import Resolved, resolve
+
+from .errors import DeployError, GraphLayoutError
+from .rank import RankSpec
+
+Launcher = Callable[[Sequence[RankSpec]], list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class UpRequest:
+    """What ``registry up`` was asked."""
+
+    ref: str
+    tokens: tuple[int, ...]
+    steps: int = 4
+    tp: int = 1
+    ep: int = 1
+    pp: int = 1
+    fallback: Literal["forbid", "warn", "allow"] = "warn"
+    store: str | None = None
+    s3_endpoint: str | None = None
+    address: str | None = None
+    ladder: bool = True
+
+
+@dataclass(frozen=True)
+class UpResult:
+    """A finished bring-up: the digest it ran, what it generated, its evidence and where it is stored."""
+
+    digest: str
+    repository: str
+    generated: tuple[int, ...]
+    prompt_logits: np.ndarray
+    predicate: dict[str, Any]
+    evidence: str | None
+    reports: list[dict[str, Any]] = field(repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` document."""
+        p = self.predicate
+        return {
+            "digest": self.digest,
+            "repository": self.repository,
+            "tag": p["tag"],
+            "topology": p["topology"],
+            "generated": list(self.generated),
+            "passed": p["passed"],
+            "parity": p["parity"],
+            "dispatch": p["dispatch"],
+            "timeline": p["timeline"],
+            "ledger": p["ledger"],
+            "memory": p["memory"],
+            "read_amplification": p["read_amplification"],
+            "evidence": self.evidence,
+        }
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("shardport", "torch", "ray", "numpy"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "unknown"
+    from shardport.kernels import default_catalog
+
+    out["kernels"] = ",".join(f"{k.capability.id}@{k.capability.version}" for k in default_catalog())
+    return out
+
+
+def check_plan(resolved: Resolved, request: UpRequest) -> Any:
+    """The graph contract, inventory and placement checks, at plan time; returns the contract."""
+    from shardport.placement import Topology, plan
+
+    from .contract import check_inventory, contract_of
+    from .plan_layout import layout_from_plan
+
+    contract = contract_of(resolved.manifest)
+    check_inventory(contract, resolved.manifest)
+    if not request.tokens:
+        raise UsageError("registry up: no prompt (pass --tokens 1,2,3)")
+    bad = [t for t in request.tokens if not 0 <= t < contract.vocab]
+    if bad:
+        raise UsageError(f"--tokens {bad}: outside the vocabulary 0..{contract.vocab - 1}")
+    if request.steps < 1:
+        raise UsageError(f"--generate {request.steps}: expected at least 1")
+    if request.ep > 1 and not contract.moe:
+        raise GraphLayoutError(f"--ep {request.ep}: {contract.architecture} has no experts to spread")
+    topology = Topology(tp=request.tp, ep=request.ep, pp=request.pp)
+    planned = plan(resolved.manifest, topology)
+    if request.pp > contract.layers:
+        raise GraphLayoutError(f"--pp {request.pp}: more stages than the model's {contract.layers} layers")
+    for tp_rank in range(request.tp):
+        layout_from_plan(planned, contract, tp_rank)
+    return contract
+
+
+def reference_generation(
+    session: Session, resolved: Resolved, contract: Any, prompt: Sequence[int], steps: int
+) -> Any:
+    """The float32 reference: every weight decoded by the registry's reference decoder, one process."""
+    import torch
+
+    from shardport.loader import load_rank
+    from shardport.placement import Topology
+    from shardport.registry.contracts.decode import decode_weight
+
+    from .graph.checkpoint import float_model
+    from .graph.reference import reference_model
+
+    whole = load_rank(session, resolved, Topology(tp=1), 0)
+    planes: dict[str, dict[str, Any]] = {}
+    for t in whole.tensors:
+        if t.weight is not None:
+            planes.setdefault(t.weight, {})[t.tensor] = t.array
+    weights = {w.name: w for w in resolved.manifest.weights or []}
+    tensors = {
+        name: torch.from_numpy(np.ascontiguousarray(decode_weight(weights[name], p)))
+        for name, p in planes.items()
+    }
+    return reference_model(float_model(contract, tensors)).generate(list(prompt), steps)
+
+
+def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
+    """One spec per rank; threads = the rank's share of the cores."""
+    world = request.tp * request.ep * request.pp
+    threads = max(1, int((cpus or os.cpu_count() or 1) // world))
+    return [
+        RankSpec(
+            ref=pinned,
+            store=request.store,
+            home=os.environ.get("SHARDPORT_HOME"),
+            s3_endpoint=request.s3_endpoint,
+            tp=request.tp,
+            ep=request.ep,
+            pp=request.pp,
+            rank=rank,
+            fallback=request.fallback,
+            prompt=request.tokens,
+            steps=request.steps,
+            threads=threads,
+            ladder=request.ladder,
+        )
+        for rank in range(world)
+    ]
+
+
+def ray_launcher(address: str | None) -> Launcher:
+    """Run the ranks as Ray actors (an existing cluster at ``address``, or an embedded one on loopback)."""
+
+    def launch(specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+        from .cluster import connect
+        from .ray_ranks import RayRanks
+
+        with connect(address, world=len(specs)) as cluster:
+            threads = max(1, int(cluster.cpus // max(1, len(specs)))) if cluster.cpus else 1
+            specs = [s.__class__(**{**s.__dict__, "threads": min(s.threads, threads)}) for s in specs]
+            with RayRanks(cluster, specs) as ranks:
+                ranks.prepare()
+                return ranks.run()
+
+    return launch
+
+
+def bring_up(
+    session: Session,
+    request: UpRequest,
+    *,
+    launcher: Launcher | None = None,
+    store_evidence: bool = True,
+) -> UpResult:
+    """Run the whole bring-up (see the module docstring); raises a typed error on any failure."""
+    import torch
+
+    from shardport.kernels import FallbackPolicy
+    from shardport.registry import evidence as registry_evidence
+
+    from .graph.model import Generation
+    from .graph.reference import compare
+    from .up_evidence import level5, predicate, tolerance
+
+    t0 = time.perf_counter()
+    resolved = resolve(session, parse_ref(request.ref))
+    resolve_s = time.perf_counter() - t0
+    contract = check_plan(resolved, request)
+    plan_s = time.perf_counter() - t0 - resolve_s
+    pinned = f"{resolved.ref.name}@{resolved.digest}"
+    specs = specs_for(request, pinned, float(os.cpu_count() or 1))
+    reports = (launcher or ray_launcher(request.address))(specs)
+    for r in reports:  # the driver's resolve and plan are part of every rank's startup
+        r["timeline"] = {
+            "resolve": resolve_s + r["timeline"].get("resolve", 0.0),
+            "plan": plan_s + r["timeline"].get("plan", 0.0),
+            **{k: v for k, v in r["timeline"].items() if k not in ("resolve", "plan")},
+        }
+    reporter = next((r for r in reports if r.get("prompt_logits") is not None), None)
+    if reporter is None:
+        raise DeployError("no rank reported logits (the last pipeline stage's first rank must)")
+    run = Generation(
+        torch.from_numpy(reporter["prompt_logits"]),
+        tuple(reporter["tokens"]),
+        torch.from_numpy(reporter["token_logits"]),
+    )
+    reference = reference_generation(session, resolved, contract, request.tokens, request.steps)
+    tol = tolerance(reports, contract.layers, float(reference.prompt_logits.abs().max()))
+    parity = compare(run, reference, tol["value"]).model_dump(mode="json")
+    parity["tolerance_derivation"] = tol
+    policy = FallbackPolicy.from_cli(request.fallback)
+    l5 = level5(reports, policy, tuple(resolved.manifest.runtime.kernels_preferred))
+    tag = None
+    if resolved.tag_entry is not None:
+        doc = resolved.tag_entry.doc
+        tag = {
+            "name": doc.tag,
+            "version": doc.version,
+            "digest": doc.target,
+            "rollback_of": None if doc.rollback_of is None else doc.rollback_of.version,
+        }
+    pred = predicate(
+        repository=resolved.ref.name,
+        digest=resolved.digest,
+        tag=tag,
+        topology={"tp": request.tp, "ep": request.ep, "pp": request.pp},
+        reports=reports,
+        parity=parity,
+        l5=l5,
+        versions=_versions(),
+        created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        prompt=request.tokens,
+        generated=run.tokens,
+    )
+    stored = None
+    if store_evidence:
+        stored = registry_evidence.store_evidence(session, resolved.ref.name, resolved.digest, pred)
+    return UpResult(
+        digest=resolved.digest,
+        repository=resolved.ref.name,
+        generated=run.tokens,
+        prompt_logits=reporter["prompt_logits"],
+        predicate=pred,
+        evidence=stored,
+        reports=reports,
+    )
+
+
+def write_logits(path: Path, logits: np.ndarray) -> Path:
+    """``--logits-out``: float32 ``logits`` ``[T, vocab]`` as safetensors (written whole, then renamed)."""
+    from safetensors.numpy import save_file
+
+    tmp = path.with_name(path.name + ".partial")
+    save_file({"logits": np.ascontiguousarray(logits, dtype=np.float32)}, str(tmp))
+    tmp.replace(path)
+    return path

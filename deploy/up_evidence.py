@@ -1,0 +1,271 @@
+"""The evidence of one bring-up, as plain data: parity L4 (graph) and L5 (dispatch and resources).
+
+Pure: the ranks' reports, the reference generation and the policy in; the evidence predicate out
+(``https://shardport.dev/evidence/v1``; the fields :mod:`.report` draws, plus the details). No Ray,
+no store. Every number is a finite float or an int (the statement is canonical JSON).
+
+- L4: the parallel logits against the single-process float32 reference built from the registry's
+  reference decode of every weight — max |Δ| over the prompt positions, top-1 agreement per position,
+  identical greedy tokens for K steps, and each rank's KV-cache check (decode steps vs fresh prefills).
+  The tolerance is derived from the admitted kernels' recorded L3 errors (see :func:`tolerance`).
+- L5: every trace's selected kernel is the one the driver expects for that operator (admission
+  recomputed here, in priority order, under the policy); fallback counts per class within the policy;
+  no persistent full-dequant buffer unless the policy allows one; each rank's resident growth within
+  its component ledger.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shardport.kernels import FallbackPolicy, OperatorSignature, admit, default_catalog
+
+#: Slack of the resident-memory check: the interpreter's and allocator's own growth on a rank.
+RESIDENT_SLACK = 96 * 1024 * 1024
+LEDGER_COMPONENTS = (
+    "codes_and_qparams",
+    "prepared_operators",
+    "float_tensors",
+    "kv_cache",
+    "repack_workspace_peak",
+)
+
+
+def _finite(x: float) -> float:
+    return float(x) if math.isfinite(x) else -1.0
+
+
+def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: float) -> dict[str, float]:
+    """The L4 tolerance: ``64 · max(E_kernel, 1e-6) · (layers + 1) · max(1, max|logit|)``.
+
+    ``E_kernel``: the largest relative operator error any admitted kernel showed at L3 (float32
+    accumulation in a different order; a conversion's recorded error where there is one); each of the
+    ``layers + 1`` blocks can add it once, relative to the logits' scale; 64 covers the tensor-parallel
+    sums' different order (float32) and the attention softmax's amplification.
+    """
+    worst = 0.0
+    for r in reports:
+        for lad in r.get("ladders", []):
+            for x in lad["l3"]:
+                worst = max(worst, float(x["e_kernel"]), float(x["e_conversion"]))
+    value = 64.0 * max(worst, 1e-6) * (layers + 1) * max(1.0, logit_scale)
+    return {"e_kernel_max": _finite(worst), "logit_scale": _finite(logit_scale), "value": _finite(value)}
+
+
+def expected_kernel(op: OperatorSignature, policy: FallbackPolicy, preferred: Sequence[str]) -> str | None:
+    """The kernel the driver expects for ``op``: first admitted, policy-allowed, in priority order."""
+    catalog = list(default_catalog())
+    first = [
+        k
+        for p in preferred
+        for k in catalog
+        if p in (k.capability.id, f"{k.capability.id}@{k.capability.version}")
+    ]
+    for kernel in first + [k for k in catalog if k not in first]:
+        cap = kernel.capability
+        if admit(op, cap).accepted and policy.mode(cap.transformation) != "forbid":
+            return f"{cap.id}@{cap.version}"
+    return None
+
+
+def level5(
+    reports: Sequence[Mapping[str, Any]], policy: FallbackPolicy, preferred: Sequence[str]
+) -> dict[str, Any]:
+    """L5: expected kernels per weight and rank, fallback counts, full-dequant buffers, resident memory."""
+    unexpected: list[str] = []
+    classes: Counter[str] = Counter()
+    checked = 0
+    for r in reports:
+        for t in r["dispatch"]:
+            want = expected_kernel(OperatorSignature.model_validate(t["requested"]), policy, preferred)
+            checked += 1
+            classes[t["transformation"]] += 1
+            if want != t["selected"]:
+                unexpected.append(
+                    f"rank {r['rank']} {t['weight']} ({t['phase']}): {t['selected']}, expected {want}"
+                )
+    over = {c: n for c, n in classes.items() if policy.mode(c) == "forbid"}  # type: ignore[arg-type]
+    dequant = {str(r["rank"]): r["full_dequant_persistent"] for r in reports if r["full_dequant_persistent"]}
+    dequant_ok = not dequant or policy.full_dequant != "forbid"
+    resident: dict[str, dict[str, int | bool]] = {}
+    for r in reports:
+        ledger = r["ledger"]
+        accounted = sum(int(ledger.get(c, 0)) for c in LEDGER_COMPONENTS)
+        growth = int(ledger.get("host_resident_growth", 0))
+        resident[str(r["rank"])] = {
+            "growth": growth,
+            "ledger": accounted,
+            "bound": 2 * accounted + RESIDENT_SLACK,
+            "passed": growth <= 2 * accounted + RESIDENT_SLACK,
+        }
+    return {
+        "traces_checked": checked,
+        "unexpected_kernels": unexpected,
+        "fallbacks": dict(classes),
+        "forbidden_fallbacks": over,
+        "full_dequant_buffers": dequant,
+        "full_dequant_within_policy": dequant_ok,
+        "resident": resident,
+        "passed": not unexpected and not over and dequant_ok and all(v["passed"] for v in resident.values()),
+    }
+
+
+def _ladder_rows(reports: Sequence[Mapping[str, Any]], digest: str) -> list[dict[str, Any]]:
+    ladders = [lad for r in reports for lad in r["ladders"]]
+    tiles = sum(int(lad["l0"]["verified_tiles"]) for lad in ladders)
+    l3 = [x for lad in ladders for x in lad["l3"]]
+    return [
+        {
+            "level": "L0",
+            "name": "bytes from verified tiles of the pinned manifest",
+            "passed": bool(ladders)
+            and all(lad["l0"]["passed"] and lad["l0"]["manifest_digest"] == digest for lad in ladders),
+            "value": tiles,
+            "tolerance": None,
+            "detail": f"{len(ladders)} operators, {tiles} verified tiles, manifest {digest}",
+        },
+        {
+            "level": "L1",
+            "name": "codes preserved by every layout",
+            "passed": all(lad["l1"]["passed"] for lad in ladders),
+            "value": sum(int(lad["l1"]["mismatches"]) for lad in ladders),
+            "tolerance": 0,
+            "detail": f"{sum(int(lad['l1']['codes_compared']) for lad in ladders)} codes compared",
+        },
+        {
+            "level": "L2",
+            "name": "layout decode = reference decode; witness rows",
+            "passed": all(lad["l2"]["passed"] for lad in ladders),
+            "value": max((float(lad["l2"]["max_abs_error"]) for lad in ladders), default=0.0),
+            "tolerance": max((float(lad["l2"]["tolerance"]) for lad in ladders), default=0.0),
+            "detail": f"{sum(int(lad['l2']['witness_checked']) for lad in ladders)} witness cells/rows checked",
+        },
+        {
+            "level": "L3",
+            "name": "operator error vs reference (max E_kernel)",
+            "passed": all(x["passed"] for x in l3),
+            "value": max((float(x["e_kernel"]) for x in l3), default=0.0),
+            "tolerance": max((float(x["tol_kernel"]) + float(x["e_conversion"]) for x in l3), default=0.0),
+            "detail": f"{len(l3)} golden batches",
+        },
+    ]
+
+
+def predicate(
+    *,
+    repository: str,
+    digest: str,
+    tag: Mapping[str, Any] | None,
+    topology: Mapping[str, int],
+    reports: Sequence[Mapping[str, Any]],
+    parity: Mapping[str, Any],
+    l5: Mapping[str, Any],
+    versions: Mapping[str, str],
+    created: str,
+    prompt: Sequence[int],
+    generated: Sequence[int],
+) -> dict[str, Any]:
+    """The evidence predicate (what is signed) and what ``--json`` / ``--report`` show."""
+    rows = _ladder_rows(reports, digest)
+    caches = [r["cache"] for r in reports]
+    cache_ok = all(float(c["max_abs_diff"]) <= float(c["tolerance"]) for c in caches)
+    top1 = parity["top1_agree"]
+    rows += [
+        {
+            "level": "L4",
+            "name": "logits max |Δ| vs float32 reference",
+            "passed": parity["max_abs_diff"] <= parity["tolerance"],
+            "value": parity["max_abs_diff"],
+            "tolerance": parity["tolerance"],
+            "detail": f"{parity['positions']} prompt positions; decode max |Δ| {parity['decode_max_abs_diff']:.3g}",
+        },
+        {
+            "level": "L4",
+            "name": "top-1 agreement per position",
+            "passed": all(top1),
+            "value": sum(top1),
+            "tolerance": len(top1),
+            "detail": "".join("1" if x else "0" for x in top1),
+        },
+        {
+            "level": "L4",
+            "name": "greedy tokens identical",
+            "passed": list(parity["tokens"]) == list(parity["reference_tokens"]),
+            "value": len(parity["tokens"]),
+            "tolerance": None,
+            "detail": f"{list(parity['tokens'])} vs {list(parity['reference_tokens'])}",
+        },
+        {
+            "level": "L4",
+            "name": "KV cache: decode steps = fresh prefills",
+            "passed": cache_ok,
+            "value": max((float(c["max_abs_diff"]) for c in caches), default=0.0),
+            "tolerance": max((float(c["tolerance"]) for c in caches), default=0.0),
+            "detail": f"{len(caches)} ranks",
+        },
+        {
+            "level": "L5",
+            "name": "expected kernel on every weight of every rank",
+            "passed": not l5["unexpected_kernels"],
+            "value": l5["traces_checked"],
+            "tolerance": None,
+            "detail": "; ".join(l5["unexpected_kernels"][:4]) or "all as expected",
+        },
+        {
+            "level": "L5",
+            "name": "fallbacks within policy; no persistent full dequant",
+            "passed": not l5["forbidden_fallbacks"] and l5["full_dequant_within_policy"],
+            "value": sum(l5["fallbacks"].get(c, 0) for c in ("conversion", "generic", "full-dequant")),
+            "tolerance": None,
+            "detail": str(l5["fallbacks"]),
+        },
+        {
+            "level": "L5",
+            "name": "resident host memory within the ledger",
+            "passed": all(v["passed"] for v in l5["resident"].values()),
+            "value": max((int(v["growth"]) for v in l5["resident"].values()), default=0),
+            "tolerance": max((int(v["bound"]) for v in l5["resident"].values()), default=0),
+            "detail": "per rank: growth since start vs 2 x components + slack",
+        },
+    ]
+    by_rank = sorted(reports, key=lambda r: int(r["rank"]))
+    return {
+        "manifest": digest,
+        "repository": repository,
+        "tag": dict(tag) if tag else None,
+        "topology": dict(topology),
+        "created": created,
+        "versions": dict(versions),
+        "prompt": list(prompt),
+        "generated": list(generated),
+        "passed": all(bool(r["passed"]) for r in rows),
+        "parity": rows,
+        "parity_l4": dict(parity),
+        "l5": dict(l5),
+        "dispatch": [
+            {
+                "rank": r["rank"],
+                "weight": t["weight"],
+                "phase": t["phase"],
+                "kernel": t["selected"],
+                "transformation": t["transformation"],
+            }
+            for r in by_rank
+            for t in r["dispatch"]
+        ],
+        "timeline": {str(r["rank"]): {k: _finite(v) for k, v in r["timeline"].items()} for r in by_rank},
+        "ledger": {
+            str(r["rank"]): {c: int(r["ledger"].get(c, 0)) for c in LEDGER_COMPONENTS} for r in by_rank
+        },
+        "memory": {
+            str(r["rank"]): {k: int(v) for k, v in r["ledger"].items() if k not in LEDGER_COMPONENTS}
+            for r in by_rank
+        },
+        "read_amplification": {str(r["rank"]): _finite(r["read_amplification"]) for r in by_rank},
+        "tiles_verified": {str(r["rank"]): int(r["tiles_verified"]) for r in by_rank},
+        "witness": {str(r["rank"]): r["witness"] for r in by_rank},
+        "decode_seconds": {str(r["rank"]): _finite(r["decode_seconds"]) for r in by_rank},
+    }
