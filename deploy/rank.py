@@ -127,7 +127,7 @@ class Rank:
         self.stage = "repack"
         t2 = time.perf_counter()
         runtime = resolved.manifest.runtime
-        policy = FallbackPolicy.from_cli(spec.fallback)  # type: ignore[arg-type]
+        policy = FallbackPolicy.from_cli(spec.fallback)  # type: ignore[arg-type,unused-ignore]
         weights = {w.name: w for w in resolved.manifest.weights or []}
         self.ops = prepare_ops(
             loaded,

@@ -10,6 +10,7 @@ placement group (the ranks destroy their process groups themselves, or die with 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -133,16 +134,12 @@ class RayRanks:
         """Kill every actor and remove the placement group (idempotent)."""
         ray = self.ray
         for a in self.actors:
-            try:
+            with contextlib.suppress(Exception):  # an actor already gone is what we want
                 ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001 - an actor already gone is what we want
-                pass
         self.actors = []
         if self.group is not None:
-            try:
+            with contextlib.suppress(Exception):  # already removed
                 ray.util.remove_placement_group(self.group)
-            except Exception:  # noqa: BLE001 - already removed
-                pass
             self.group = None
 
 

@@ -87,7 +87,7 @@ def level5(
                 unexpected.append(
                     f"rank {r['rank']} {t['weight']} ({t['phase']}): {t['selected']}, expected {want}"
                 )
-    over = {c: n for c, n in classes.items() if policy.mode(c) == "forbid"}  # type: ignore[arg-type]
+    over = {c: n for c, n in classes.items() if policy.mode(c) == "forbid"}  # type: ignore[arg-type,unused-ignore]
     dequant = {str(r["rank"]): r["full_dequant_persistent"] for r in reports if r["full_dequant_persistent"]}
     dequant_ok = not dequant or policy.full_dequant != "forbid"
     resident: dict[str, dict[str, int | bool]] = {}
@@ -141,7 +141,7 @@ def _ladder_rows(reports: Sequence[Mapping[str, Any]], digest: str) -> list[dict
             "passed": all(lad["l2"]["passed"] for lad in ladders),
             "value": max((float(lad["l2"]["max_abs_error"]) for lad in ladders), default=0.0),
             "tolerance": max((float(lad["l2"]["tolerance"]) for lad in ladders), default=0.0),
-            "detail": f"{sum(int(lad['l2']['witness_checked']) for lad in ladders)} witness cells/rows checked",
+            "detail": f"{sum(int(lad['l2']['witness_checked']) for lad in ladders)} witness cells or rows",
         },
         {
             "level": "L3",
@@ -180,7 +180,7 @@ def predicate(
             "passed": parity["max_abs_diff"] <= parity["tolerance"],
             "value": parity["max_abs_diff"],
             "tolerance": parity["tolerance"],
-            "detail": f"{parity['positions']} prompt positions; decode max |Δ| {parity['decode_max_abs_diff']:.3g}",
+            "detail": f"{parity['positions']} positions; decode max |Δ| {parity['decode_max_abs_diff']:.3g}",
         },
         {
             "level": "L4",

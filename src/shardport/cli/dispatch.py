@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from shardport.cli import fetch, housekeeping, keys, publish, show
+from shardport.cli import bringup, fetch, housekeeping, keys, publish, show
 from shardport.registry.errors import UsageError
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ COMMANDS: dict[str, Command] = {
     "decode": show.decode,
     "gc": housekeeping.gc,
     "fsck": housekeeping.fsck,
+    "up": bringup.up,
 }
 
 

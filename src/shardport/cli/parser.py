@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from shardport import EXIT_CODES as _EXIT_TABLE
+from shardport.cli import bringup
 from shardport.registry.errors import UsageError
 
 EXIT_CODES = "exit codes: " + ", ".join(
@@ -185,6 +186,6 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, help_: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], help=help_, description=help_, epilog=EXIT_CODES)
 
-    for group in (_keygen, _push, _pull, _tags, _reads, _transforms, _housekeeping):
+    for group in (_keygen, _push, _pull, _tags, _reads, _transforms, _housekeeping, bringup.add_parser):
         group(add)
     return parser

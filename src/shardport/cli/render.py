@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from shardport.cli import bringup
+
 
 def _published(result: Any) -> str:
     return (
@@ -93,6 +95,7 @@ _RENDER = {
     "verify": _verified,
     "decode": _decoded,
     "evidence": _evidence,
+    "up": bringup.render,
 }
 
 
