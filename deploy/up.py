@@ -225,9 +225,9 @@ def bring_up(
     if reporter is None:
         raise DeployError("no rank reported logits (the last pipeline stage's first rank must)")
     run = Generation(
-        torch.from_numpy(reporter["prompt_logits"]),
+        torch.from_numpy(np.array(reporter["prompt_logits"])),
         tuple(reporter["tokens"]),
-        torch.from_numpy(reporter["token_logits"]),
+        torch.from_numpy(np.array(reporter["token_logits"])),
     )
     reference = reference_generation(session, resolved, contract, request.tokens, request.steps)
     tol = tolerance(reports, contract.layers, float(reference.prompt_logits.abs().max()))

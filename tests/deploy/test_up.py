@@ -1,0 +1,193 @@
+"""``registry up``: quantized llama checkpoints brought up on Ray ranks, parity L0-L5, signed evidence,
+failures that abort cleanly (tampered tile, forbidden fallback, a killed rank) and rollback by tag."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from bringup_artifacts import INTER, VOCAB, gguf_tiny, gptq_tiny
+from llama_artifacts import ok
+from safetensors.numpy import load_file
+
+from shardport.cli import main
+from shardport.deploy.contract import check_inventory, contract_of
+from shardport.deploy.errors import RankFailedError, RankLostError, UnsupportedModelError
+from shardport.deploy.ray_ranks import run_in_process
+from shardport.deploy.up import UpRequest, bring_up, ray_launcher, specs_for
+from shardport.registry.artifact.refs import parse_ref
+from shardport.registry.evidence import read_evidence
+from shardport.registry.session import Session
+from shardport.registry.store.keys import blob_key
+from shardport.registry.trust.resolve import resolve
+
+PROMPT = (1, 5, 300, 7, 396)
+
+
+def _push(home: Path, tmp: Path, folder: Path, ref: str) -> str:
+    store = str(tmp / "store")
+    if not (home / "keys").exists():
+        ok(store, "keygen")
+    ok(store, "push", folder, ref)
+    return store
+
+
+def _cli(store: str, *args: str) -> tuple[int, dict[str, Any]]:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["--store", store, "--json", *args])
+    return code, json.loads(buf.getvalue())
+
+
+def _all_pass(parity: list[dict[str, Any]]) -> None:
+    failed = [row for row in parity if not row["passed"]]
+    assert not failed, failed
+    assert {row["level"] for row in parity} == {"L0", "L1", "L2", "L3", "L4", "L5"}
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_gptq_up_at_tp2_proves_parity_and_stores_evidence(home: Path, tmp_path: Path, ray_ranks: Any) -> None:
+    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
+    report, logits = tmp_path / "up.html", tmp_path / "logits.safetensors"
+    tokens = ",".join(map(str, PROMPT))
+    code, doc = _cli(
+        store, "up", "llama/gptq:v1", "--tp", "2", "--tokens", tokens, "--generate", "4",
+        "--report", str(report), "--logits-out", str(logits),
+    )  # fmt: skip
+    assert code == 0, doc
+    _all_pass(doc["parity"])
+    assert len(doc["generated"]) == 4 and set(doc["read_amplification"]) == {"0", "1"}
+    assert all(r["kernel"] == "cpu.int4pack@1" for r in doc["dispatch"])  # every GPTQ linear, both ranks
+    assert {r["rank"] for r in doc["dispatch"]} == {0, 1}
+    assert set(doc["timeline"]["1"]) >= {
+        "resolve",
+        "plan",
+        "fetch",
+        "verify",
+        "repack",
+        "warm-up",
+        "first token",
+    }
+    assert doc["ledger"]["0"]["codes_and_qparams"] > 0 and doc["ledger"]["1"]["kv_cache"] > 0
+    written = load_file(str(logits))["logits"]
+    assert written.dtype == np.float32 and written.shape == (len(PROMPT), VOCAB)
+    assert int(written[-1].argmax()) == doc["generated"][0]
+    page = report.read_text()
+    assert "evidence-data" in page and doc["digest"] in page
+    verified = ok(store, "verify", "llama/gptq:v1")
+    assert verified["evidence_verified"] >= 1
+    listed = ok(store, "evidence", "llama/gptq:v1")
+    assert [e["topology"] for e in listed["evidence"]] == [{"tp": 2, "ep": 1, "pp": 1}]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_gguf_mix_with_tied_q8_embedding_up_at_tp3(home: Path, tmp_path: Path, ray_ranks: Any) -> None:
+    store = _push(home, tmp_path, gguf_tiny(tmp_path / "gguf"), "llama/gguf:v1")
+    session = Session.open(store)
+    request = UpRequest(ref="llama/gguf:v1", tokens=PROMPT, steps=3, tp=3, fallback="allow", store=store)
+    result = bring_up(session, request, launcher=ray_launcher(None))
+    _all_pass(result.predicate["parity"])
+    weights = {(r["rank"], r["weight"].split("[")[0]) for r in result.predicate["dispatch"]}
+    assert (2, "token_embd.weight") in weights  # the tied Q8_0 embedding is every rank's head
+    down = [r for r in result.predicate["dispatch"] if r["weight"].startswith("blk.0.ffn_down")]
+    assert [r["weight"] for r in down if r["phase"] == "decode"] == [
+        f"blk.0.ffn_down.weight[N=0:192, K={a}:{b}]" for a, b in ((0, 256), (256, 512), (512, INTER))
+    ]  # the Q4_K weight split along K on superblock boundaries
+    evidence = read_evidence(session, "llama/gguf", result.digest)
+    assert len(evidence.verified) == 1 and evidence.verified[0].predicate["passed"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_tampered_tile_aborts_naming_rank_tensor_and_tile(
+    home: Path, tmp_path: Path, ray_ranks: Any
+) -> None:
+    store = _push(home, tmp_path, gguf_tiny(tmp_path / "gguf"), "llama/gguf:v1")
+    session = Session.open(store)
+    manifest = resolve(session, parse_ref("llama/gguf:v1")).manifest
+    entry = next(t for t in manifest.tensors or [] if t.name == "blk.1.ffn_up.weight")
+    blob = next(f.digest for f in manifest.files if f.path == entry.file)
+    row_bytes = (entry.end - entry.start) // entry.shape[0]
+    data = bytearray(session.store.read(blob_key(blob)))
+    data[entry.start + row_bytes * (INTER - 10) + 5] ^= 0x10  # a row only tp rank 1 holds
+    session.store.put(blob_key(blob), bytes(data))
+    request = UpRequest(ref="llama/gguf:v1", tokens=PROMPT, tp=2, fallback="allow", store=store)
+    with pytest.raises(RankFailedError) as caught:
+        bring_up(session, request, launcher=ray_launcher(None))
+    message = str(caught.value)
+    assert caught.value.rank == 1 and caught.value.kind == "TileDigestMismatchError"
+    assert "rank 1" in message and "blk.1.ffn_up.weight" in message and "tile" in message
+    assert caught.value.exit_code == 1
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_killed_rank_fails_cleanly_and_leaks_nothing(home: Path, tmp_path: Path, ray_ranks: Any) -> None:
+    from shardport.deploy.cluster import connect
+    from shardport.deploy.ray_ranks import RayRanks
+
+    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
+    pinned = f"llama/gptq@{resolve(Session.open(store), parse_ref('llama/gptq:v1')).digest}"
+    request = UpRequest(ref=pinned, tokens=PROMPT, tp=2, store=store, ladder=False)
+    with connect(None, world=2) as cluster, RayRanks(cluster, specs_for(request, pinned, 2.0)) as ranks:
+        ranks.prepare()
+        ray_ranks.kill(ranks.actors[1], no_restart=True)
+        with pytest.raises(RankLostError, match=r"rank 1: its actor died"):
+            ranks.run()
+    # the ray_ranks fixture asserts no actor and no placement group is left
+
+
+def test_forbid_refuses_listing_every_candidates_reason(home: Path, tmp_path: Path) -> None:
+    from shardport.kernels import default_catalog
+
+    store = _push(home, tmp_path, gguf_tiny(tmp_path / "gguf"), "llama/gguf:v1")
+    request = UpRequest(ref="llama/gguf:v1", tokens=PROMPT, fallback="forbid", store=store)
+    with pytest.raises(RankFailedError) as caught:
+        bring_up(Session.open(store), request, launcher=run_in_process)
+    assert caught.value.stage == "repack" and "Forbidden" in caught.value.kind
+    message = str(caught.value)
+    assert "blk.0.attn_v.weight" in message  # Q8_0: no specialised kernel here, full dequant forbidden
+    for kernel in default_catalog():
+        assert kernel.capability.id in message, kernel.capability.id
+
+
+def test_rollback_then_up_brings_up_the_older_pinned_manifest(home: Path, tmp_path: Path) -> None:
+    store = _push(home, tmp_path, gptq_tiny(tmp_path / "v1", seed=5), "llama/q:prod")
+    session = Session.open(store)
+    up = UpRequest(ref="llama/q:prod", tokens=PROMPT, steps=2, store=store, ladder=False)
+    first = bring_up(session, up, launcher=run_in_process)
+    ok(store, "push", gptq_tiny(tmp_path / "v2", seed=6), "llama/q:prod")
+    second = bring_up(session, up, launcher=run_in_process)
+    assert second.digest != first.digest and second.predicate["tag"]["version"] == 2
+    ok(store, "rollback", "llama/q:prod", "--steps", "1", "--reason", "v2 regressed")
+    third = bring_up(session, up, launcher=run_in_process)
+    assert third.digest == first.digest
+    tag = third.predicate["tag"]
+    assert tag["version"] == 3 and tag["rollback_of"] == 2 and tag["digest"] == first.digest
+    stored = read_evidence(session, "llama/q", first.digest).verified
+    assert [e.predicate["tag"]["version"] for e in stored] == [1, 3]
+    pinned = bring_up(
+        session, UpRequest(**{**up.__dict__, "ref": f"llama/q@{second.digest}"}), launcher=run_in_process
+    )
+    assert pinned.digest == second.digest and pinned.predicate["tag"] is None
+
+
+def test_an_inventory_that_does_not_match_the_architecture_is_refused(home: Path, tmp_path: Path) -> None:
+    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
+    manifest = resolve(Session.open(store), parse_ref("llama/gptq:v1")).manifest
+    contract = contract_of(manifest)
+    check_inventory(contract, manifest)
+    fewer = manifest.model_copy(
+        update={"weights": [w for w in manifest.weights or [] if "layers.1.mlp.up" not in w.name]}
+    )
+    with pytest.raises(UnsupportedModelError, match=r"missing \['model\.layers\.1\.mlp\.up_proj\.weight'\]"):
+        check_inventory(contract, fewer)
+    with pytest.raises(UnsupportedModelError, match="not read by"):
+        check_inventory(contract.model_copy(update={"layers": 1}), manifest)
