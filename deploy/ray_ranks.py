@@ -11,6 +11,7 @@ placement group (the ranks destroy their process groups themselves, or die with 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -97,21 +98,32 @@ class RayRanks:
         self.close()
 
     def _gather(self, refs: list[Any], what: str) -> list[dict[str, Any]]:
+        """Every rank's answer, in rank order; the first failure or death raises at once.
+
+        Ranks are waited on together, so a rank that failed or died is seen while the others may still
+        wait for it in a collective; raising here lets :meth:`close` end them instead of their timeout.
+        """
         ray = self.ray
-        out: list[dict[str, Any]] = []
-        for spec, ref in zip(self.specs, refs, strict=True):
-            try:
-                out.append(ray.get(ref, timeout=self.timeout))
-            except ray.exceptions.GetTimeoutError as exc:
-                raise RankLostError(
-                    f"rank {spec.rank}: no answer to {what} within {self.timeout:g} s"
-                ) from exc
-            except ray.exceptions.RayActorError as exc:
-                raise RankLostError(
-                    f"rank {spec.rank}: its actor died during {what} ({type(exc).__name__}); "
-                    "the bring-up was aborted and every other rank torn down"
-                ) from exc
-        return out
+        rank_of = {ref: spec.rank for spec, ref in zip(self.specs, refs, strict=True)}
+        results: dict[int, dict[str, Any]] = {}
+        pending = list(refs)
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                ranks = sorted(rank_of[r] for r in pending)
+                raise RankLostError(f"ranks {ranks}: no answer to {what} within {self.timeout:g} s")
+            for ref in done:
+                rank = rank_of[ref]
+                try:
+                    results[rank] = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    raise RankLostError(
+                        f"rank {rank}: its actor died during {what} ({type(exc).__name__}); "
+                        "the bring-up was aborted and every other rank torn down"
+                    ) from exc
+                raise_failures([results[rank]])
+        return [results[spec.rank] for spec in self.specs]
 
     def pids(self) -> list[int]:
         """The actors' process ids (tests)."""
