@@ -3,8 +3,9 @@
 It generates a small llama-shaped safetensors checkpoint, then runs the registry's main job against
 a local store: keygen, push v1, push v2 (only the changed shard moves), pull, verify, an intentional
 rollback, the signed history, per-rank pulls at tp=2 (each rank reads and verifies only its tiles),
-and a tamper attempt that is refused. Later issues extend it with
-bring-up on several Ray ranks and its evidence.
+and a tamper attempt that is refused. Then it brings a small quantized llama (a GGUF of Q4_0 blocks,
+tied embedding) up at tp=2 on the embedded local Ray (bound to 127.0.0.1), proves parity L0-L5,
+stores the signed evidence, shows it, and writes the HTML report (``--report``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,44 @@ def make_checkpoint(folder: Path, *, seed: int, layers: int = 2, hidden: int = 1
         save_file(arrays, str(folder / f"model-layer{i}.safetensors"))
 
 
+def make_gguf(folder: Path, *, seed: int = 3, layers: int = 2, hidden: int = 256) -> None:
+    """A tiny llama GGUF as llama.cpp lays one out: Q4_0 linears, a tied Q4_0 token embedding."""
+    import gguf
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(seed)
+    heads, kv_heads, inter, vocab = 8, 4, 512, 512
+    folder.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(folder / "model.gguf"), "llama")
+    w.add_block_count(layers)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    q40 = gguf.GGMLQuantizationType.Q4_0
+    d = hidden // heads
+
+    def q(shape: tuple[int, int], scale: float) -> np.ndarray:
+        return quantize((rng.standard_normal(shape) * scale).astype(np.float32), q40)
+
+    w.add_tensor("token_embd.weight", q((vocab, hidden), 1.0), raw_dtype=q40)
+    shapes = {"attn_q": (hidden, hidden), "attn_k": (kv_heads * d, hidden), "attn_v": (kv_heads * d, hidden)}
+    shapes |= {"attn_output": (hidden, hidden), "ffn_gate": (inter, hidden), "ffn_up": (inter, hidden)}
+    shapes |= {"ffn_down": (hidden, inter)}
+    for layer in range(layers):
+        w.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        for stem, shape in shapes.items():
+            w.add_tensor(f"blk.{layer}.{stem}.weight", q(shape, 0.1), raw_dtype=q40)
+        w.add_tensor(f"blk.{layer}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def step(title: str, *argv: str) -> int:
     """Run one registry command, showing it as a user would type it."""
     console.rule(f"[bold]{title}")
@@ -69,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns non-zero if any step does not behave as it must."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--home", type=Path, help="SHARDPORT_HOME to use (default: a temporary folder)")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        default=Path("bringup-report.html"),
+        help="where the bring-up's HTML report goes (default: ./bringup-report.html)",
+    )
+    parser.add_argument("--no-bringup", action="store_true", help="stop after the registry steps")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="shardport-demo-") as tmp:
         work = Path(tmp)
@@ -135,15 +181,45 @@ def main(argv: list[str] | None = None) -> int:
         code = step("tamper with a stored blob, then pull: refused", "pull", ref, str(work / "pulled"))
         failures += code != 1
         failures += step("the earlier pull is untouched", "verify", str(work / "pulled")) != 0
+        if not args.no_bringup:
+            failures += bring_up(work, args.report.resolve())
         console.rule()
         if failures:
             console.print(f"[bold red]demo: {failures} step(s) did not behave as expected")
             return 1
         console.print(
             "[bold green]demo complete: push, dedup, pull, verify, rollback, per-rank and per-node pulls, "
-            "tamper refusal"
+            "tamper refusal" + ("" if args.no_bringup else f", bring-up at tp=2 (report: {args.report})")
         )
         return 0
+
+
+def bring_up(work: Path, report: Path) -> int:
+    """Push a small quantized GGUF, bring it up at tp=2 on the embedded Ray, show the evidence."""
+    make_gguf(work / "gguf")
+    ref = "demo/llama-q4:prod"
+    failures = (
+        step("push a small quantized llama (GGUF Q4_0, tied embedding)", "push", str(work / "gguf"), ref) != 0
+    )
+    failures += (
+        step(
+            "bring it up at tp=2 on the embedded Ray (127.0.0.1 only): parity L0-L5, signed evidence",
+            "up",
+            ref,
+            "--tp",
+            "2",
+            "--tokens",
+            "1,17,42,300,7",
+            "--generate",
+            "4",
+            "--report",
+            str(report),
+        )
+        != 0
+    )
+    failures += step("the evidence attached to the manifest", "evidence", ref) != 0
+    failures += step("verify checks the evidence's signature and subject too", "verify", ref) != 0
+    return failures
 
 
 if __name__ == "__main__":

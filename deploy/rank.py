@@ -92,7 +92,6 @@ class Rank:
     def _prepare(self) -> dict[str, Any]:
         import torch
 
-        from shardport.kernels import FallbackPolicy
         from shardport.loader import load_rank
         from shardport.placement import Topology
         from shardport.registry.artifact.refs import parse_ref
@@ -100,7 +99,7 @@ class Rank:
         from shardport.registry.trust.resolve import resolve
 
         from .contract import contract_of
-        from .rank_ops import prepare_ops, run_ladders
+        from .rank_ops import policy_of, prepare_ops, run_ladders
 
         spec = self.spec
         torch.set_num_threads(max(1, spec.threads))
@@ -127,7 +126,7 @@ class Rank:
         self.stage = "repack"
         t2 = time.perf_counter()
         runtime = resolved.manifest.runtime
-        policy = FallbackPolicy.from_cli(spec.fallback)  # type: ignore[arg-type,unused-ignore]
+        policy = policy_of(spec.fallback)
         weights = {w.name: w for w in resolved.manifest.weights or []}
         self.ops = prepare_ops(
             loaded,

@@ -41,6 +41,20 @@ _FLOAT_GGUF = frozenset({"F32", "F16", "BF16"})
 L3_TOKENS = (1, 4)
 
 
+def policy_of(mode: str) -> FallbackPolicy:
+    """The fallback policy of ``--fallback MODE``.
+
+    ``forbid`` refuses generic kernels and full dequantization; ``warn`` (the default) warns on generic
+    kernels and still refuses full dequantization (the kernels' default); ``allow`` lets both through
+    (the evidence records what ran).
+    """
+    if mode == "warn":
+        return FallbackPolicy()
+    if mode in ("forbid", "allow"):
+        return FallbackPolicy.from_cli(mode)  # type: ignore[arg-type]
+    raise ValueError(f"--fallback {mode!r}: expected forbid, warn or allow")
+
+
 def is_quantized(weight: LogicalWeight) -> bool:
     """A weight a kernel runs: affine integer codes, or GGUF blocks other than plain floats."""
     c = weight.contract

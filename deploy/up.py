@@ -200,11 +200,11 @@ def bring_up(
     """Run the whole bring-up (see the module docstring); raises a typed error on any failure."""
     import torch
 
-    from shardport.kernels import FallbackPolicy
     from shardport.registry import evidence as registry_evidence
 
     from .graph.model import Generation
     from .graph.reference import compare
+    from .rank_ops import policy_of
     from .up_evidence import level5, predicate, tolerance
 
     t0 = time.perf_counter()
@@ -233,7 +233,7 @@ def bring_up(
     tol = tolerance(reports, contract.layers, float(reference.prompt_logits.abs().max()))
     parity = compare(run, reference, tol["value"]).model_dump(mode="json")
     parity["tolerance_derivation"] = tol
-    policy = FallbackPolicy.from_cli(request.fallback)
+    policy = policy_of(request.fallback)
     l5 = level5(reports, policy, tuple(resolved.manifest.runtime.kernels_preferred))
     tag = None
     if resolved.tag_entry is not None:

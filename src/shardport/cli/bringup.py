@@ -44,8 +44,8 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "--fallback",
         choices=["forbid", "warn", "allow"],
         default="warn",
-        help="generic kernels and full dequantization: refuse, warn, or allow (full dequant is never "
-        "allowed unless 'allow')",
+        help="generic kernels and full dequantization: forbid both; warn on generic kernels and forbid "
+        "full dequantization (default); allow both (recorded in the evidence)",
     )
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--tokens", type=_tokens, help="the prompt as token ids: 1,2,3")
