@@ -40,6 +40,20 @@ class _RankActor:
         return os.getpid()
 
 
+#: What a rank's process needs from the driver's environment: store credentials and endpoint, the home.
+_PASSED_ENV = ("AWS_", "SHARDPORT_")
+
+
+def _env() -> dict[str, str]:
+    """The driver's store credentials and settings, for the rank actors.
+
+    Ray workers do not inherit variables set after the cluster started.
+    """
+    import os
+
+    return {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV)}
+
+
 def raise_failures(results: Sequence[dict[str, Any]]) -> None:
     """Raise :class:`RankFailedError` for the first failed rank (every failed rank named in it)."""
     failed = [r["failure"] for r in results if "failure" in r]
@@ -85,6 +99,7 @@ class RayRanks:
                         num_gpus=bundle.get("GPU", 0.0),
                         scheduling_strategy=strategy,
                         max_restarts=0,
+                        runtime_env={"env_vars": _env()},
                     ).remote(spec)
                 )
         except BaseException:

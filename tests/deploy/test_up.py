@@ -6,6 +6,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +83,13 @@ def test_gptq_up_at_tp2_proves_parity_and_stores_evidence(home: Path, tmp_path: 
     assert int(written[-1].argmax()) == doc["generated"][0]
     page = report.read_text()
     assert "evidence-data" in page and doc["digest"] in page
+    browser = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+    assert browser is not None, "no headless Chromium: scripts/test.sh installs chromium-headless-shell"
+    flags = ["--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", "--dump-dom"]
+    dom = subprocess.run([browser, *flags, report.as_uri()], capture_output=True, text=True, timeout=120)
+    assert 'data-charts="drawn"' in dom.stdout
+    assert len(re.findall(r'<rect[^>]*class="mark"', dom.stdout)) >= 2 * 7  # 2 ranks x stages, + memory
+    assert [line for line in dom.stderr.splitlines() if "CONSOLE" in line] == []
     verified = ok(store, "verify", "llama/gptq:v1")
     assert verified["evidence_verified"] >= 1
     listed = ok(store, "evidence", "llama/gptq:v1")
@@ -102,6 +112,34 @@ def test_gguf_mix_with_tied_q8_embedding_up_at_tp3(home: Path, tmp_path: Path, r
     ]  # the Q4_K weight split along K on superblock boundaries
     evidence = read_evidence(session, "llama/gguf", result.digest)
     assert len(evidence.verified) == 1 and evidence.verified[0].predicate["passed"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_two_pipeline_stages(home: Path, tmp_path: Path, ray_ranks: Any) -> None:
+    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
+    request = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, steps=3, pp=2, store=store, ladder=False)
+    result = bring_up(Session.open(store), request, launcher=ray_launcher(None))
+    late = [row for row in result.predicate["parity"] if row["level"] in ("L4", "L5")]
+    assert len(late) == 7 and all(row["passed"] for row in late), late
+    layers = {(row["rank"], row["weight"].split(".")[2]) for row in result.predicate["dispatch"]}
+    assert layers == {(0, "0"), (1, "1")}  # stage 0 runs layer 0, stage 1 layer 1 (and the float head)
+    assert result.generated == tuple(result.predicate["parity_l4"]["reference_tokens"])
+
+
+@pytest.mark.ray
+@pytest.mark.s3
+@pytest.mark.slow
+def test_up_from_seaweedfs_s3(home: Path, tmp_path: Path, seaweed_store_url: str, ray_ranks: Any) -> None:
+    ok(seaweed_store_url, "keygen")
+    ok(seaweed_store_url, "push", gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
+    code, doc = _cli(
+        seaweed_store_url, "up", "llama/gptq:v1", "--tp", "2", "--tokens", "1,2,3", "--generate", "2"
+    )
+    assert code == 0, doc
+    _all_pass(doc["parity"])
+    assert all(float(a) <= 1.05 for a in doc["read_amplification"].values())
+    assert ok(seaweed_store_url, "verify", "llama/gptq:v1")["evidence_verified"] == 1
 
 
 @pytest.mark.ray
