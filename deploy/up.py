@@ -11,6 +11,7 @@ resources (L5), signs and stores the evidence, and writes the logits and the HTM
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -182,7 +183,7 @@ def ray_launcher(address: str | None) -> Launcher:
 
         with connect(address, world=len(specs)) as cluster:
             threads = max(1, int(cluster.cpus // max(1, len(specs)))) if cluster.cpus else 1
-            specs = [s.__class__(**{**s.__dict__, "threads": min(s.threads, threads)}) for s in specs]
+            specs = [dataclasses.replace(s, threads=min(s.threads, threads)) for s in specs]
             with RayRanks(cluster, specs) as ranks:
                 ranks.prepare()
                 return ranks.run()
