@@ -198,9 +198,8 @@ def bring_up(work: Path, report: Path) -> int:
     """Push a small quantized GGUF, bring it up at tp=2 on the embedded Ray, show the evidence."""
     make_gguf(work / "gguf")
     ref = "demo/llama-q4:prod"
-    failures = (
-        step("push a small quantized llama (GGUF Q4_0, tied embedding)", "push", str(work / "gguf"), ref) != 0
-    )
+    title = "push a small quantized llama (GGUF Q4_0, tied embedding)"
+    failures = int(step(title, "push", str(work / "gguf"), ref) != 0)
     failures += (
         step(
             "bring it up at tp=2 on the embedded Ray (127.0.0.1 only): parity L0-L5, signed evidence",

@@ -70,12 +70,19 @@ def raise_failures(results: Sequence[dict[str, Any]]) -> None:
 class RayRanks:
     """The actors of one bring-up on ``cluster``; use as a context manager (teardown on exit)."""
 
-    def __init__(self, cluster: Cluster, specs: Sequence[RankSpec], *, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        specs: Sequence[RankSpec],
+        *,
+        timeout: float = 600.0,
+        progress: Progress | None = None,
+    ) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.ray, self.specs, self.timeout = ray, list(specs), timeout
+        self.ray, self.specs, self.timeout, self.progress = ray, list(specs), timeout, progress
         world = len(self.specs)
         bundle = cluster.bundle(world)
         self.group = placement_group([dict(bundle) for _ in range(world)], strategy="PACK")
@@ -138,6 +145,8 @@ class RayRanks:
                         "the bring-up was aborted and every other rank torn down"
                     ) from exc
                 raise_failures([results[rank]])
+                if self.progress is not None:
+                    self.progress(rank, f"{what} done")
         return [results[spec.rank] for spec in self.specs]
 
     def pids(self) -> list[int]:

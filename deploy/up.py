@@ -174,8 +174,12 @@ def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
     ]
 
 
-def ray_launcher(address: str | None) -> Launcher:
-    """Run the ranks as Ray actors (an existing cluster at ``address``, or an embedded one on loopback)."""
+def ray_launcher(address: str | None, progress: Callable[[int, str], None] | None = None) -> Launcher:
+    """Run the ranks as Ray actors (an existing cluster at ``address``, or an embedded one on loopback).
+
+    ``progress(rank, what)``: called as each rank finishes a stage (prepare: load, dispatch, ladder;
+    run: graph, generation).
+    """
 
     def launch(specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
         from .cluster import connect
@@ -184,7 +188,7 @@ def ray_launcher(address: str | None) -> Launcher:
         with connect(address, world=len(specs)) as cluster:
             threads = max(1, int(cluster.cpus // max(1, len(specs)))) if cluster.cpus else 1
             specs = [dataclasses.replace(s, threads=min(s.threads, threads)) for s in specs]
-            with RayRanks(cluster, specs) as ranks:
+            with RayRanks(cluster, specs, progress=progress) as ranks:
                 ranks.prepare()
                 return ranks.run()
 
@@ -197,6 +201,7 @@ def bring_up(
     *,
     launcher: Launcher | None = None,
     store_evidence: bool = True,
+    progress: Callable[[int, str], None] | None = None,
 ) -> UpResult:
     """Run the whole bring-up (see the module docstring); raises a typed error on any failure."""
     import torch
@@ -215,7 +220,7 @@ def bring_up(
     plan_s = time.perf_counter() - t0 - resolve_s
     pinned = f"{resolved.ref.name}@{resolved.digest}"
     specs = specs_for(request, pinned, float(os.cpu_count() or 1))
-    reports = (launcher or ray_launcher(request.address))(specs)
+    reports = (launcher or ray_launcher(request.address, progress))(specs)
     for r in reports:  # the driver's resolve and plan are part of every rank's startup
         r["timeline"] = {
             "resolve": resolve_s + r["timeline"].get("resolve", 0.0),

@@ -7,6 +7,7 @@ The parser entry (:func:`add_parser`), the command (:func:`up`) and its human re
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,7 +78,13 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
         s3_endpoint=getattr(args, "s3_endpoint", None),
         address=args.address,
     )
-    result = bring_up(session, request, store_evidence=not args.no_evidence)
+    progress = None
+    if not json_mode and sys.stderr.isatty():
+
+        def progress(rank: int, what: str) -> None:
+            print(f"rank {rank}: {what}", file=sys.stderr, flush=True)
+
+    result = bring_up(session, request, store_evidence=not args.no_evidence, progress=progress)
     if args.logits_out is not None:
         write_logits(args.logits_out, result.prompt_logits)
     if args.report is not None:
