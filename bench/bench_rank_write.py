@@ -15,9 +15,10 @@ read once (warm page cache). Then, alternating, ``--repeat`` times each, both as
   ``safetensors.numpy.save_file`` (same names, same metadata: the two files must be byte-identical).
 
 Wall time is measured around each process; peak memory is the child's own maximum resident set
-(GNU ``/usr/bin/time -f %M``; file pages it maps count). Goals (issue 16): pull wall ≤ 1.0× the
+(GNU ``/usr/bin/time -f %M``; file pages it maps count). Goals (issue 16): pull wall ≤ 1.0x the
 baseline's, pull peak ≤ assigned bytes + 64 MiB. The idle footprint of each interpreter (``registry
---help``; ``import numpy, safetensors``) is reported too, so the cost above start-up can be read off.
+--help``; ``import numpy, safetensors``; the modules a pull imports) and the pull's import time are
+reported too, so the cost above start-up can be read off.
 ``--profile`` runs one more pull under cProfile and writes its stats.
 """
 
@@ -174,6 +175,8 @@ def bench(tmp: Path, size: int, tp: int, rank: int, repeat: int, profile: Path |
     ledger = json.loads(pulls[-1]["stdout"])["ledger"]
     idle_pull = run_child([registry, "--help"])["peak_mib"]
     idle_base = run_child([sys.executable, "-c", "import numpy, safetensors.numpy"])["peak_mib"]
+    pull_imports = "import shardport.cli.fetch, shardport.loader.rank_pull, shardport.registry.trust.resolve"
+    imports = run_child([sys.executable, "-c", pull_imports])
     assigned = int(ledger["bytes_assigned"])
     p, b = summary(pulls), summary(bases)
     for r in pulls + bases:
@@ -191,7 +194,12 @@ def bench(tmp: Path, size: int, tp: int, rank: int, repeat: int, profile: Path |
         "rank_file_identical_to_baseline": pull_sha == base_sha,
         "pull": p,
         "baseline": b,
-        "idle_peak_mib": {"registry_help": idle_pull, "python_numpy_safetensors": idle_base},
+        "idle_peak_mib": {
+            "registry_help": idle_pull,
+            "python_numpy_safetensors": idle_base,
+            "pull_modules_imported": imports["peak_mib"],
+        },
+        "pull_import_seconds": imports["seconds"],
         "pull_in_process": {
             k: ledger.get(k)
             for k in ("seconds_plan", "seconds_read", "seconds_total", "seconds", "requests", "direct_bytes")

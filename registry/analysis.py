@@ -321,8 +321,11 @@ def _checked_weights(
     *,
     witnesses: bool,
 ) -> list[LogicalWeight]:
-    """Every weight through its semantic gates; with ``witnesses``, quantized (or referenced) ones
-    get witness rows (decoded against the ``--reference`` rows where given)."""
+    """Every weight through its semantic gates, with witness rows where wanted.
+
+    With ``witnesses``, quantized (or referenced) weights get witness rows, decoded against the
+    ``--reference`` rows where given.
+    """
     inventory = stored_inventory(by_name.values())
     checked: list[LogicalWeight] = []
     for w in weights:
