@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import shardport
 from shardport.registry import _failpoints
@@ -36,6 +36,9 @@ from shardport.registry.trust.signatures import attach_sigstore_bundle, manifest
 from shardport.registry.trust.tagging import DEFAULT_VALIDITY, history, move_tag, require_signing_scope
 from shardport.registry.trust.tags import format_time
 
+if TYPE_CHECKING:
+    from shardport.registry.artifact.digests import Digest
+
 LEASE_TIME = timedelta(hours=6)
 WORKERS = 4
 
@@ -46,7 +49,7 @@ class PushResult:
 
     name: str
     tag: str
-    digest: str
+    digest: Digest
     version: int
     files: int
     uploaded_bytes: int

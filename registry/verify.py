@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shardport import ShardportError
 from shardport.registry import _failpoints
 from shardport.registry import verify_content as content
 from shardport.registry.analysis import analyze
-from shardport.registry.artifact.hashing import digest_file
+from shardport.registry.artifact.hashing import digest_bytes, digest_file
 from shardport.registry.artifact.manifest import FileEntry, Manifest
 from shardport.registry.artifact.manifest_check import check_manifest
 from shardport.registry.artifact.paths import check_paths
@@ -34,6 +34,9 @@ from shardport.registry.tiles.model import TileIndex
 from shardport.registry.trust.signatures import check_envelope, referrers, verify_manifest
 from shardport.registry.trust.tagging import history
 
+if TYPE_CHECKING:
+    from shardport.registry.artifact.digests import Digest
+
 WORKERS = 4
 """Blobs streamed from the store at once by ``verify REF``."""
 MAX_ATTACHMENT = 64 << 20
@@ -45,7 +48,7 @@ class Report:
     """Findings of a verification; ``ok`` when there are none."""
 
     subject: str
-    digest: str | None = None
+    digest: Digest | None = None
     checked_files: int = 0
     checked_bytes: int = 0
     checked_tiles: int = 0
@@ -137,7 +140,7 @@ def _manifest_of(session: Session, ref: Ref, report: Report) -> Manifest | None:
     return manifest
 
 
-def _attachments(session: Session, ref: Ref, digest: str, report: Report) -> None:
+def _attachments(session: Session, ref: Ref, digest: Digest, report: Report) -> None:
     """Every blob attached to the manifest (signatures, evidence) is present and hashes to its name."""
     for blob in referrers(session, ref.name, digest):
         try:
@@ -340,7 +343,7 @@ def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Repor
             f"{folder}: no shardport metadata ({METADATA_DIR}/manifest.json, ref.json); "
             "verify takes a folder written by `registry pull` or a stored reference"
         ) from exc
-    digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    digest = digest_bytes(raw)
     report.digest = digest
     if ref.get("digest") != digest:
         report.add(
