@@ -28,6 +28,12 @@ def is_digest(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and _DIGEST.fullmatch(value) is not None
 
 
+def digest_of_hex(name: str) -> Digest | None:
+    """``sha256:<name>`` if that is a digest (a store key's last part: blob, referrer), else None."""
+    digest = "sha256:" + name
+    return digest if is_digest(digest) else None
+
+
 def check_digest(value: object, *, what: str = "digest") -> Digest:
     """Return ``value`` if it is a well-formed digest, else raise :class:`MalformedDigestError`.
 
