@@ -20,6 +20,7 @@ from shardport.registry.artifact.hashing import digest_bytes, digest_of_hex, hex
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.artifact.manifest_check import check_manifest
 from shardport.registry.errors import RegistryError, VerificationError
+from shardport.registry.results import result_json
 from shardport.registry.session import Session
 from shardport.registry.store.backend import blob_key
 from shardport.registry.trust.policy import TrustPolicy
@@ -58,14 +59,7 @@ class GcReport:
 
     def to_json(self) -> dict[str, object]:
         """The ``--json`` form."""
-        return {
-            "dry_run": self.dry_run,
-            "kept_blobs": self.kept_blobs,
-            "removed_blobs": self.removed_blobs,
-            "removed_bytes": self.removed_bytes,
-            "removed_uploads": self.removed_uploads,
-            "removed_referrers": self.removed_referrers,
-        }
+        return result_json(self)
 
 
 def _mark_manifest(session: Session, name: str, digest: str, live: set[str]) -> None:
@@ -173,18 +167,7 @@ class FsckReport:
 
     def to_json(self) -> dict[str, object]:
         """The ``--json`` form."""
-        return {
-            "ok": self.ok,
-            "blobs": self.blobs,
-            "tags": self.tags,
-            "referrers": self.referrers,
-            "corrupt": self.corrupt,
-            "dangling": self.dangling,
-            "broken_tags": self.broken_tags,
-            "bad_referrers": self.bad_referrers,
-            "unsigned": self.unsigned,
-            "stale_uploads": self.stale_uploads,
-        }
+        return result_json(self, ok=self.ok)
 
 
 def _known_keys(session: Session, env: Envelope) -> list[VerifyingKey]:

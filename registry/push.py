@@ -28,6 +28,7 @@ from shardport.registry.artifact.paths import check_paths
 from shardport.registry.describe import container_of, model_of, quantization_of, scan, source_digest
 from shardport.registry.errors import UnsignedError, UsageError
 from shardport.registry.progress import Quiet, Reporter
+from shardport.registry.results import result_json
 from shardport.registry.session import Session
 from shardport.registry.store.backend import file_identity
 from shardport.registry.tiles.build import CheckpointReader, build_tile_index
@@ -61,19 +62,7 @@ class PushResult:
 
     def to_json(self) -> dict[str, object]:
         """The ``--json`` form."""
-        return {
-            "name": self.name,
-            "tag": self.tag,
-            "digest": self.digest,
-            "version": self.version,
-            "files": self.files,
-            "uploaded_bytes": self.uploaded_bytes,
-            "reused_bytes": self.reused_bytes,
-            "uploaded_files": self.uploaded_files,
-            "signed_by": self.signed_by,
-            "unchanged": self.unchanged,
-            "notes": list(self.notes),
-        }
+        return result_json(self)
 
 
 def source_date(environ: Mapping[str, str] | None = None) -> str | None:

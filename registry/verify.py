@@ -28,6 +28,7 @@ from shardport.registry.errors import (
     UsageError,
     VerificationError,
 )
+from shardport.registry.results import result_json
 from shardport.registry.session import Session
 from shardport.registry.staging import stop_on_signals
 from shardport.registry.tiles.model import TileIndex
@@ -69,18 +70,7 @@ class Report:
 
     def to_json(self) -> dict[str, object]:
         """The ``--json`` form."""
-        return {
-            "subject": self.subject,
-            "digest": self.digest,
-            "ok": self.ok,
-            "checked_files": self.checked_files,
-            "checked_bytes": self.checked_bytes,
-            "checked_tiles": self.checked_tiles,
-            "signers": self.signers,
-            "weights_checked": self.weights_checked,
-            "notes": self.notes,
-            "findings": self.findings,
-        }
+        return result_json(self, skip=("parse_error",), ok=self.ok)
 
     @property
     def exit_code(self) -> int:
