@@ -210,7 +210,10 @@ def bench(tmp: Path, size: int, tp: int, rank: int, repeat: int, profile: Path |
         "pull_import_seconds": imports["seconds"],
         "pull_in_process": {
             k: ledger.get(k)
-            for k in ("seconds_plan", "seconds_read", "seconds_total", "seconds", "requests", "direct_bytes")
+            for k in (
+                *("seconds_plan", "seconds_read", "seconds_total", "seconds", "requests", "direct_bytes"),
+                *("mapped_bound_bytes", "peak_staging_bytes", "scratch_bytes", "tiles_verified"),
+            )
         },
         "wall_ratio_median": p["seconds_median"] / b["seconds_median"],
         "wall_ratio_best": p["seconds_best"] / b["seconds_best"],
