@@ -16,6 +16,7 @@ from shardport.provenance.dsse import Envelope
 from shardport.provenance.errors import EnvelopeFormatError
 from shardport.provenance.keys import VerifyingKey
 from shardport.provenance.statement import Statement
+from shardport.registry.artifact.digests import Digest
 from shardport.registry.artifact.hashing import digest_bytes, digest_of_hex, hex_of, is_digest
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.artifact.manifest_check import check_manifest
@@ -62,7 +63,7 @@ class GcReport:
         return result_json(self)
 
 
-def _mark_manifest(session: Session, name: str, digest: str, live: set[str]) -> None:
+def _mark_manifest(session: Session, name: str, digest: Digest, live: set[str]) -> None:
     live.add(digest)
     try:
         manifest = Manifest.from_bytes(session.store.read_blob(digest), source=f"manifest {digest}")
