@@ -194,7 +194,7 @@ class WitnessFileRef(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="allow")
-    digest: str
+    digest: Digest
     size: int = Field(ge=0)
     weights: int = Field(ge=0)
     rows: int = Field(ge=0)
