@@ -43,7 +43,11 @@ class Catalog:
 
 def default_catalog() -> Catalog:
     """The CPU kernels of this package, specialised first, the reference (oracle) last."""
+    from .gguf_kernel import GgufDirectKernel
     from .int4_cpu import Int4CpuKernel
+    from .int8_kernel import Int8CpuKernel
     from .reference import FullDequantKernel, ReferenceKernel
 
-    return Catalog([Int4CpuKernel(), FullDequantKernel(), ReferenceKernel()])
+    return Catalog(
+        [Int4CpuKernel(), Int8CpuKernel(), GgufDirectKernel(), FullDequantKernel(), ReferenceKernel()]
+    )
