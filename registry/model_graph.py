@@ -71,7 +71,9 @@ def model_section(
     if model.architecture is not None or model.params:
         try:
             update["graph"] = derive_graph(
-                model, analysis.tensors if analysis is not None else None, vocab_size=gguf_vocab_size(gguf_meta)
+                model,
+                analysis.tensors if analysis is not None else None,
+                vocab_size=gguf_vocab_size(gguf_meta),
             )
         except GraphContractError as exc:
             collected = Notes(strict=False)  # a runtime's limit, not a defect: never raised at push

@@ -1,0 +1,193 @@
+"""Push records the graph contract and the tokenizer; ``graph_of`` and ``load_tokenizer`` for bring-up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llama_artifacts import HEADS, HIDDEN, INTER, LAYERS, gguf_smollm, gptq_llama
+from support import Cli
+
+from shardport.deploy.errors import TokenizerDigestError, UnsupportedTokenizerError
+from shardport.deploy.tokenizer import load_tokenizer
+from shardport.registry.artifact.manifest import Manifest
+from shardport.registry.artifact.tokenizer_record import parts_digest
+from shardport.registry.contracts.errors import UnsupportedArchitectureError
+from shardport.registry.model_graph import graph_of
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], tmp_path: Path, home: Path) -> Cli:
+    c = Cli(capsys, str(tmp_path / "store"))
+    c.ok("keygen")
+    return c
+
+
+TEXT = "Hello world, hello tokens! 123 naïve café\nsecond line"
+
+
+def _train(vocab: int) -> Any:
+    """A small byte-level BPE built with the tokenizers library (GPT-2's pre-tokenizer)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<s>", "</s>"],
+        show_progress=False,
+    )
+    tok.train_from_iterator(
+        [TEXT, "hello hello world world tokens tokens", "the cat sat on the mat"] * 4, trainer
+    )
+    return tok
+
+
+def _gguf_tokenizer(tok: Any, model: str = "gpt2") -> Any:
+    doc = json.loads(tok.to_str())
+    vocab = tok.get_vocab(with_added_tokens=True)
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in doc["model"]["merges"]]
+
+    def add(w: Any) -> None:
+        w.add_tokenizer_model(model)
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_types([3 if t in ("<s>", "</s>") else 1 for t in tokens])
+        w.add_token_merges(merges)
+        w.add_bos_token_id(vocab["<s>"])
+        w.add_eos_token_id(vocab["</s>"])
+        w.add_add_bos_token(True)
+
+    return add, len(tokens)
+
+
+def _manifest(cli: Cli, ref: str) -> Manifest:
+    return Manifest.model_validate(cli.ok("inspect", ref)["manifest"])
+
+
+def test_config_json_llama_records_graph_and_tokenizer(cli: Cli, tmp_path: Path) -> None:
+    folder = gptq_llama(tmp_path / "gptq")
+    tok = _train(300)
+    (folder / "tokenizer.json").write_text(tok.to_str())
+    (folder / "tokenizer_config.json").write_text('{"add_bos_token": false}')
+    cli.ok("push", folder, "acme/gptq:v1")
+    shown = cli.ok("inspect", "acme/gptq:v1")["manifest"]["model"]
+    assert shown["graph"]["heads"] == HEADS and shown["graph"]["source"] == "config.json"  # inspect shows it
+    manifest = _manifest(cli, "acme/gptq:v1")
+    g = manifest.model.graph
+    assert g is not None and graph_of(manifest) == g
+    assert (g.architecture, g.layers, g.hidden, g.heads, g.kv_heads, g.head_dim, g.intermediate, g.vocab) == (
+        "LlamaForCausalLM",
+        LAYERS,
+        HIDDEN,
+        HEADS,
+        HEADS,
+        HIDDEN // HEADS,
+        INTER,
+        256,
+    )
+    assert (g.rope_pairs, g.rope_base, g.tied_embeddings, g.moe) == ("half", 10000.0, False, False)
+    assert not manifest.notes
+    record = manifest.model.tokenizer
+    assert record is not None and record.source == "tokenizer.json"
+    by_path = {e.path: e.digest for e in manifest.files}
+    assert [(p.path, p.digest, p.end) for p in record.parts] == [
+        ("tokenizer.json", by_path["tokenizer.json"], None),
+        ("tokenizer_config.json", by_path["tokenizer_config.json"], None),
+    ]
+    assert record.digest == parts_digest(record.parts)
+
+    # the pulled folder's tokenizer round-trips and encodes like the library's own
+    dest = tmp_path / "pulled"
+    cli.ok("pull", "acme/gptq:v1", dest)
+    loaded = load_tokenizer(manifest, dest)
+    ids = loaded.encode(TEXT)
+    assert ids == tok.encode(TEXT).ids and len(ids) < len(TEXT.encode())  # merges applied
+    assert loaded.decode(ids) == TEXT
+
+    # a tampered tokenizer file is refused, naming the file and both digests
+    data = (dest / "tokenizer.json").read_bytes()
+    with pytest.raises(TokenizerDigestError, match=r"tokenizer\.json.*expected sha256") as err:
+        load_tokenizer(
+            manifest,
+            {
+                "tokenizer.json": data.replace(b'"Hello', b'"Hellp', 1) + b" ",
+                "tokenizer_config.json": b'{"add_bos_token": false}',
+            },
+        )
+    assert err.value.exit_code == 1
+
+
+def test_gguf_llama_records_graph_and_tokenizer_from_the_header(cli: Cli, tmp_path: Path) -> None:
+    tok = _train(300)
+    add, vocab = _gguf_tokenizer(tok)
+    folder = gguf_smollm(tmp_path / "smol", layers=1, vocab=vocab, extra=add)
+    cli.ok("push", folder, "acme/smol:v1")
+    manifest = _manifest(cli, "acme/smol:v1")
+    g = graph_of(manifest)
+    assert g == manifest.model.graph
+    assert (g.source, g.architecture, g.layers, g.hidden, g.heads, g.kv_heads, g.head_dim, g.vocab) == (
+        "gguf",
+        "llama",
+        1,
+        576,
+        9,
+        3,
+        64,
+        vocab,
+    )
+    assert (g.rope_pairs, g.tied_embeddings, g.intermediate) == ("interleaved", True, 1536)
+    record = manifest.model.tokenizer
+    [entry] = manifest.files
+    assert record is not None and record.source == "gguf" and entry.gguf_header is not None
+    [part] = record.parts
+    assert (part.path, part.digest, part.end) == (
+        "model.gguf",
+        entry.gguf_header.digest,
+        entry.gguf_header.end,
+    )
+
+    # one range read of the header is all the tokenizer needs
+    header = (folder / "model.gguf").read_bytes()[: part.end]
+    loaded = load_tokenizer(manifest, {"model.gguf": header})
+    ids = loaded.encode(TEXT)
+    bos = tok.token_to_id("<s>")
+    assert ids == [bos, *tok.encode(TEXT).ids]  # the GGUF says add_bos_token
+    assert loaded.decode(ids) == TEXT and loaded.vocab_size == vocab
+
+    tampered = bytearray(header)
+    at = tampered.find(b"hello")
+    tampered[at] = ord("j")
+    with pytest.raises(TokenizerDigestError, match=r"model\.gguf: bytes \[0, \d+\)"):
+        load_tokenizer(manifest, {"model.gguf": bytes(tampered)})
+
+
+def test_unsupported_architecture_is_a_note_and_graph_of_refuses(cli: Cli, tmp_path: Path) -> None:
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_layer": 2}))
+    (folder / "weights.bin").write_bytes(b"\0" * 64)
+    pushed = cli.ok("push", folder, "acme/gpt2:v1")
+    manifest = _manifest(cli, "acme/gpt2:v1")
+    [note] = manifest.notes
+    assert (note.code, note.field) == ("UnsupportedArchitectureError", "architecture")
+    assert "GPT2LMHeadModel" in note.found and note.message in pushed["notes"]
+    assert manifest.model.graph is None and manifest.model.tokenizer is None
+    with pytest.raises(UnsupportedArchitectureError, match="GPT2LMHeadModel") as err:
+        graph_of(manifest)
+    assert err.value.exit_code == 5
+
+
+def test_sentencepiece_gguf_vocabulary_is_refused_by_name(cli: Cli, tmp_path: Path) -> None:
+    add, vocab = _gguf_tokenizer(_train(280), model="llama")
+    folder = gguf_smollm(tmp_path / "spm", layers=1, vocab=vocab, extra=add)
+    cli.ok("push", folder, "acme/spm:v1")
+    manifest = _manifest(cli, "acme/spm:v1")
+    with pytest.raises(UnsupportedTokenizerError, match="sentencepiece.*--tokens") as err:
+        load_tokenizer(manifest, folder)
+    assert err.value.exit_code == 5
