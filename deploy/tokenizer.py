@@ -225,7 +225,8 @@ def _from_gguf(record: TokenizerRecord, header: bytes) -> Tokenizer:
     types = _array(kv, "tokenizer.ggml.token_type", int, required=False)
     if types and len(types) != len(tokens):
         raise TokenizerError(
-            f"{path}: tokenizer.ggml.token_type: expected {len(tokens)} items (one per token), found {len(types)}"
+            f"{path}: tokenizer.ggml.token_type: expected {len(tokens)} items (one per token), "
+            f"found {len(types)}"
         )
     pairs = []
     for i, merge in enumerate(merges):

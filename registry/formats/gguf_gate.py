@@ -255,8 +255,11 @@ class _Parser:
         )
 
     def preamble(self, *, tensors_follow: bool = True) -> tuple[int, int, int]:
-        """Magic, version and the two counts (checked); ``tensors_follow``: the tensor infos are in
-        the bytes too (a header-only read holds just the KV pairs)."""
+        """Magic, version and the two counts, checked against the bytes left.
+
+        ``tensors_follow``: the tensor infos are in the bytes too (a header-only read holds just the KV
+        pairs).
+        """
         cur, name = self.cur, self.name
         magic = cur.take(4, "magic")
         if magic != b"GGUF":

@@ -188,6 +188,6 @@ def test_sentencepiece_gguf_vocabulary_is_refused_by_name(cli: Cli, tmp_path: Pa
     folder = gguf_smollm(tmp_path / "spm", layers=1, vocab=vocab, extra=add)
     cli.ok("push", folder, "acme/spm:v1")
     manifest = _manifest(cli, "acme/spm:v1")
-    with pytest.raises(UnsupportedTokenizerError, match="sentencepiece.*--tokens") as err:
+    with pytest.raises(UnsupportedTokenizerError, match=r"sentencepiece.*--tokens") as err:
         load_tokenizer(manifest, folder)
     assert err.value.exit_code == 5
