@@ -10,9 +10,11 @@ builds a :class:`Tokenizer` with the ``tokenizers`` package (imported when a tok
   ``tokenizer.ggml.merges``, the pre-tokenizer split chosen by ``tokenizer.ggml.pre`` (gpt2 / default,
   llama-bpe); control and user-defined tokens (``token_type`` 3, 4) match atomically; BOS is added
   when ``tokenizer.ggml.add_bos_token`` says so;
-* GGUF SentencePiece (``llama``) vocabularies and ``tokenizer.model`` files are refused with
-  :class:`UnsupportedTokenizerError`: an exact SentencePiece tokenizer needs the ``sentencepiece``
-  package (not installed), and approximating it would change the prompt's ids silently.
+* GGUF SentencePiece (``tokenizer.ggml.model == "llama"``): converted by transformers' GGUF tokenizer
+  mapping (transformers 5 rebuilds it as a byte-fallback BPE from tokens, scores and token types,
+  without the ``sentencepiece`` package); refused with :class:`UnsupportedTokenizerError` when
+  transformers is not installed;
+* a bare ``tokenizer.model`` (no ``tokenizer.json``) is refused: it needs ``sentencepiece``.
 
 ``--tokens 1,2,3`` needs no tokenizer at all.
 """
@@ -208,11 +210,12 @@ def _from_gguf(record: TokenizerRecord, header: bytes) -> Tokenizer:
     meta = parse_gguf_metadata(BytesSource(header, path), GGUF_LIMITS, notes=Notes(strict=False))
     kv = meta.kv
     model = kv.get("tokenizer.ggml.model")
+    if model == "llama":
+        return _from_gguf_spm(record, path, kv)
     if model != "gpt2":
         raise UnsupportedTokenizerError(
-            f"{path}: tokenizer.ggml.model {model!r}: only 'gpt2' (byte-level BPE) is built here; "
-            "a SentencePiece ('llama') vocabulary needs the 'sentencepiece' package, which is not "
-            "installed; pass the prompt as --tokens 1,2,3"
+            f"{path}: tokenizer.ggml.model {model!r}: expected 'gpt2' (byte-level BPE) or 'llama' "
+            "(SentencePiece); pass the prompt as --tokens 1,2,3"
         )
     pre = kv.get("tokenizer.ggml.pre", "default")
     if not isinstance(pre, str) or pre not in PRE_SPLITS:
@@ -267,5 +270,55 @@ def _from_gguf(record: TokenizerRecord, header: bytes) -> Tokenizer:
         digest=record.digest,
         bos_id=_token_id(kv, "tokenizer.ggml.bos_token_id", len(tokens)),
         eos_id=_token_id(kv, "tokenizer.ggml.eos_token_id", len(tokens)),
+        add_bos=add_bos is True,
+    )
+
+
+def _from_gguf_spm(record: TokenizerRecord, path: str, kv: Mapping[str, object]) -> Tokenizer:
+    """A SentencePiece (``llama``) vocabulary, converted by transformers' GGUF tokenizer mapping.
+
+    transformers (5.x) rebuilds it as a ``tokenizers`` BPE with byte fallback from the tokens, scores
+    and token types, without the ``sentencepiece`` package; without transformers it is refused.
+    """
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+    except ImportError as exc:
+        raise UnsupportedTokenizerError(
+            f"{path}: tokenizer.ggml.model 'llama' (SentencePiece): building it needs transformers "
+            "(its GGUF tokenizer mapping) or the 'sentencepiece' package, and neither is installed; "
+            "pass the prompt as --tokens 1,2,3"
+        ) from exc
+    tokens = _array(kv, "tokenizer.ggml.tokens", str)
+    fields: dict[str, Any] = {"tokenizer_type": "llama", "tokens": tokens}
+    for key, name, kind in (
+        ("tokenizer.ggml.scores", "scores", float),
+        ("tokenizer.ggml.token_type", "token_type", int),
+        ("tokenizer.ggml.merges", "merges", str),
+    ):
+        items = _array(kv, key, kind, required=False)
+        if items:
+            fields[name] = items
+    for key, name in (
+        ("tokenizer.ggml.bos_token_id", "bos_token_id"),
+        ("tokenizer.ggml.eos_token_id", "eos_token_id"),
+        ("tokenizer.ggml.unknown_token_id", "unk_token_id"),
+        ("tokenizer.ggml.padding_token_id", "pad_token_id"),
+    ):
+        token = _token_id(kv, key, len(tokens))
+        if token is not None:
+            fields[name] = token
+    if isinstance(kv.get("tokenizer.ggml.add_space_prefix"), bool):
+        fields["add_prefix_space"] = kv["tokenizer.ggml.add_space_prefix"]
+    try:
+        backend, _ = convert_gguf_tokenizer(str(kv.get("general.architecture", "llama")), fields)
+    except Exception as exc:  # a third-party converter: wrapped once, here
+        raise TokenizerError(f"{path}: the SentencePiece vocabulary does not convert: {exc}") from exc
+    add_bos = kv.get("tokenizer.ggml.add_bos_token", True)  # llama.cpp adds BOS unless told not to
+    return Tokenizer(
+        backend,
+        source=record.source,
+        digest=record.digest,
+        bos_id=fields.get("bos_token_id"),
+        eos_id=fields.get("eos_token_id"),
         add_bos=add_bos is True,
     )

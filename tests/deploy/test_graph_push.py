@@ -172,22 +172,53 @@ def test_unsupported_architecture_is_a_note_and_graph_of_refuses(cli: Cli, tmp_p
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_layer": 2}))
     (folder / "weights.bin").write_bytes(b"\0" * 64)
+    (folder / "tokenizer.model").write_bytes(b"\x0a\x05hello")  # SentencePiece, without tokenizer.json
     pushed = cli.ok("push", folder, "acme/gpt2:v1")
     manifest = _manifest(cli, "acme/gpt2:v1")
     [note] = manifest.notes
     assert (note.code, note.field) == ("UnsupportedArchitectureError", "architecture")
     assert "GPT2LMHeadModel" in note.found and note.message in pushed["notes"]
-    assert manifest.model.graph is None and manifest.model.tokenizer is None
+    assert manifest.model.graph is None
+    assert manifest.model.tokenizer is not None and manifest.model.tokenizer.source == "sentencepiece"
+    with pytest.raises(UnsupportedTokenizerError, match=r"'sentencepiece' package.*--tokens"):
+        load_tokenizer(manifest, folder)
     with pytest.raises(UnsupportedArchitectureError, match="GPT2LMHeadModel") as err:
         graph_of(manifest)
     assert err.value.exit_code == 5
 
 
-def test_sentencepiece_gguf_vocabulary_is_refused_by_name(cli: Cli, tmp_path: Path) -> None:
-    add, vocab = _gguf_tokenizer(_train(280), model="llama")
-    folder = gguf_smollm(tmp_path / "spm", layers=1, vocab=vocab, extra=add)
+def test_sentencepiece_gguf_vocabulary_round_trips(cli: Cli, tmp_path: Path) -> None:
+    """A llama (SentencePiece) vocabulary: byte tokens, scored merges, BOS added as llama.cpp does."""
+    pieces = [
+        "\u2581",
+        "h",
+        "e",
+        "l",
+        "o",
+        "\u2581h",
+        "he",
+        "ll",
+        "\u2581he",
+        "\u2581hell",
+        "\u2581hello",
+        "lo",
+    ]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{i:02X}>" for i in range(256)), *pieces]
+
+    def add(w: Any) -> None:
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(pieces))])
+        w.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(pieces))
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+
+    folder = gguf_smollm(tmp_path / "spm", layers=1, vocab=len(tokens), extra=add)
     cli.ok("push", folder, "acme/spm:v1")
     manifest = _manifest(cli, "acme/spm:v1")
-    with pytest.raises(UnsupportedTokenizerError, match=r"sentencepiece.*--tokens") as err:
-        load_tokenizer(manifest, folder)
-    assert err.value.exit_code == 5
+    loaded = load_tokenizer(manifest, folder)
+    ids = loaded.encode("hello hell!")
+    # BOS, two pieces, and "!" (no piece) by byte fallback as <0x21>
+    assert ids == [1, tokens.index("\u2581hello"), tokens.index("\u2581hell"), tokens.index("<0x21>")]
+    assert loaded.decode(ids) == "hello hell!"
