@@ -164,6 +164,12 @@ def load_tokenizer(manifest: Manifest, files: Path | Mapping[str, bytes]) -> Tok
             "the manifest records no tokenizer (no tokenizer.json or GGUF tokenizer.ggml.* at push); "
             "pass the prompt as --tokens 1,2,3"
         )
+    if record.version > 1 or record.source not in ("tokenizer.json", "gguf", "sentencepiece"):
+        raise UnsupportedTokenizerError(
+            f"manifest model.tokenizer: version {record.version}, source {record.source!r}: this shardport "
+            "reads version 1 (tokenizer.json, gguf, sentencepiece); upgrade shardport, or pass the prompt "
+            "as --tokens 1,2,3"
+        )
     if record.source == "sentencepiece":
         raise UnsupportedTokenizerError(
             "tokenizer.model (SentencePiece) needs the 'sentencepiece' package, which is not installed; "
@@ -179,7 +185,7 @@ def _from_json(record: TokenizerRecord, data: Mapping[str, bytes]) -> Tokenizer:
     tk = _tokenizers()
     try:
         backend = tk.Tokenizer.from_str(data["tokenizer.json"].decode("utf-8"))
-    except (UnicodeDecodeError, Exception) as exc:  # the tokenizers package raises plain Exception
+    except Exception as exc:  # not UTF-8, or the tokenizers package's plain Exception
         raise TokenizerError(f"tokenizer.json: not a tokenizer the tokenizers package reads: {exc}") from exc
     return Tokenizer(backend, source=record.source, digest=record.digest)
 

@@ -88,7 +88,25 @@ def graph_of(manifest: Manifest) -> GraphContract:
     The contract recorded at push when there is one; otherwise re-derived from ``model`` and the
     tensor list, which raises the typed refusal (``UnsupportedArchitectureError``,
     ``UnsupportedOperatorError``, ``GraphContractError``; all exit 5) the push recorded as a note.
+    A recorded contract of a newer version is refused (``GraphContractError`` naming the version).
     """
-    if manifest.model.graph is not None:
-        return manifest.model.graph
+    recorded = manifest.model.graph
+    if isinstance(recorded, GraphContract):
+        return recorded
+    if recorded is not None:
+        version = recorded.get("version")
+        if isinstance(version, int) and not isinstance(version, bool) and version > 1:
+            raise GraphContractError(
+                "manifest model.graph",
+                "version",
+                "1",
+                version,
+                "the manifest was pushed by a newer shardport; upgrade shardport to bring it up",
+            )
+        try:
+            return GraphContract.model_validate(recorded)
+        except ValueError as exc:  # pydantic's ValidationError
+            raise GraphContractError(
+                "manifest model.graph", "graph", "a valid graph contract", str(exc).splitlines()[0]
+            ) from exc
     return derive_graph(manifest.model, manifest.tensors)

@@ -78,7 +78,9 @@ class ModelInfo(Section):
     ``graph``: the graph contract push derived from ``params`` and the tensor shapes
     (:mod:`shardport.registry.model_graph`); ``tokenizer``: the digests of the tokenizer the checkpoint
     carries (:mod:`shardport.registry.artifact.tokenizer_record`). Both are left out of the JSON when
-    absent, so manifests without them keep their bytes.
+    absent, so manifests without them keep their bytes. A ``graph`` this shardport cannot read (a newer
+    contract version) is kept as a plain object and written back unchanged;
+    :func:`shardport.registry.model_graph.graph_of` refuses it.
     """
 
     section = "model"
@@ -87,7 +89,7 @@ class ModelInfo(Section):
     revision: str | None = None
     tokenizer_digest: Digest | None = None
     params: dict[str, Any] = Field(default_factory=dict)
-    graph: GraphContract | None = Field(default=None, exclude_if=lambda v: v is None)
+    graph: GraphContract | dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
     tokenizer: TokenizerRecord | None = Field(default=None, exclude_if=lambda v: v is None)
 
 

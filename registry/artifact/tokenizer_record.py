@@ -12,7 +12,8 @@ already holds for it, so a consumer verifies exactly what it loads:
   without sentencepiece refuses to load it).
 
 ``digest`` is the sha256 of the canonical JSON of ``parts``: one value that changes when any of them
-does. Pure: :func:`tokenizer_record` reads no file.
+does. Pure: :func:`tokenizer_record` reads no file. A record of a newer ``version`` or an unknown
+``source`` parses (and is written back unchanged); the loader refuses it by name.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"
 class TokenizerPart(BaseModel):
     """One file's bytes the tokenizer is made of: ``[0, end)`` (``end`` None: the whole file)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="allow")
     path: str
     digest: Digest
     end: int | None = Field(default=None, ge=0)
@@ -44,8 +45,8 @@ class TokenizerRecord(BaseModel):
     """The checkpoint's tokenizer: where it lives and the digests of its bytes."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
-    version: Literal[1] = 1
-    source: TokenizerSource
+    version: int = Field(default=1, ge=1)
+    source: str
     parts: tuple[TokenizerPart, ...]
     digest: Digest
 

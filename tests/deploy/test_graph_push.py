@@ -222,3 +222,22 @@ def test_sentencepiece_gguf_vocabulary_round_trips(cli: Cli, tmp_path: Path) -> 
     # BOS, two pieces, and "!" (no piece) by byte fallback as <0x21>
     assert ids == [1, tokens.index("\u2581hello"), tokens.index("\u2581hell"), tokens.index("<0x21>")]
     assert loaded.decode(ids) == "hello hell!"
+
+
+def test_a_newer_graph_record_round_trips_and_is_refused(tmp_path: Path) -> None:
+    from shardport.registry.artifact.manifest import ContainerInfo, ModelInfo
+    from shardport.registry.contracts.errors import GraphContractError
+    from shardport.registry.contracts.graph import graph_contract
+
+    config = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1}
+    config |= {"intermediate_size": 96, "vocab_size": 50, "rms_norm_eps": 1e-5}
+    g = graph_contract("LlamaForCausalLM", config)
+    m = Manifest(container=ContainerInfo(kind="other"), files=[], model=ModelInfo(graph=g))
+    again = Manifest.from_bytes(m.to_bytes())
+    assert isinstance(again.model.graph, type(g)) and graph_of(again) == g  # parsed back as a contract
+    newer = m.model_dump(mode="json", by_alias=True)
+    newer["model"]["graph"] |= {"version": 2, "sliding": 4096}
+    kept = Manifest.model_validate(newer)
+    assert Manifest.from_bytes(kept.to_bytes()).to_bytes() == kept.to_bytes()  # kept unchanged
+    with pytest.raises(GraphContractError, match="newer shardport"):
+        graph_of(kept)
