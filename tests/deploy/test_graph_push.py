@@ -241,3 +241,40 @@ def test_a_newer_graph_record_round_trips_and_is_refused(tmp_path: Path) -> None
     assert Manifest.from_bytes(kept.to_bytes()).to_bytes() == kept.to_bytes()  # kept unchanged
     with pytest.raises(GraphContractError, match="newer shardport"):
         graph_of(kept)
+
+
+def test_keys_the_contract_reads_reach_the_manifest(cli: Cli, tmp_path: Path) -> None:
+    """sliding_window / rope_parameters are recorded in model.params, so push sees what the graph lacks."""
+    folder = tmp_path / "mistral"
+    folder.mkdir()
+    config = {"architectures": ["MistralForCausalLM"], "hidden_size": 64, "num_attention_heads": 4}
+    config |= {"num_hidden_layers": 1, "intermediate_size": 96, "vocab_size": 50, "hidden_act": "silu"}
+    config |= {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+    (folder / "config.json").write_text(json.dumps(config | {"sliding_window": 4096}))
+    cli.ok("push", folder, "acme/mistral:sw")
+    manifest = _manifest(cli, "acme/mistral:sw")
+    assert manifest.model.params["sliding_window"] == 4096 and manifest.model.graph is None
+    [note] = manifest.notes
+    assert (note.code, note.field) == ("UnsupportedOperatorError", "sliding_window")
+
+    (folder / "config.json").write_text(json.dumps(config | {"sliding_window": None}))
+    cli.ok("push", folder, "acme/mistral:full")
+    g = graph_of(_manifest(cli, "acme/mistral:full"))
+    assert g.rope_base == 1e6  # from transformers v5 rope_parameters, not the 10000 default
+
+
+def test_header_only_metadata_reads_the_tokenizer_and_refuses_a_cut_header(tmp_path: Path) -> None:
+    from shardport.registry.formats.errors import ContainerError
+    from shardport.registry.formats.gguf_gate import GGUFLimits, parse_gguf, parse_gguf_metadata
+    from shardport.registry.formats.source import BytesSource
+
+    add, vocab = _gguf_tokenizer(_train(270))
+    path = gguf_smollm(tmp_path / "m", layers=1, vocab=vocab, extra=add) / "model.gguf"
+    full = parse_gguf(path)
+    header = path.read_bytes()[: full.kv_end]
+    meta = parse_gguf_metadata(BytesSource(header, "model.gguf"), GGUFLimits(max_kept_array_len=1 << 20))
+    assert meta.kv_end == full.kv_end and set(meta.kv) == set(full.kv)
+    tokens = meta.kv["tokenizer.ggml.tokens"]
+    assert tokens.length == vocab and tokens.values is not None and len(tokens.values) == vocab
+    with pytest.raises(ContainerError, match=r"model\.gguf"):
+        parse_gguf_metadata(BytesSource(header[:-7], "model.gguf"))
