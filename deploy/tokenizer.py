@@ -41,6 +41,8 @@ from shardport.registry.formats.source import BytesSource
 if TYPE_CHECKING:
     import tokenizers
 
+    from shardport.registry.store.protocol import Store
+
 GGUF_LIMITS = GGUFLimits(max_kept_array_len=1 << 22)
 """Bounds for reading a GGUF tokenizer: every array kept (vocabularies up to 4 Mi tokens)."""
 
@@ -148,6 +150,43 @@ def _verified(record: TokenizerRecord, files: Path | Mapping[str, bytes]) -> dic
                 f"found {found} (remedy: the tokenizer changed after it was signed; pull it again)"
             )
         out[part.path] = data
+    return out
+
+
+TOKENIZER_FILE_MAX = 256 << 20
+"""The largest tokenizer file (or GGUF header) :func:`read_tokenizer` reads."""
+
+
+def read_tokenizer(store: Store, manifest: Manifest) -> dict[str, bytes]:
+    """The bytes ``manifest.model.tokenizer`` names, read from the store's blobs (unverified here).
+
+    Whole files for ``tokenizer.json`` and its companions; for a GGUF tokenizer, only the header
+    ``[0, end)`` (one ranged read on S3), never the tensor data. Pass the result to
+    :func:`load_tokenizer`, which verifies it.
+    """
+    record = manifest.model.tokenizer
+    if record is None:
+        return {}
+    digests = {f.path: f.digest for f in manifest.files}
+    out: dict[str, bytes] = {}
+    for part in record.parts:
+        digest = digests.get(part.path)
+        if digest is None:
+            raise NoTokenizerError(f"tokenizer file {part.path}: not among the manifest's files")
+        want = TOKENIZER_FILE_MAX if part.end is None else min(part.end, TOKENIZER_FILE_MAX)
+        chunks: list[bytes] = []
+        size = 0
+        with store.open_blob(digest, max_size=want) as stream:
+            while size <= want:
+                chunk = stream.read(want + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        data = b"".join(chunks)
+        if part.end is None and len(data) > want:
+            raise TokenizerError(f"tokenizer file {part.path}: larger than {want} bytes")
+        out[part.path] = data[:want]
     return out
 
 

@@ -11,11 +11,12 @@ from llama_artifacts import HEADS, HIDDEN, INTER, LAYERS, gguf_smollm, gptq_llam
 from support import Cli
 
 from shardport.deploy.errors import TokenizerDigestError, UnsupportedTokenizerError
-from shardport.deploy.tokenizer import load_tokenizer
+from shardport.deploy.tokenizer import load_tokenizer, read_tokenizer
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.artifact.tokenizer_record import parts_digest
 from shardport.registry.contracts.errors import UnsupportedArchitectureError
 from shardport.registry.model_graph import graph_of
+from shardport.registry.store.protocol import open_store
 
 
 @pytest.fixture
@@ -152,9 +153,11 @@ def test_gguf_llama_records_graph_and_tokenizer_from_the_header(cli: Cli, tmp_pa
         entry.gguf_header.end,
     )
 
-    # one range read of the header is all the tokenizer needs
+    # one range read of the header is all the tokenizer needs: straight from the store's blob
     header = (folder / "model.gguf").read_bytes()[: part.end]
-    loaded = load_tokenizer(manifest, {"model.gguf": header})
+    read = read_tokenizer(open_store(cli.store), manifest)
+    assert read == {"model.gguf": header}
+    loaded = load_tokenizer(manifest, read)
     ids = loaded.encode(TEXT)
     bos = tok.token_to_id("<s>")
     assert ids == [bos, *tok.encode(TEXT).ids]  # the GGUF says add_bos_token
