@@ -25,28 +25,41 @@ from shardport.registry.artifact.manifest import FileEntry, Manifest, ModelInfo,
 from shardport.registry.artifact.tokenizer_record import tokenizer_record
 from shardport.registry.contracts.errors import GraphContractError
 from shardport.registry.contracts.graph import GraphContract, graph_contract
+from shardport.registry.contracts.model import LogicalWeight
 from shardport.registry.formats.gguf_gate import GGUFArray
 from shardport.registry.formats.notes import Note, Notes
 
 TOKENS_KEY = "tokenizer.ggml.tokens"
 
 
-def _shapes(tensors: Iterable[TensorEntry] | None) -> dict[str, Sequence[int]] | None:
-    if tensors is None:
+def _shapes(
+    tensors: Iterable[TensorEntry] | None, weights: Iterable[LogicalWeight] | None
+) -> dict[str, Sequence[int]] | None:
+    if tensors is None and weights is None:
         return None
-    return {t.name: t.shape for t in tensors}
+    shapes: dict[str, Sequence[int]] = {t.name: t.shape for t in tensors or ()}
+    for w in weights or ():  # a quantized weight's logical shape, under its own name
+        shapes.setdefault(w.name, tuple(w.shape.extents))
+    return shapes
 
 
 def derive_graph(
-    model: ModelInfo, tensors: Iterable[TensorEntry] | None, *, vocab_size: int | None = None
+    model: ModelInfo,
+    tensors: Iterable[TensorEntry] | None,
+    weights: Iterable[LogicalWeight] | None = None,
+    *,
+    vocab_size: int | None = None,
 ) -> GraphContract:
     """The graph contract of ``model`` (its architecture and params) with the stored tensor shapes.
+
+    ``weights``: the logical weights; their logical shapes stand in for tensors of the same name that
+    are not stored under it (a quantized embedding's planes).
 
     Raises :class:`~shardport.registry.contracts.errors.GraphContractError` (or its subclasses
     ``UnsupportedArchitectureError`` / ``UnsupportedOperatorError``).
     """
     return graph_contract(
-        model.architecture, model.params, tensor_shapes=_shapes(tensors), vocab_size=vocab_size
+        model.architecture, model.params, tensor_shapes=_shapes(tensors, weights), vocab_size=vocab_size
     )
 
 
@@ -73,6 +86,7 @@ def model_section(
             update["graph"] = derive_graph(
                 model,
                 analysis.tensors if analysis is not None else None,
+                analysis.weights if analysis is not None else None,
                 vocab_size=gguf_vocab_size(gguf_meta),
             )
         except GraphContractError as exc:
@@ -109,4 +123,4 @@ def graph_of(manifest: Manifest) -> GraphContract:
             raise GraphContractError(
                 "manifest model.graph", "graph", "a valid graph contract", str(exc).splitlines()[0]
             ) from exc
-    return derive_graph(manifest.model, manifest.tensors)
+    return derive_graph(manifest.model, manifest.tensors, manifest.weights)
