@@ -59,6 +59,7 @@ class Analysis:
     ``notes``: what the gates found in fields no consumer reads (:mod:`shardport.registry.formats.notes`;
     recorded in the manifest). ``remarks``: what was checked, for people (not recorded).
     ``gguf_headers``: each GGUF file's header digest, by path (recorded on its file entry).
+    ``gguf_meta``: the GGUF files' key/value pairs (long arrays as their type and length only).
     """
 
     kind: str
@@ -69,6 +70,7 @@ class Analysis:
     architecture: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     gguf_headers: Mapping[str, GgufHeaderDigest] = field(default_factory=dict)
+    gguf_meta: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -249,6 +251,7 @@ def analyze(
         architecture=architecture,
         params=_gguf_params(gguf_meta) if gguf_only else {},
         gguf_headers=headers,
+        gguf_meta=gguf_meta,
     )
 
 

@@ -27,6 +27,7 @@ from shardport.registry.artifact.manifest_check import check_manifest
 from shardport.registry.artifact.paths import check_paths
 from shardport.registry.describe import container_of, model_of, quantization_of, scan, source_digest
 from shardport.registry.errors import UnsignedError, UsageError
+from shardport.registry.model_graph import model_section
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.results import result_json
 from shardport.registry.session import Session
@@ -104,6 +105,7 @@ def build_manifest(
         model = model.model_copy(
             update={"architecture": analysis.architecture, "params": dict(analysis.params)}
         )
+    model, graph_notes = model_section(model, entries, analysis)
     return Manifest(
         container=container_of([e.path for e in entries]),
         tensors=list(analysis.tensors) if analysis else None,
@@ -123,7 +125,7 @@ def build_manifest(
             converter_version=shardport.__version__,
             created_at=created_at,
         ),
-        notes=list(analysis.notes) if analysis else [],
+        notes=(list(analysis.notes) if analysis else []) + list(graph_notes),
     )
 
 
