@@ -23,7 +23,7 @@ def test_json_forms_keep_their_keys() -> None:
     doc = report.to_json()
     assert set(doc) == {
         "subject", "digest", "ok", "checked_files", "checked_bytes", "checked_tiles", "signers",
-        "weights_checked", "notes", "findings",
+        "weights_checked", "evidence_verified", "notes", "findings",
     }  # fmt: skip
     assert doc["ok"] is False and doc["findings"] == [{"kind": "K", "object": "o", "message": "m"}]
     push = PushResult("a/b", "c", "sha256:" + "0" * 64, 1, 2, 3, 4, 5, None, notes=("n",)).to_json()
