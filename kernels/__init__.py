@@ -11,7 +11,8 @@ runs.
 
 - :func:`admit` — the pure admission predicate over (:class:`OperatorSignature`, :class:`Capability`);
 - :func:`dispatch` — selection under a :class:`FallbackPolicy` (full dequant forbidden by default);
-- :func:`ladder` — parity levels 0-3; :func:`default_catalog` — the kernels in priority order (CPU, then CUDA: optional, lazy);
+- :func:`ladder` — parity levels 0-3; :func:`default_catalog` — the kernels in priority order
+  (CPU, then CUDA: optional, nothing CUDA at import);
 - :func:`cuda_device` / :func:`this_cpu` — the device to dispatch for;
 - errors: :class:`KernelError` and its subclasses (:mod:`.errors` draws the tree).
 """

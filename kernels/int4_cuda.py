@@ -103,7 +103,8 @@ def unpack_tinygemm_u8(packed: npt.NDArray[np.uint8]) -> I64:
 def round_bf16(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """Round float64 values once to bfloat16 (8 significant bits, ties to even); finite inputs."""
     mantissa, exponent = np.frexp(values)
-    return np.ldexp(np.rint(mantissa * 256.0), exponent - 8)
+    out: npt.NDArray[np.float64] = np.ldexp(np.rint(mantissa * 256.0), exponent - 8)
+    return out
 
 
 def scale_zero_bf16(form: Int4Form) -> tuple[npt.NDArray[np.float32], bool]:
