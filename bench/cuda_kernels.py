@@ -314,12 +314,18 @@ def _run_case(label: str, spec: dict[str, Any], ctx: dict[str, Any]) -> dict[str
         w = w[:, k0:k1]
     rw = rank_weight(weight, planes, bounds)
     record["build_s"] = time.perf_counter() - t0
+    if ctx["cuda"]:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
     t0 = time.perf_counter()
     prepared, trace = dispatch(
         rw, default_catalog(), activation_dtype="bfloat16", phase="decode", device=ctx["device"]
     )
     if ctx["cuda"]:
         torch.cuda.synchronize()
+        # what stays allocated on the device after preparation: the ledger (packed + scale/zero) only,
+        # no full-size float copy (that would be >= 2·N·K bytes)
+        record["device_bytes_after_prepare"] = torch.cuda.memory_allocated() - before
     record["prepare_s"] = time.perf_counter() - t0
     record["selected"] = trace.selected
     record["transformation"] = trace.transformation
@@ -363,6 +369,10 @@ def _run_case(label: str, spec: dict[str, Any], ctx: dict[str, Any]) -> dict[str
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     record["passed"] = result.passed
+    if "device_bytes_after_prepare" in record:
+        ledger_ok = record["device_bytes_after_prepare"] <= record["resident_bytes"] + (1 << 20)
+        record["memory_within_ledger"] = ledger_ok
+        record["passed"] = result.passed and ledger_ok
     return record
 
 
