@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .capability import Capability, OperatorSignature
+from .device import cuda_device
 from .errors import ActivationError, KernelInputError
 from .int4_cpu import CAPABILITY as CPU_INT4
 from .int4_cpu import GROUPS, Int4Form, int4_terms
@@ -133,6 +134,16 @@ def layout_error(form: Int4Form, sz: npt.NDArray[np.float32], n: int) -> float:
     return worst
 
 
+def _torch_call(where: str, op: str, call: Any, *args: Any) -> Any:
+    """Call a torch op; a torch error (contract, device, build) becomes a :class:`KernelInputError`."""
+    try:
+        return call(*args)
+    except (RuntimeError, NotImplementedError) as exc:
+        raise KernelInputError(
+            where, f"torch's {op}", "a call inside the tinygemm contract (see int4_cuda)", str(exc)
+        ) from exc
+
+
 class PreparedInt4Cuda(PreparedLinear):
     """A rank's weight in tinygemm's layout on the current CUDA device (never persisted).
 
@@ -143,12 +154,22 @@ class PreparedInt4Cuda(PreparedLinear):
     def __init__(self, weight: RankWeight, op: OperatorSignature, kernel: str) -> None:
         import torch
 
+        if cuda_device() is None:  # a CUDA signature on a machine whose torch sees no device
+            raise KernelInputError(
+                weight.where,
+                "CUDA device",
+                "a CUDA device torch can see",
+                f"none (torch {torch.__version__}, CUDA build {torch.version.cuda})",
+            )
         form = int4_terms(weight)
         self.group = form.group
         self.inner_k_tiles = inner_k_tiles(weight.k_local)
         self.device = torch.device("cuda", torch.cuda.current_device())
         codes = torch.from_numpy(pack_tinygemm_u8(form.u)).to(self.device)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack(codes, self.inner_k_tiles)
+        convert = torch.ops.aten._convert_weight_to_int4pack
+        self.packed = _torch_call(
+            weight.where, "_convert_weight_to_int4pack", convert, codes, self.inner_k_tiles
+        )
         del codes
         sz, exact = scale_zero_bf16(form)
         self.scale_zero = torch.from_numpy(sz).to(device=self.device, dtype=torch.bfloat16).contiguous()
@@ -170,7 +191,16 @@ class PreparedInt4Cuda(PreparedLinear):
         if x.device.type not in ("cpu", "cuda"):
             raise ActivationError(self.op.weight, "activations' device", "cpu or cuda", str(x.device))
         self._check_planes()
-        y = torch.ops.aten._weight_int4pack_mm(x.to(self.device), self.packed, self.group, self.scale_zero)
+        mm = torch.ops.aten._weight_int4pack_mm
+        y = _torch_call(
+            self.op.weight,
+            "_weight_int4pack_mm",
+            mm,
+            x.to(self.device),
+            self.packed,
+            self.group,
+            self.scale_zero,
+        )
         return y if x.device == self.device else y.to(x.device)
 
     @property

@@ -22,6 +22,7 @@ from shardport.kernels.int4_cuda import (
     CAPABILITY as TINY,
 )
 from shardport.kernels.int4_cuda import (
+    _torch_call,
     inner_k_tiles,
     layout_error,
     layout_rows,
@@ -215,6 +216,34 @@ def test_importing_the_module_initialises_no_cuda_and_imports_no_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "'cuda.int4-tinygemm'" in done.stdout
+
+
+def test_a_cuda_signature_without_a_cuda_device_fails_listing_the_reason(cases):
+    """Dispatch for a (synthetic) sm90 device here: the kernel is admitted, its preparation refused."""
+    from shardport.kernels import NoAdmissibleKernelError, dispatch
+
+    weight = rank_weight(cases["gptq"].weight, cases["gptq"].planes)
+    here = cuda_device()
+    if here is not None and here.cc >= (8, 0):  # on a GPU CI the kernel prepares for real
+        _, trace = dispatch(
+            weight, default_catalog(), activation_dtype="bfloat16", phase="decode", device=here
+        )
+        assert trace.selected == "cuda.int4-tinygemm@1"
+        return
+    with pytest.raises(NoAdmissibleKernelError) as caught:
+        dispatch(weight, default_catalog(), activation_dtype="bfloat16", phase="decode", device=H100)
+    message = str(caught.value)
+    assert "cuda.int4-tinygemm@1" in message and "CUDA device" in message and "prepare" in message
+    assert not torch.cuda.is_initialized()
+
+
+def test_torch_errors_become_kernel_input_errors():
+    def broken(*_):
+        raise RuntimeError("expected w to be uint8")
+
+    with pytest.raises(KernelInputError, match=r"_weight_int4pack_mm.*expected w to be uint8") as caught:
+        _torch_call("w[N=0:8, K=0:32]", "_weight_int4pack_mm", broken, 1)
+    assert isinstance(caught.value.__cause__, RuntimeError)
 
 
 def test_cuda_device_detection_agrees_with_torch():
