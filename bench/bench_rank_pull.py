@@ -44,8 +44,13 @@ from bench_range_reads import cli, evict, in_scratch, resident, sequential_read
 HIDDEN, INTER, KV, VOCAB = 4096, 14336, 1024, 32000
 
 
-def make_llama(folder: Path, layers: int) -> int:
-    """Write the checkpoint (one file per layer, one for embeddings and head); return its bytes."""
+def make_llama(
+    folder: Path, layers: int, *, hidden: int = HIDDEN, inter: int = INTER, kv: int = KV, vocab: int = VOCAB
+) -> int:
+    """Write the checkpoint (one file per layer, one for embeddings and head); return its bytes.
+
+    The default shape is Llama-3-8B's; other shapes keep its heads of 128 and its 4:1 query:kv heads.
+    """
     rng = np.random.default_rng(0)
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(
@@ -54,11 +59,11 @@ def make_llama(folder: Path, layers: int) -> int:
                 "architectures": ["LlamaForCausalLM"],
                 "model_type": "llama",
                 "num_hidden_layers": layers,
-                "hidden_size": HIDDEN,
-                "intermediate_size": INTER,
-                "num_attention_heads": 32,
-                "num_key_value_heads": 8,
-                "vocab_size": VOCAB,
+                "hidden_size": hidden,
+                "intermediate_size": inter,
+                "num_attention_heads": hidden // 128,
+                "num_key_value_heads": kv // 128,
+                "vocab_size": vocab,
                 "rms_norm_eps": 1e-5,
                 "tie_word_embeddings": False,
             }
@@ -70,24 +75,24 @@ def make_llama(folder: Path, layers: int) -> int:
 
     total = 0
     head = {
-        "model.embed_tokens.weight": f16(VOCAB, HIDDEN),
-        "lm_head.weight": f16(VOCAB, HIDDEN),
-        "model.norm.weight": np.ones(HIDDEN, np.float16),
+        "model.embed_tokens.weight": f16(vocab, hidden),
+        "lm_head.weight": f16(vocab, hidden),
+        "model.norm.weight": np.ones(hidden, np.float16),
     }
     save_file(head, str(folder / "model-head.safetensors"))
     total += sum(a.nbytes for a in head.values())
     for i in range(layers):
         p = f"model.layers.{i}."
         arrays = {
-            p + "self_attn.q_proj.weight": f16(HIDDEN, HIDDEN),
-            p + "self_attn.k_proj.weight": f16(KV, HIDDEN),
-            p + "self_attn.v_proj.weight": f16(KV, HIDDEN),
-            p + "self_attn.o_proj.weight": f16(HIDDEN, HIDDEN),
-            p + "mlp.gate_proj.weight": f16(INTER, HIDDEN),
-            p + "mlp.up_proj.weight": f16(INTER, HIDDEN),
-            p + "mlp.down_proj.weight": f16(HIDDEN, INTER),
-            p + "input_layernorm.weight": np.ones(HIDDEN, np.float16),
-            p + "post_attention_layernorm.weight": np.ones(HIDDEN, np.float16),
+            p + "self_attn.q_proj.weight": f16(hidden, hidden),
+            p + "self_attn.k_proj.weight": f16(kv, hidden),
+            p + "self_attn.v_proj.weight": f16(kv, hidden),
+            p + "self_attn.o_proj.weight": f16(hidden, hidden),
+            p + "mlp.gate_proj.weight": f16(inter, hidden),
+            p + "mlp.up_proj.weight": f16(inter, hidden),
+            p + "mlp.down_proj.weight": f16(hidden, inter),
+            p + "input_layernorm.weight": np.ones(hidden, np.float16),
+            p + "post_attention_layernorm.weight": np.ones(hidden, np.float16),
         }
         save_file(arrays, str(folder / f"model-layer{i}.safetensors"))
         total += sum(a.nbytes for a in arrays.values())

@@ -1,8 +1,8 @@
 """The graph contract of a verified manifest, and the strict check of its inventory against it.
 
-The contract comes from the manifest's ``model`` section: the one recorded at push where the manifest
-carries it (``model.params["graph"]``, a :class:`GraphContract` as JSON), else normalised here from
-the model's architecture and parameters and the tensor shapes. :func:`check_inventory` refuses, at plan
+The contract comes from the manifest's ``model`` section: the one recorded at push (``model.graph``),
+else re-derived from the model's architecture, parameters and tensor shapes
+(:func:`~shardport.registry.model_graph.graph_of`). :func:`check_inventory` refuses, at plan
 time, a checkpoint whose weights do not match the architecture: a weight the graph needs and the
 manifest lacks, one of the wrong shape, or one the graph would silently ignore.
 """
@@ -10,21 +10,16 @@ manifest lacks, one of the wrong shape, or one the graph would silently ignore.
 from __future__ import annotations
 
 from shardport.registry.artifact.manifest import Manifest
-from shardport.registry.contracts.graph import GraphContract, graph_contract
+from shardport.registry.contracts.graph import GraphContract
+from shardport.registry.model_graph import graph_of
 
 from .errors import UnsupportedModelError
 from .graph.checkpoint import _GGUF, _HF
 
 
 def contract_of(manifest: Manifest) -> GraphContract:
-    """The manifest's graph contract (recorded at push, or derived from its model section)."""
-    recorded = manifest.model.params.get("graph")
-    if isinstance(recorded, dict):
-        return GraphContract.model_validate(recorded)
-    shapes = {t.name: t.shape for t in manifest.tensors or []}
-    for w in manifest.weights or []:
-        shapes.setdefault(w.name, tuple(w.shape.extents))
-    return graph_contract(manifest.model.architecture, manifest.model.params, tensor_shapes=shapes)
+    """The manifest's graph contract (recorded at push, or re-derived: :func:`graph_of`)."""
+    return graph_of(manifest)
 
 
 def expected_weights(contract: GraphContract) -> dict[str, tuple[int, ...]]:

@@ -12,7 +12,11 @@ Tree::
         ├── ClusterError             (6)  Ray could not be started or joined, or cannot place the ranks
         ├── RankFailedError        (rank's)  a rank failed validation, admission or I/O: its reason
         ├── RankLostError            (6)  a rank's process died before it reported
-        └── ParityError              (1)  logits or tokens disagree with the reference beyond tolerance
+        ├── ParityError              (1)  logits or tokens disagree with the reference beyond tolerance
+        └── TokenizerError           (5)  the checkpoint's tokenizer cannot be loaded (``--prompt``)
+            ├── NoTokenizerError     (2)  none recorded, or a file it names was not given
+            ├── TokenizerDigestError (1)  its bytes are not those recorded at push
+            └── UnsupportedTokenizerError (5)  a kind the installed packages cannot build
 """
 
 from __future__ import annotations
@@ -72,3 +76,25 @@ class ParityError(DeployError):
     """The bring-up ran but its logits or tokens disagree with the reference beyond the tolerance."""
 
     exit_code = 1
+
+
+class TokenizerError(DeployError):
+    """The checkpoint's tokenizer cannot be loaded (``--prompt``); ``--tokens 1,2,3`` needs none."""
+
+    exit_code = 5
+
+
+class NoTokenizerError(TokenizerError):
+    """The manifest records no tokenizer, or a file it names was not given."""
+
+    exit_code = 2
+
+
+class TokenizerDigestError(TokenizerError):
+    """The tokenizer bytes are not those the manifest recorded at push (tampered or wrong file)."""
+
+    exit_code = 1
+
+
+class UnsupportedTokenizerError(TokenizerError):
+    """A tokenizer kind this runtime cannot build with the installed packages (the message says which)."""

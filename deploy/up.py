@@ -48,6 +48,8 @@ class UpRequest:
     s3_endpoint: str | None = None
     address: str | None = None
     ladder: bool = True
+    prompt: str | None = None
+    """Text, encoded with the checkpoint's tokenizer (verified against the digest recorded at push)."""
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,12 @@ def bring_up(
     t0 = time.perf_counter()
     resolved = resolve(session, parse_ref(request.ref))
     resolve_s = time.perf_counter() - t0
+    tokenizer = None
+    if request.prompt is not None:
+        from .tokenizer import load_tokenizer, read_tokenizer
+
+        tokenizer = load_tokenizer(resolved.manifest, read_tokenizer(session.store, resolved.manifest))
+        request = dataclasses.replace(request, tokens=tuple(tokenizer.encode(request.prompt)))
     contract = check_plan(resolved, request)
     plan_s = time.perf_counter() - t0 - resolve_s
     pinned = f"{resolved.ref.name}@{resolved.digest}"
@@ -263,6 +271,9 @@ def bring_up(
         prompt=request.tokens,
         generated=run.tokens,
     )
+    if tokenizer is not None:
+        pred["tokenizer"] = {"source": tokenizer.source, "digest": str(tokenizer.digest)}
+        pred["text"] = {"prompt": request.prompt, "generated": tokenizer.decode(run.tokens)}
     stored = None
     if store_evidence:
         stored = registry_evidence.store_evidence(session, resolved.ref.name, resolved.digest, pred)

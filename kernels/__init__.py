@@ -11,7 +11,9 @@ runs.
 
 - :func:`admit` — the pure admission predicate over (:class:`OperatorSignature`, :class:`Capability`);
 - :func:`dispatch` — selection under a :class:`FallbackPolicy` (full dequant forbidden by default);
-- :func:`ladder` — parity levels 0-3; :func:`default_catalog` — the CPU kernels in priority order;
+- :func:`ladder` — parity levels 0-3; :func:`default_catalog` — the kernels in priority order
+  (CPU, then CUDA: optional, nothing CUDA at import);
+- :func:`cuda_device` / :func:`this_cpu` — the device to dispatch for;
 - errors: :class:`KernelError` and its subclasses (:mod:`.errors` draws the tree).
 """
 
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     from .admission import Admission, Reason, Refusal, admit
     from .capability import Capability, OperatorSignature, layout_id, operator_signature
     from .catalog import Catalog, Kernel, default_catalog
-    from .device import Device, this_cpu
+    from .device import Device, cuda_device, this_cpu
     from .errors import KernelError, NoAdmissibleKernelError
     from .parity import Ladder, ladder, require
     from .policy import FallbackPolicy
@@ -37,7 +39,7 @@ _HOME = {
     **dict.fromkeys(("Admission", "Reason", "Refusal", "admit"), "admission"),
     **dict.fromkeys(("Capability", "OperatorSignature", "layout_id", "operator_signature"), "capability"),
     **dict.fromkeys(("Catalog", "Kernel", "default_catalog"), "catalog"),
-    **dict.fromkeys(("Device", "this_cpu"), "device"),
+    **dict.fromkeys(("Device", "cuda_device", "this_cpu"), "device"),
     **dict.fromkeys(("DispatchTrace", "FallbackWarning", "dispatch", "dispatch_phases"), "selection"),
     **dict.fromkeys(("KernelError", "NoAdmissibleKernelError"), "errors"),
     **dict.fromkeys(("Ladder", "ladder", "require"), "parity"),
@@ -66,6 +68,7 @@ __all__ = [
     "Reason",
     "Refusal",
     "admit",
+    "cuda_device",
     "default_catalog",
     "dispatch",
     "dispatch_phases",

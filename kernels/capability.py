@@ -72,7 +72,8 @@ class Capability(_Frozen):
     ``tail_group``: whether a last, partial group is taken; ``n_multiple``/``k_multiple``: of the
     rank-local extents; ``slice_alignment``: the slice's first
     column must be a multiple of it (besides the group size); ``workspace_bytes``: the most scratch one
-    call uses beyond its output; ``transformation``: what preparing does to the planes.
+    call uses beyond its output; ``transformation``: what preparing does to the planes. The defaults
+    describe a CPU kernel taking any slice in either phase with float32/bfloat16/float16 activations.
     """
 
     id: str
@@ -86,22 +87,22 @@ class Capability(_Frozen):
     zero_points: tuple[str, ...] | None
     group_sizes: tuple[int, ...] | None
     scale_per_row: bool
-    scale_axes: tuple[str, ...]
-    act_order: bool
-    permutation: bool
-    tail_group: bool
-    activation_dtypes: tuple[ActivationDtype, ...]
-    accumulator_dtype: str
-    output_dtype: Literal["activation", "float32"]
-    n_multiple: int
-    k_multiple: int
-    slice_alignment: int
-    workspace_bytes: int
-    devices: tuple[Literal["cpu", "cuda"], ...]
-    cpu_isas: tuple[str, ...] | None
-    cuda_min_cc: tuple[int, int] | None
-    phases: tuple[Phase, ...]
     transformation: Transformation
+    scale_axes: tuple[str, ...] = ("K",)
+    act_order: bool = False
+    permutation: bool = False
+    tail_group: bool = False
+    activation_dtypes: tuple[ActivationDtype, ...] = ("float32", "bfloat16", "float16")
+    accumulator_dtype: str = "float32"
+    output_dtype: Literal["activation", "float32"] = "activation"
+    n_multiple: int = 1
+    k_multiple: int = 1
+    slice_alignment: int = 1
+    workspace_bytes: int = 0
+    devices: tuple[Literal["cpu", "cuda"], ...] = ("cpu",)
+    cpu_isas: tuple[str, ...] | None = None
+    cuda_min_cc: tuple[int, int] | None = None
+    phases: tuple[Phase, ...] = ("prefill", "decode")
 
 
 class OperatorSignature(_Frozen):

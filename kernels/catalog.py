@@ -42,8 +42,24 @@ class Catalog:
 
 
 def default_catalog() -> Catalog:
-    """The CPU kernels of this package, specialised first, the reference (oracle) last."""
+    """The kernels of this package, specialised first, the reference (oracle) last.
+
+    The CUDA kernel follows the CPU ones: admission refuses each on the other's device, so on either
+    device the specialised kernel is the first admitted; nothing CUDA runs until it is prepared.
+    """
+    from .gguf_kernel import GgufDirectKernel
     from .int4_cpu import Int4CpuKernel
+    from .int4_cuda import Int4CudaKernel
+    from .int8_kernel import Int8CpuKernel
     from .reference import FullDequantKernel, ReferenceKernel
 
-    return Catalog([Int4CpuKernel(), FullDequantKernel(), ReferenceKernel()])
+    return Catalog(
+        [
+            Int4CpuKernel(),
+            Int8CpuKernel(),
+            GgufDirectKernel(),
+            Int4CudaKernel(),
+            FullDequantKernel(),
+            ReferenceKernel(),
+        ]
+    )

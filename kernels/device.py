@@ -32,3 +32,21 @@ def cpu_isa() -> str:
 def this_cpu() -> Device:
     """Describe the CPU of this process, with the ISA torch dispatches to."""
     return Device(kind="cpu", isa=cpu_isa())
+
+
+def cuda_device(index: int | None = None) -> Device | None:
+    """The CUDA device torch would run on (``index``: which one; the current one when None), or None.
+
+    None when torch has no CUDA build or sees no device; never raises. Calling it initialises CUDA
+    (``torch.cuda.get_device_capability``), so it is called at dispatch time, never at import.
+    """
+    import torch
+
+    try:
+        if not torch.cuda.is_available():
+            return None
+        at = torch.cuda.current_device() if index is None else index
+        major, minor = torch.cuda.get_device_capability(at)
+    except (RuntimeError, AssertionError):  # a CUDA build without a usable driver
+        return None
+    return Device(kind="cuda", cc=(int(major), int(minor)))

@@ -52,29 +52,32 @@ _U8 = torch.uint8
 _F32 = torch.float32
 
 
-def _shifts(*values: int) -> torch.Tensor:
-    return torch.tensor(values, dtype=_U8)
-
-
-_NIBBLE = _shifts(0, 4)
-_CRUMB = _shifts(0, 2, 4, 6)
-_BIT = _shifts(0, 1, 2, 3, 4, 5, 6, 7)
-
-
 def _half(tile: torch.Tensor, offset: int) -> torch.Tensor:
     """The binary16 at byte ``offset`` of every block, widened: ``[R, B, 1]`` float32."""
     return tile[..., offset : offset + 2].view(torch.float16).to(_F32)
 
 
-def _split_nibbles(qs: torch.Tensor, out: torch.Tensor) -> None:
-    """Element j < n of ``out`` (``[R, B, 2n]``) ← low nibble of byte j, j ≥ n ← high nibble of byte j - n."""
-    half = qs.shape[-1]
-    out[..., :half].copy_(qs & 0x0F)
-    out[..., half:].copy_(qs >> 4)
+def _unpack(src: torch.Tensor, shifts: tuple[int, ...], mask: int) -> torch.Tensor:
+    """``[..., L]`` bytes → uint8 ``[..., len(shifts), L]``: slice i holds ``(src >> shifts[i]) & mask``.
 
+    One scalar shift per slice written into a shared buffer, then one mask over it: a tensor of
+    shift amounts broadcast against the bytes is ~3x slower in torch (measured).
+    """
+    if src.shape[-1] >= 32:  # gathering the strided runs first pays off from 32 bytes on (measured)
+        src = src.contiguous()
+    dst = torch.empty(*src.shape[:-1], len(shifts), src.shape[-1], dtype=_U8)
+    for i, shift in enumerate(shifts):
+        torch.bitwise_right_shift(src, shift, out=dst[..., i, :])
+    dst &= mask
+    return dst
+
+
+_NIBBLES = (0, 4)
+_CRUMBS = (0, 2, 4, 6)
+_BITS = (0, 1, 2, 3, 4, 5, 6, 7)
 
 #: Byte value → its 8 bits (bit i at index i), each as 0 or 16: the fifth bit of 5-bit codes, in place.
-#: One table lookup per byte is ~3x faster here than shift-and-mask broadcasts over 8 lanes.
+#: One table lookup per byte is ~3x faster here than eight shifts over 4-byte rows.
 _FIFTH_BITS = (((torch.arange(256).unsqueeze(-1) >> torch.arange(8)) & 1) << 4).to(_U8)
 
 
@@ -83,25 +86,29 @@ def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.embedding(qh.to(torch.int32), _FIFTH_BITS)
 
 
+def _nibble_codes(tile: torch.Tensor, at: int) -> torch.Tensor:
+    """32 codes from the 16 bytes at ``at``: element j < 16 low nibble of byte j, j ≥ 16 high nibble."""
+    return _unpack(tile[..., at : at + 16], _NIBBLES, 0x0F).view(tile.shape[0], tile.shape[1], 32)
+
+
 def _decode_q8_0(tile: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(tile[..., 2:].view(torch.int8))
     out.mul_(_half(tile, 0))
 
 
 def _decode_q4_0(tile: torch.Tensor, out: torch.Tensor) -> None:
-    _split_nibbles(tile[..., 2:18], out)
+    out.copy_(_nibble_codes(tile, 2))
     out.sub_(8.0).mul_(_half(tile, 0))
 
 
 def _decode_q4_1(tile: torch.Tensor, out: torch.Tensor) -> None:
-    _split_nibbles(tile[..., 4:20], out)
+    out.copy_(_nibble_codes(tile, 4))
     out.mul_(_half(tile, 0)).add_(_half(tile, 2))
 
 
 def _five_bit_codes(tile: torch.Tensor, qh_at: int, qs_at: int) -> torch.Tensor:
     """Q5_0/Q5_1 codes 0..31 as uint8 ``[R, B, 32]``: nibbles at ``qs_at``, fifth bits (u32) at ``qh_at``."""
-    codes = torch.empty(tile.shape[0], tile.shape[1], 32, dtype=_U8)
-    _split_nibbles(tile[..., qs_at : qs_at + 16], codes)
+    codes = _nibble_codes(tile, qs_at)
     # Bit j of the little-endian u32 is bit j % 8 of byte j // 8: element j's fifth bit.
     codes |= _fifth_bits(tile[..., qh_at : qh_at + 4]).view(tile.shape[0], tile.shape[1], 32)
     return codes
@@ -123,9 +130,9 @@ def _decode_q2_k(tile: torch.Tensor, out: torch.Tensor) -> None:
     scales = tile[..., 0:16]
     d_scale = (_half(tile, 80) * (scales & 0x0F).to(_F32)).unsqueeze(-1)
     d_min = (_half(tile, 82) * (scales >> 4).to(_F32)).unsqueeze(-1)
-    codes = tile[..., 16:80].reshape(rows, blocks, 2, 1, 32) >> _CRUMB.view(4, 1)
-    codes &= 3
-    out.view(rows, blocks, 2, 4, 32).copy_(codes)
+    # element 128c + 32s + l: bits 2s..2s+1 of byte 32c + l
+    codes = _unpack(tile[..., 16:80].reshape(rows, blocks, 2, 32), _CRUMBS, 3)
+    out.copy_(codes.view(rows, blocks, 256))
     sub = out.view(rows, blocks, 16, 16)
     sub.mul_(d_scale).sub_(d_min)
 
@@ -133,15 +140,13 @@ def _decode_q2_k(tile: torch.Tensor, out: torch.Tensor) -> None:
 def _decode_q3_k(tile: torch.Tensor, out: torch.Tensor) -> None:
     """Q3_K (256, 110): hmask[32] @0, qs[64] @32, 6-bit signed scales (12 bytes) @96, d @108."""
     rows, blocks = tile.shape[0], tile.shape[1]
-    low = (tile[..., 96:104].unsqueeze(-2) >> _NIBBLE.view(2, 1)).reshape(rows, blocks, 16) & 0x0F
-    high = (tile[..., 104:108].unsqueeze(-2) >> _CRUMB.view(4, 1)).reshape(rows, blocks, 16) & 3
+    low = _unpack(tile[..., 96:104], _NIBBLES, 0x0F).view(rows, blocks, 16)
+    high = _unpack(tile[..., 104:108], _CRUMBS, 3).view(rows, blocks, 16)
     scale = (low | (high << 4)).to(torch.int8) - 32
     d_scale = (_half(tile, 108) * scale.to(_F32)).unsqueeze(-1)
-    codes = (tile[..., 32:96].reshape(rows, blocks, 2, 1, 32) >> _CRUMB.view(4, 1)).view(rows, blocks, 8, 32)
-    codes &= 3
-    mask = tile[..., 0:32].reshape(rows, blocks, 1, 32) >> _BIT.view(8, 1)
+    codes = _unpack(tile[..., 32:96].reshape(rows, blocks, 2, 32), _CRUMBS, 3).view(rows, blocks, 8, 32)
+    mask = _unpack(tile[..., 0:32], _BITS, 1)
     # The high bit is inverted: a clear hmask bit subtracts 4 (q = low - 4 * (1 - bit), in -4..3).
-    mask &= 1
     mask ^= 1
     mask <<= 2
     signed = codes.view(torch.int8)
@@ -165,13 +170,12 @@ def _decode_k4(tile: torch.Tensor, out: torch.Tensor, *, five_bit: bool) -> None
     d_scale = (_half(tile, 0) * scale).unsqueeze(-1)
     d_min = (_half(tile, 2) * minimum).unsqueeze(-1)
     nib_at = 48 if five_bit else 16
-    codes = tile[..., nib_at : nib_at + 128].reshape(rows, blocks, 4, 1, 32) >> _NIBBLE.view(2, 1)
+    # chunk c of 32 bytes: sub-block 2c in the low nibbles, 2c + 1 in the high nibbles
+    codes = _unpack(tile[..., nib_at : nib_at + 128].reshape(rows, blocks, 4, 32), _NIBBLES, 0x0F)
     codes = codes.view(rows, blocks, 8, 32)
-    codes &= 0x0F
     if five_bit:
         # bit s of qh byte l is the fifth bit of lane l of sub-block s
-        high = tile[..., 16:48].reshape(rows, blocks, 1, 32) >> _BIT.view(8, 1)
-        high &= 1
+        high = _unpack(tile[..., 16:48], _BITS, 1)
         high <<= 4
         codes |= high
     view = out.view(rows, blocks, 8, 32)
@@ -191,10 +195,9 @@ def _decode_q6_k(tile: torch.Tensor, out: torch.Tensor) -> None:
     """Q6_K (256, 210): ql[128] @0, qh[64] @128, int8 scales[16] @192, d @208; ``(d*sc)*(q - 32)``."""
     rows, blocks = tile.shape[0], tile.shape[1]
     d_scale = (_half(tile, 208) * tile[..., 192:208].view(torch.int8).to(_F32)).unsqueeze(-1)
-    codes = (tile[..., 0:128].reshape(rows, blocks, 2, 1, 64) >> _NIBBLE.view(2, 1)).view(rows, blocks, 256)
-    codes &= 0x0F
-    high = (tile[..., 128:192].reshape(rows, blocks, 2, 1, 32) >> _CRUMB.view(4, 1)).view(rows, blocks, 256)
-    high &= 3
+    # half h, element 64t + i (t < 2: low nibble, t >= 2: high) of ql[64h + i % 64]; bits 2t of qh[32h + l]
+    codes = _unpack(tile[..., 0:128].reshape(rows, blocks, 2, 64), _NIBBLES, 0x0F).view(rows, blocks, 256)
+    high = _unpack(tile[..., 128:192].reshape(rows, blocks, 2, 32), _CRUMBS, 3).view(rows, blocks, 256)
     high <<= 4
     codes |= high
     out.copy_(codes)
@@ -259,11 +262,11 @@ NATIVE_TYPES: frozenset[str] = frozenset(_NATIVE)
 """The subset decoded by this module's own torch tile decoders."""
 
 #: Bound on each torch decoder's temporaries, as a multiple of the float32 tile's bytes (measured
-#: resident high-water mark on a 1024 x 4096 tile, rounded up: uint8 code planes, int32 lookup
+#: resident high-water mark on a 1024 x 4096 tile plus 0.1, rounded: uint8 code planes, int32 lookup
 #: indices and block-sized scale columns).
 _SCRATCH_NATIVE = {
-    "F32": 0.05, "F16": 0.05, "BF16": 0.05, "Q8_0": 0.05, "Q4_0": 0.25, "Q4_1": 0.25, "Q5_0": 1.0,
-    "Q5_1": 1.0, "Q2_K": 0.5, "Q3_K": 0.75, "Q4_K": 0.5, "Q5_K": 0.75, "Q6_K": 0.75,
+    "F32": 0.05, "F16": 0.05, "BF16": 0.05, "Q8_0": 0.05, "Q4_0": 0.35, "Q4_1": 0.35, "Q5_0": 0.85,
+    "Q5_1": 0.85, "Q2_K": 0.6, "Q3_K": 0.85, "Q4_K": 0.6, "Q5_K": 0.8, "Q6_K": 0.75,
 }  # fmt: skip
 #: gguf.quants decoders run on chunks of about this many elements; their temporaries (output
 #: included) peak at <= 3.3x the chunk's float32 bytes (tracemalloc, every type), bounded here by 4x.

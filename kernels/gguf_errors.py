@@ -20,27 +20,16 @@ Tree::
 
 from __future__ import annotations
 
-from shardport.registry.errors import RefusedError
+from shardport.registry.errors import FieldRefusedError
 
 
-class KernelInputError(RefusedError):
+class KernelInputError(FieldRefusedError):
     """A kernel's operands are not as its contract says.
 
     Attributes ``tensor``, ``field``, ``expected`` and ``found`` hold the parts of the message.
     """
 
     exit_code = 5
-
-    def __init__(self, tensor: str, field: str, expected: object, found: object, remedy: str = "") -> None:
-        self.tensor = tensor
-        self.field = field
-        self.expected = expected
-        self.found = found
-        self.remedy = remedy
-        message = f"{tensor}: {field}: expected {expected}, found {found}"
-        if remedy:
-            message += f" — {remedy}"
-        super().__init__(message)
 
 
 class UnknownGgmlTypeError(KernelInputError):

@@ -36,7 +36,7 @@ from shardport.registry.contracts.decode import affine_terms, decode_weight
 from shardport.registry.contracts.encodings import encoding_value_range
 from shardport.registry.contracts.formats import round_to_format
 from shardport.registry.contracts.gguf_blocks import as_gguf_rows
-from shardport.registry.contracts.model import AffineIntContract, GgufBlockContract, LogicalShape
+from shardport.registry.contracts.model import AffineIntContract, GgufBlockContract, LogicalShape, Packing
 
 from .capability import Capability, OperatorSignature
 from .device import cpu_isa
@@ -59,21 +59,9 @@ CAPABILITY = Capability(
     zero_points=("none", "implicit", "int_plane/as_is", "int_plane/minus_one", "float_min"),
     group_sizes=GROUPS,
     scale_per_row=False,
-    scale_axes=("K",),
-    act_order=False,
-    permutation=False,
-    tail_group=False,
-    activation_dtypes=("float32", "bfloat16", "float16"),
-    accumulator_dtype="float32",
-    output_dtype="activation",
     n_multiple=16,
     k_multiple=32,
-    slice_alignment=1,
-    workspace_bytes=0,
-    devices=("cpu",),
     cpu_isas=("AVX512", "AVX2", "DEFAULT"),
-    cuda_min_cc=None,
-    phases=("prefill", "decode"),
     transformation="repack",
 )
 
@@ -115,10 +103,58 @@ def _gguf_q4(c: GgufBlockContract, weight: RankWeight) -> Int4Form:
     return Int4Form(u, d.T.copy(), zero.T.copy(), 32, reference_rows)
 
 
-def _affine(c: AffineIntContract, weight: RankWeight) -> Int4Form:
-    """GPTQ / AWQ / compressed-tensors int4 from the registry's exact unpacking (:func:`affine_terms`)."""
+def _nibbles(c: AffineIntContract, plane: npt.NDArray[Any], n: int, k: int) -> npt.NDArray[np.uint8] | None:
+    """The stored 4-bit fields ``[N, K]`` of 32-bit slots/bitstream codes, vectorized; None if not that form.
+
+    Slot ``i`` (bits ``4i..4i+3`` from the LSB) holds run element ``slot_order[i]``; a 4-bit bitstream in
+    32-bit containers is the identity slot order. The registry's generic unpacking is the oracle (the
+    parity ladder compares against it).
+    """
+    codes, pack = c.codes, c.codes.packing
+    extents = {"N": n, "K": k}
+    if codes.bits != 4 or pack.container_bits != 32 or pack.axis == "none" or pack.bit_order != "lsb_first":
+        return None
+    if extents[pack.axis] % 8 or plane.dtype.itemsize != 4 or plane.ndim != 2:
+        return None
+    order = pack.slot_order if pack.scheme == "slots" else tuple(range(8))
+    words = plane.view(np.uint32)
+    words = words if codes.physical_axes[-1] == pack.axis else words.T  # [other, words along the pack axis]
+    fields = np.empty((*words.shape, 8), dtype=np.uint8)
+    for slot, element in enumerate(order):
+        fields[:, :, element] = (words >> np.uint32(4 * slot)) & np.uint32(0xF)
+    stored = fields.reshape(words.shape[0], words.shape[1] * 8)
+    return np.ascontiguousarray(stored if pack.axis == "K" else stored.T)
+
+
+def _unpacked_contract(
+    c: AffineIntContract, weight: RankWeight
+) -> tuple[AffineIntContract, dict[str, npt.NDArray[Any]]]:
+    """The contract and planes with the codes replaced by their unpacked fields (one per byte) when fast."""
+    planes = weight.named_planes
+    stored = _nibbles(c, planes[c.codes.plane], weight.n_local, weight.k_local)
+    if stored is None:
+        return c, planes
+    twos = "_twos" in c.codes.encoding  # unpacked containers hold the signed value itself
+    values = np.where(stored >= 8, stored.astype(np.int8) - 16, stored).astype(np.int8) if twos else stored
+    plain = Packing(
+        axis="none", container_bits=8, scheme="slots", slot_order=(0,), bit_order="lsb_first", tail="exact"
+    )
+    spec = c.codes.model_copy(
+        update={
+            "physical_dtype": "I8" if twos else "U8",
+            "physical_shape": (weight.n_local, weight.k_local),
+            "physical_axes": ("N", "K"),
+            "packing": plain,
+        }
+    )
+    return c.model_copy(update={"codes": spec}), {**planes, c.codes.plane: values}
+
+
+def _affine(c: AffineIntContract, weight: RankWeight, *, fast: bool = True) -> Int4Form:
+    """GPTQ / AWQ / compressed-tensors int4 via :func:`affine_terms` (codes pre-unpacked when ``fast``)."""
     shape = LogicalShape(axes=("N", "K"), extents=(weight.n_local, weight.k_local))
-    terms = affine_terms(c, weight.named_planes, shape, None, weight.where)
+    c, planes = _unpacked_contract(c, weight) if fast else (c, weight.named_planes)
+    terms = affine_terms(c, planes, shape, None, weight.where)
     lo = encoding_value_range(c.codes.encoding)[0]
     s = terms.scale.astype(np.float64)
     z = terms.zero.astype(np.float64)
@@ -140,13 +176,17 @@ def _affine(c: AffineIntContract, weight: RankWeight) -> Int4Form:
     )
 
 
-def int4_terms(weight: RankWeight) -> Int4Form:
-    """The int4pack form of a rank's weight, its codes range-checked and its scale count checked."""
+def int4_terms(weight: RankWeight, *, fast: bool = True) -> Int4Form:
+    """The int4pack form of a rank's weight, its codes range-checked and its scale count checked.
+
+    ``fast``: unpack 4-bit codes in 32-bit words with a vectorized nibble split (else the registry's
+    generic per-field unpacking, the oracle the parity ladder uses).
+    """
     c = weight.contract
     if isinstance(c, GgufBlockContract):
         form = _gguf_q4(c, weight)
     elif isinstance(c, AffineIntContract):
-        form = _affine(c, weight)
+        form = _affine(c, weight, fast=fast)
     else:
         raise KernelInputError(weight.where, "contract family", "affine_int or gguf Q4_0/Q4_1", c.family)
     u, scale, zero, group = form.u, form.scale, form.zero, form.group
@@ -259,8 +299,8 @@ class PreparedInt4(PreparedLinear):
         return np.concatenate(out, axis=1) if out else np.zeros((n, 0), dtype=np.int64)
 
     def code_check(self, weight: RankWeight) -> tuple[I64, I64] | None:
-        """(codes the planes hold, codes read back through the kernel), both ``[n_local, k_local]``."""
-        return int4_terms(weight).u, self.probe_codes()
+        """(codes the planes hold, by the registry's generic unpacking; codes read back from the layout)."""
+        return int4_terms(weight, fast=False).u, self.probe_codes()
 
     def decode_rows(self, start: int, stop: int) -> F32:
         """Rows of ``(u - 8)·scale + zero`` with ``u`` read back from the packed bytes."""

@@ -38,17 +38,7 @@ def _any(kernel_id: str, abi: str) -> Capability:
         act_order=True,
         permutation=True,
         tail_group=True,
-        activation_dtypes=("float32", "bfloat16", "float16"),
-        accumulator_dtype="float32",
-        output_dtype="activation",
-        n_multiple=1,
-        k_multiple=1,
-        slice_alignment=1,
-        workspace_bytes=0,
         devices=("cpu", "cuda"),
-        cpu_isas=None,
-        cuda_min_cc=None,
-        phases=("prefill", "decode"),
         transformation="full-dequant",
     )
 

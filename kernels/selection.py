@@ -83,6 +83,53 @@ def _listing(outcomes: Sequence[Candidate]) -> str:
     return "; ".join(str(c.admission) for c in outcomes) or "no candidates"
 
 
+def _candidate(
+    name: str,
+    verdict: Admission,
+    prepared: PreparedLinear | None = None,
+    *,
+    transformation: Transformation | None = None,
+    selected: bool = False,
+) -> Candidate:
+    """One candidate's line of the trace."""
+    return Candidate(
+        kernel=name,
+        admission=verdict,
+        prepared=prepared is not None,
+        selected=selected,
+        transformation=prepared.transformation if prepared is not None else transformation,
+        conversion_error=prepared.conversion_error if prepared is not None else None,
+    )
+
+
+def _try(
+    kernel: Kernel,
+    name: str,
+    verdict: Admission,
+    weight: RankWeight,
+    op: OperatorSignature,
+    policy: FallbackPolicy,
+    reuse: Mapping[str, PreparedLinear] | None,
+) -> tuple[Candidate, PreparedLinear | None]:
+    """An admitted kernel under the policy: refused by class, refused at preparation, or prepared."""
+    cap = kernel.capability
+    allows = f"a class the policy allows ({policy})"
+    if policy.mode(cap.transformation) == "forbid":
+        verdict = _refused(name, verdict, Reason.POLICY, allows, cap.transformation)
+        return _candidate(name, verdict, transformation=cap.transformation), None
+    try:
+        prepared = (reuse or {}).get(name) or kernel.prepare(weight, op)
+    except (KernelError, RefusedError) as exc:  # contract and kernel-input refusals
+        refused = _refused(name, verdict, Reason.PREPARE, "a preparable weight", str(exc))
+        return _candidate(name, refused), None
+    done = prepared.transformation
+    if policy.mode(done) == "forbid":
+        found = f"{done} (max reconstruction error {prepared.conversion_error:g})"
+        refused = _refused(name, verdict, Reason.POLICY, allows, found)
+        return _candidate(name, refused, prepared), None
+    return _candidate(name, verdict, prepared, selected=True), prepared
+
+
 def dispatch(
     weight: RankWeight,
     catalog: Catalog,
@@ -113,82 +160,17 @@ def dispatch(
         if required and not _matches(kernel, required):
             verdict = _refused(name, verdict, Reason.NOT_REQUIRED, f"one of {list(required)}", cap.id)
         if not verdict.accepted or chosen is not None:
-            outcomes.append(
-                Candidate(
-                    kernel=name,
-                    admission=verdict,
-                    prepared=False,
-                    selected=False,
-                    transformation=None,
-                    conversion_error=None,
-                )
-            )
+            outcomes.append(_candidate(name, verdict))
             continue
-        if policy.mode(cap.transformation) == "forbid":
-            verdict = _refused(
-                name, verdict, Reason.POLICY, f"a class the policy allows ({policy})", cap.transformation
-            )
-            outcomes.append(
-                Candidate(
-                    kernel=name,
-                    admission=verdict,
-                    prepared=False,
-                    selected=False,
-                    transformation=cap.transformation,
-                    conversion_error=None,
-                )
-            )
+        candidate, prepared = _try(kernel, name, verdict, weight, op, policy, reuse)
+        outcomes.append(candidate)
+        if prepared is None:
             continue
-        try:
-            prepared = (reuse or {}).get(name) or kernel.prepare(weight, op)
-        except (KernelError, RefusedError) as exc:  # contract and kernel-input refusals
-            verdict = _refused(name, verdict, Reason.PREPARE, "a preparable weight", str(exc))
-            outcomes.append(
-                Candidate(
-                    kernel=name,
-                    admission=verdict,
-                    prepared=False,
-                    selected=False,
-                    transformation=None,
-                    conversion_error=None,
-                )
-            )
-            continue
-        done = prepared.transformation
-        if policy.mode(done) == "forbid":
-            verdict = _refused(
-                name,
-                verdict,
-                Reason.POLICY,
-                f"a class the policy allows ({policy})",
-                f"{done} (max reconstruction error {prepared.conversion_error:g})",
-            )
-            outcomes.append(
-                Candidate(
-                    kernel=name,
-                    admission=verdict,
-                    prepared=True,
-                    selected=False,
-                    transformation=done,
-                    conversion_error=prepared.conversion_error,
-                )
-            )
-            continue
-        if policy.mode(done) == "warn":
-            note = f"{weight.where} ({phase}): {name} runs as {done}"
+        if policy.mode(prepared.transformation) == "warn":
+            note = f"{weight.where} ({phase}): {name} runs as {prepared.transformation}"
             notes.append(note)
             warnings.warn(note, FallbackWarning, stacklevel=2)
         chosen, chosen_name = prepared, name
-        outcomes.append(
-            Candidate(
-                kernel=name,
-                admission=verdict,
-                prepared=True,
-                selected=True,
-                transformation=done,
-                conversion_error=prepared.conversion_error,
-            )
-        )
     if chosen is None:
         only_policy = any(
             c.admission.reasons and all(r == Reason.POLICY for r in c.admission.reasons) for c in outcomes

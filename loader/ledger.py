@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -96,7 +96,8 @@ class ReadLedger:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (``fetched`` as ``[file, offset, length, stride, count]`` lists)."""
-        out = asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self)}  # shallow: asdict would deep-copy
+        out["seconds"] = asdict(self.seconds)  # every fetched range and tile index, to replace them after
         out["fetched"] = [[r.file, r.offset, r.length, r.stride, r.count] for r in self.fetched]
         out["tiles"] = {name: list(v) for name, v in sorted(self.tiles.items())}
         return out

@@ -25,6 +25,7 @@ import numpy.typing as npt
 from shardport.placement import Plan, Topology, plan
 from shardport.placement.plan import RankPlan, TensorRead
 from shardport.registry.analysis import NUMPY_DTYPES
+from shardport.registry.artifact.digests import Digest
 from shardport.registry.artifact.manifest import Manifest, TensorEntry
 from shardport.registry.artifact.refs import Ref
 from shardport.registry.artifact.witness_file import ProducerWitness, load_producer
@@ -82,12 +83,12 @@ class RankTensors:
     check compared; ``plan_digest``: equal for every rank of one job (ranks can check they agree).
     """
 
-    digest: str
+    digest: Digest
     rank: int
     topology: Topology
     tensors: tuple[RankTensor, ...]
     plan: RankPlan
-    plan_digest: str
+    plan_digest: Digest
     ledger: ReadLedger
     bytes_assigned: int
     witness: WitnessCount
@@ -132,11 +133,11 @@ class NodeTensors:
     witness checks and assembly that follow are in neither).
     """
 
-    digest: str
+    digest: Digest
     topology: Topology
     ranks: tuple[RankTensors, ...]
     plan: Plan
-    plan_digest: str
+    plan_digest: Digest
     ledger: ReadLedger
     seconds_plan: float
     seconds_read: float

@@ -23,6 +23,7 @@ from typing import Any
 
 from shardport.placement import Topology
 from shardport.registry import _failpoints
+from shardport.registry.artifact.digests import Digest
 from shardport.registry.artifact.refs import Ref
 from shardport.registry.destination import rank_pull_destination
 from shardport.registry.session import Session
@@ -43,13 +44,13 @@ class RankPullResult:
     for every rank of one job (each rank plans only itself), so ranks can check they agree.
     """
 
-    digest: str
+    digest: Digest
     rank: int
     world_size: int
     tensors: int
     out: Path
     ledger: dict[str, Any]
-    plan_digest: str
+    plan_digest: Digest
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form (ledger figures at the top level)."""
@@ -72,11 +73,11 @@ class RankPullResult:
 class NodePullResult:
     """Several ranks of one node pulled with one shared read (each byte read once for all of them)."""
 
-    digest: str
+    digest: Digest
     world_size: int
     ranks: tuple[RankPullResult, ...]
     ledger: dict[str, Any]
-    plan_digest: str
+    plan_digest: Digest
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form: node totals at the top level, each rank's file and assigned bytes."""

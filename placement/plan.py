@@ -12,11 +12,13 @@ sha256 of the canonical form (sorted keys, no whitespace).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from shardport.registry.artifact.digests import Digest
+from shardport.registry.artifact.hashing import digest_bytes
 
 from .errors import PlanFormatError, TopologyError
 from .inventory import ModelDims
@@ -169,11 +171,11 @@ class Plan(_Record):
             raise TopologyError(f"rank {rank} is not in this plan (planned ranks: {planned}); plan it too")
         return found
 
-    def decisions_digest(self) -> str:
+    def decisions_digest(self) -> Digest:
         """``sha256:<hex>`` of the canonical JSON of the decisions (everything but ranks and totals)."""
         decisions = self.model_dump(mode="json", exclude={"ranks", "totals", "partial"})
         text = json.dumps(decisions, sort_keys=True, separators=(",", ":"))
-        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+        return digest_bytes(text.encode())
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace."""
@@ -190,6 +192,6 @@ class Plan(_Record):
             message = f"plan {where}: expected a plan written by shardport, found: {first['msg']}"
             raise PlanFormatError(message) from exc
 
-    def digest(self) -> str:
+    def digest(self) -> Digest:
         """``sha256:<hex>`` of :meth:`to_json`."""
-        return "sha256:" + hashlib.sha256(self.to_json().encode()).hexdigest()
+        return digest_bytes(self.to_json().encode())

@@ -59,6 +59,7 @@ class Analysis:
     ``notes``: what the gates found in fields no consumer reads (:mod:`shardport.registry.formats.notes`;
     recorded in the manifest). ``remarks``: what was checked, for people (not recorded).
     ``gguf_headers``: each GGUF file's header digest, by path (recorded on its file entry).
+    ``gguf_meta``: the GGUF files' key/value pairs (long arrays as their type and length only).
     """
 
     kind: str
@@ -69,6 +70,7 @@ class Analysis:
     architecture: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     gguf_headers: Mapping[str, GgufHeaderDigest] = field(default_factory=dict)
+    gguf_meta: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -225,13 +227,39 @@ def analyze(
     gguf_files = sorted(p for p in paths if p.endswith(".gguf"))
     if not st_files and not gguf_files:
         return None
-    entries: list[TensorEntry] = []
-    weights: list[LogicalWeight] = []
     notes = Notes(strict=strict, root=root)
     if INDEX_FILE in paths:
         validate_sharded_checkpoint(root / INDEX_FILE, notes=notes)
+    reader = PlaneReader(root)
+    entries = _safetensors_entries(root, st_files, notes)
+    weights = _safetensors_weights(root, entries, reader, declare) if st_files else []
+    g_entries, g_weights, gguf_meta, headers = _gguf_inventory(root, gguf_files, notes, declare)
+    entries += g_entries
+    weights += g_weights
+    by_name = {e.name: e for e in entries}
+    architecture, params = _architecture(root, gguf_meta)
+    remarks = check_architecture(architecture, params, weights, notes=notes)
+    _check_tied(weights, by_name, reader, params)
+    checked = _checked_weights(weights, reader, by_name, _reference_rows(reference), witnesses=witnesses)
+    gguf_only = bool(gguf_files) and not st_files
+    return Analysis(
+        kind="gguf" if gguf_only else "safetensors",
+        tensors=_entries_with_roles(entries, checked),
+        weights=tuple(checked),
+        notes=notes.items,
+        remarks=remarks,
+        architecture=architecture,
+        params=_gguf_params(gguf_meta) if gguf_only else {},
+        gguf_headers=headers,
+        gguf_meta=gguf_meta,
+    )
+
+
+def _safetensors_entries(root: Path, files: list[str], notes: Notes) -> list[TensorEntry]:
+    """Every tensor of the safetensors ``files`` (gated), refusing a name stored in two files."""
+    entries: list[TensorEntry] = []
     seen: dict[str, str] = {}
-    for rel in st_files:
+    for rel in files:
         header = parse_safetensors(root / rel, notes=notes)
         for r in header.tensors:
             if r.name in seen:
@@ -242,15 +270,23 @@ def analyze(
                     name=r.name, file=rel, start=r.start, end=r.end, dtype=r.dtype, shape=tuple(r.shape)
                 )
             )
-    reader = PlaneReader(root)
-    if st_files:
-        by_name = {e.name: e for e in entries}
-        shape_values = {
-            e.name: [int(v) for v in reader.typed(e).reshape(-1)]
-            for e in entries
-            if e.name.endswith("weight_shape") and e.dtype in ("I32", "I64")
-        }
-        weights += infer_safetensors(
+    return entries
+
+
+def _safetensors_weights(
+    root: Path,
+    entries: list[TensorEntry],
+    reader: PlaneReader,
+    declare: str | Mapping[str, Any] | DeclareSpec | None,
+) -> list[LogicalWeight]:
+    """The logical weights inferred from the safetensors tensors, the config and the quantize config."""
+    shape_values = {
+        e.name: [int(v) for v in reader.typed(e).reshape(-1)]
+        for e in entries
+        if e.name.endswith("weight_shape") and e.dtype in ("I32", "I64")
+    }
+    return list(
+        infer_safetensors(
             read_json_object(root / "config.json") or {},
             [TensorInfo(e.name, e.dtype, e.shape) for e in entries],
             quantize_config=read_json_object(root / "quantize_config.json")
@@ -258,12 +294,21 @@ def analyze(
             declare=declare,
             shape_values=shape_values,
         )
-    gguf_meta: dict[str, Any] = {}
+    )
+
+
+def _gguf_inventory(
+    root: Path, files: list[str], notes: Notes, declare: str | Mapping[str, Any] | DeclareSpec | None
+) -> tuple[list[TensorEntry], list[LogicalWeight], dict[str, Any], dict[str, GgufHeaderDigest]]:
+    """The GGUF ``files``' tensors (gated), logical weights, merged key-values and header digests."""
+    entries: list[TensorEntry] = []
+    weights: list[LogicalWeight] = []
+    meta: dict[str, Any] = {}
     headers: dict[str, GgufHeaderDigest] = {}
-    for rel in gguf_files:
+    for rel in files:
         gheader = parse_gguf(root / rel, notes=notes)
         headers[rel] = header_digest(root / rel, gheader)
-        gguf_meta.update(gheader.kv)
+        meta.update(gheader.kv)
         g_entries = [
             TensorEntry(
                 name=t.name, file=rel, start=t.start, end=t.end, dtype=t.ggml_type, shape=tuple(t.shape)
@@ -274,12 +319,23 @@ def analyze(
             dict(gheader.kv), [TensorInfo(e.name, e.dtype, e.shape) for e in g_entries], declare=declare
         )
         entries += g_entries
-    by_name = {e.name: e for e in entries}
-    inventory = {e.name: TensorInfo(e.name, e.dtype, e.shape) for e in entries}
-    architecture, params = _architecture(root, gguf_meta)
-    remarks = check_architecture(architecture, params, weights, notes=notes)
-    _check_tied(weights, by_name, reader, params)
-    refs = _reference_rows(reference)
+    return entries, weights, meta, headers
+
+
+def _checked_weights(
+    weights: list[LogicalWeight],
+    reader: PlaneReader,
+    by_name: dict[str, TensorEntry],
+    refs: dict[str, tuple[Path, TensorEntry]],
+    *,
+    witnesses: bool,
+) -> list[LogicalWeight]:
+    """Every weight through its semantic gates, with witness rows where wanted.
+
+    With ``witnesses``, quantized (or referenced) weights get witness rows, decoded against the
+    ``--reference`` rows where given.
+    """
+    inventory = stored_inventory(by_name.values())
     checked: list[LogicalWeight] = []
     for w in weights:
         planes = reader.planes(w, by_name)
@@ -295,17 +351,7 @@ def analyze(
             witness = make_witness(w, planes, witness_seed(w.name), reference=ref)
             w = w.model_copy(update={"witness": witness})
         checked.append(w)
-    kind = "gguf" if gguf_files and not st_files else "safetensors"
-    return Analysis(
-        kind=kind,
-        tensors=_entries_with_roles(entries, checked),
-        weights=tuple(checked),
-        notes=notes.items,
-        remarks=remarks,
-        architecture=architecture,
-        params=_gguf_params(gguf_meta) if gguf_files and not st_files else {},
-        gguf_headers=headers,
-    )
+    return checked
 
 
 def check_stored(

@@ -33,7 +33,17 @@ MODEL_PARAMS = (
     "num_experts_per_tok",
     "max_position_embeddings",
     "head_dim",
+    # what the graph contract reads (registry/contracts/graph.py) to refuse what the runtime lacks
+    "rope_parameters",
+    "sliding_window",
+    "use_sliding_window",
+    "hidden_act",
+    "attention_bias",
+    "mlp_bias",
+    "norm_topk_prob",
 )
+"""config.json keys recorded in ``model.params`` (a key the config lacks is left out, so adding one here
+changes the manifest digest only of checkpoints whose config.json has it)."""
 
 
 def scan(src: Path) -> list[tuple[str, Path]]:

@@ -77,6 +77,25 @@ class RefusedError(RegistryError):
     exit_code = 5
 
 
+class FieldRefusedError(RefusedError):
+    """A refused input named part by part: which tensor, which field, what was expected, what was found.
+
+    Attributes ``tensor``, ``field``, ``expected``, ``found`` and ``remedy`` hold the parts of the message
+    ``"{tensor}: {field}: expected {expected}, found {found}[ — remedy]"``.
+    """
+
+    def __init__(self, tensor: str, field: str, expected: object, found: object, remedy: str = "") -> None:
+        self.tensor = tensor
+        self.field = field
+        self.expected = expected
+        self.found = found
+        self.remedy = remedy
+        message = f"{tensor}: {field}: expected {expected}, found {found}"
+        if remedy:
+            message += f" — {remedy}"
+        super().__init__(message)
+
+
 class StoreError(RegistryError):
     """The storage backend failed (the original exception is chained)."""
 

@@ -9,7 +9,6 @@ referrer links and tag versions whose manifest lost every signature (what a pull
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -17,10 +16,12 @@ from shardport.provenance.dsse import Envelope
 from shardport.provenance.errors import EnvelopeFormatError
 from shardport.provenance.keys import VerifyingKey
 from shardport.provenance.statement import Statement
-from shardport.registry.artifact.hashing import digest_bytes, hex_of, is_digest
+from shardport.registry.artifact.digests import Digest
+from shardport.registry.artifact.hashing import digest_bytes, digest_of_hex, hex_of, is_digest
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.artifact.manifest_check import check_manifest
 from shardport.registry.errors import RegistryError, VerificationError
+from shardport.registry.results import result_json
 from shardport.registry.session import Session
 from shardport.registry.store.keys import blob_key
 from shardport.registry.trust.policy import TrustPolicy
@@ -31,7 +32,6 @@ from shardport.registry.trust.tags import TagEntry, parse_time, verify_history
 GRACE = timedelta(hours=1)
 MAX_SIGNATURE = 16 << 20
 """Bytes a signature envelope or bundle may have; a larger blob linked as one is not read."""
-_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 def _chain(session: Session, name: str, tag: str) -> list[TagEntry]:
@@ -60,17 +60,10 @@ class GcReport:
 
     def to_json(self) -> dict[str, object]:
         """The ``--json`` form."""
-        return {
-            "dry_run": self.dry_run,
-            "kept_blobs": self.kept_blobs,
-            "removed_blobs": self.removed_blobs,
-            "removed_bytes": self.removed_bytes,
-            "removed_uploads": self.removed_uploads,
-            "removed_referrers": self.removed_referrers,
-        }
+        return result_json(self)
 
 
-def _mark_manifest(session: Session, name: str, digest: str, live: set[str]) -> None:
+def _mark_manifest(session: Session, name: str, digest: Digest, live: set[str]) -> None:
     live.add(digest)
     try:
         manifest = Manifest.from_bytes(session.store.read_blob(digest), source=f"manifest {digest}")
@@ -82,7 +75,7 @@ def _mark_manifest(session: Session, name: str, digest: str, live: set[str]) -> 
     if manifest.producer_witness is not None:
         live.add(manifest.producer_witness.digest)
     folder = f"repos/{name}/referrers/{hex_of(digest)}"
-    live.update("sha256:" + child for child in session.store.listdir(folder) if _HEX.fullmatch(child))
+    live.update(d for child in session.store.listdir(folder) if (d := digest_of_hex(child)) is not None)
 
 
 def gc(session: Session, *, dry_run: bool = False, grace: timedelta = GRACE) -> GcReport:
@@ -121,15 +114,15 @@ def gc(session: Session, *, dry_run: bool = False, grace: timedelta = GRACE) -> 
                 if target:
                     _mark_manifest(session, name, target, live)
     for obj in store.walk("blobs/sha256"):
-        digest = "sha256:" + obj.key.rsplit("/", 1)[-1]
-        if digest in live or obj.mtime > now - grace or not is_digest(digest):  # not a blob: not ours
+        digest = digest_of_hex(obj.key.rsplit("/", 1)[-1])
+        if digest is None or digest in live or obj.mtime > now - grace:  # None: not a blob, not ours
             report.kept_blobs += 1
             continue
         report.removed_blobs.append(digest)
         report.removed_bytes += obj.size
     for name in repositories(session):
         for child in store.listdir(f"repos/{name}/referrers"):
-            if "sha256:" + child not in live:
+            if digest_of_hex(child) not in live:
                 report.removed_referrers.append(f"repos/{name}/referrers/{child}")
     if not dry_run:
         for digest in report.removed_blobs:
@@ -175,18 +168,7 @@ class FsckReport:
 
     def to_json(self) -> dict[str, object]:
         """The ``--json`` form."""
-        return {
-            "ok": self.ok,
-            "blobs": self.blobs,
-            "tags": self.tags,
-            "referrers": self.referrers,
-            "corrupt": self.corrupt,
-            "dangling": self.dangling,
-            "broken_tags": self.broken_tags,
-            "bad_referrers": self.bad_referrers,
-            "unsigned": self.unsigned,
-            "stale_uploads": self.stale_uploads,
-        }
+        return result_json(self, ok=self.ok)
 
 
 def _known_keys(session: Session, env: Envelope) -> list[VerifyingKey]:
@@ -234,19 +216,19 @@ def _check_referrers(
     signed: set[str] = set()
     folder = f"repos/{name}/referrers"
     for child in store.listdir(folder):
-        if not _HEX.fullmatch(child):
+        manifest = digest_of_hex(child)
+        if manifest is None:
             report.bad_referrers.append(f"{name}: {folder}/{child}: not named by a manifest digest")
             continue
-        manifest = "sha256:" + child
         if manifest not in present:
             report.dangling.append(f"{name}: attachments of manifest {manifest}, which is missing")
         for link in store.listdir(f"{folder}/{child}"):
             report.referrers += 1
             where = f"{name}: attachment sha256:{link} of {manifest}"
-            if not _HEX.fullmatch(link):
+            blob = digest_of_hex(link)
+            if blob is None:
                 report.bad_referrers.append(f"{where}: the link is not named by a blob digest")
                 continue
-            blob = "sha256:" + link
             if blob not in present:
                 report.dangling.append(f"{name}: attachment {blob} of {manifest} is missing")
                 continue
@@ -330,9 +312,9 @@ def fsck(session: Session) -> FsckReport:
     present: dict[str, int] = {}  # digest -> size listed
     corrupt: set[str] = set()
     for obj in store.walk("blobs/sha256"):
-        digest = "sha256:" + obj.key.rsplit("/", 1)[-1]
+        digest = digest_of_hex(obj.key.rsplit("/", 1)[-1])
         report.blobs += 1
-        if not is_digest(digest):
+        if digest is None:
             report.corrupt.append(f"{obj.key}: not a blob name (expected 64 lowercase hex digits)")
             continue
         present[digest] = obj.size

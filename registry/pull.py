@@ -20,6 +20,7 @@ from pathlib import Path
 
 from shardport.registry import _failpoints
 from shardport.registry.analysis import check_stored
+from shardport.registry.artifact.digests import Digest
 from shardport.registry.artifact.manifest import FileEntry
 from shardport.registry.artifact.paths import check_paths
 from shardport.registry.artifact.refs import Ref
@@ -43,7 +44,7 @@ class PullResult:
     """What a pull did."""
 
     ref: str
-    digest: str
+    digest: Digest
     dest: Path
     files: int
     bytes: int
@@ -120,9 +121,7 @@ def write_metadata(session: Session, resolved: Resolved, root: Path) -> None:
     (meta / "ref.json").write_text(json.dumps(ref, indent=1, sort_keys=True) + "\n")
 
 
-def _fetch_all(
-    session: Session, files: list[FileEntry], tmp: Path, advance: Callable[[int], None]
-) -> int:
+def _fetch_all(session: Session, files: list[FileEntry], tmp: Path, advance: Callable[[int], None]) -> int:
     """Download every file into ``tmp``; on any failure or signal, stop the workers before returning.
 
     A signal can interrupt the pool while it starts a thread, leaving a worker the pool does not know

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import shardport
 from shardport.registry import _failpoints
@@ -27,7 +27,9 @@ from shardport.registry.artifact.manifest_check import check_manifest
 from shardport.registry.artifact.paths import check_paths
 from shardport.registry.describe import container_of, model_of, quantization_of, scan, source_digest
 from shardport.registry.errors import UnsignedError, UsageError
+from shardport.registry.model_graph import model_section
 from shardport.registry.progress import Quiet, Reporter
+from shardport.registry.results import result_json
 from shardport.registry.session import Session
 from shardport.registry.store.copies import file_identity
 from shardport.registry.tiles.build import CheckpointReader, build_tile_index
@@ -35,6 +37,9 @@ from shardport.registry.tiles.splits import plane_cuts
 from shardport.registry.trust.signatures import attach_sigstore_bundle, manifest_statement, sign_manifest
 from shardport.registry.trust.tagging import DEFAULT_VALIDITY, history, move_tag, require_signing_scope
 from shardport.registry.trust.tags import format_time
+
+if TYPE_CHECKING:
+    from shardport.registry.artifact.digests import Digest
 
 LEASE_TIME = timedelta(hours=6)
 WORKERS = 4
@@ -46,7 +51,7 @@ class PushResult:
 
     name: str
     tag: str
-    digest: str
+    digest: Digest
     version: int
     files: int
     uploaded_bytes: int
@@ -58,19 +63,7 @@ class PushResult:
 
     def to_json(self) -> dict[str, object]:
         """The ``--json`` form."""
-        return {
-            "name": self.name,
-            "tag": self.tag,
-            "digest": self.digest,
-            "version": self.version,
-            "files": self.files,
-            "uploaded_bytes": self.uploaded_bytes,
-            "reused_bytes": self.reused_bytes,
-            "uploaded_files": self.uploaded_files,
-            "signed_by": self.signed_by,
-            "unchanged": self.unchanged,
-            "notes": list(self.notes),
-        }
+        return result_json(self)
 
 
 def source_date(environ: Mapping[str, str] | None = None) -> str | None:
@@ -112,6 +105,7 @@ def build_manifest(
         model = model.model_copy(
             update={"architecture": analysis.architecture, "params": dict(analysis.params)}
         )
+    model, graph_notes = model_section(model, entries, analysis)
     return Manifest(
         container=container_of([e.path for e in entries]),
         tensors=list(analysis.tensors) if analysis else None,
@@ -131,7 +125,7 @@ def build_manifest(
             converter_version=shardport.__version__,
             created_at=created_at,
         ),
-        notes=list(analysis.notes) if analysis else [],
+        notes=(list(analysis.notes) if analysis else []) + list(graph_notes),
     )
 
 
@@ -196,11 +190,7 @@ def push(
     manifest = build_manifest(src, entries, created_at, analysis, index_digest)
     if producer is not None:
         manifest = manifest.model_copy(update={"producer_witness": producer[1]})
-    if kernels_required or kernels_preferred:
-        runtime = manifest.runtime.model_copy(
-            update={"kernels_required": list(kernels_required), "kernels_preferred": list(kernels_preferred)}
-        )
-        manifest = manifest.model_copy(update={"runtime": runtime})
+    manifest = _with_kernels(manifest, kernels_required, kernels_preferred)
     unchanged = _unchanged_head(session, name, tag, manifest)
     manifest_digest = manifest.digest()
 
@@ -222,6 +212,16 @@ def push(
         bundle=bundle,
         unchanged=unchanged,
     )
+
+
+def _with_kernels(manifest: Manifest, required: Sequence[str], preferred: Sequence[str]) -> Manifest:
+    """The manifest with the kernel ids bring-up's dispatch must use / should prefer (``runtime``)."""
+    if not required and not preferred:
+        return manifest
+    runtime = manifest.runtime.model_copy(
+        update={"kernels_required": list(required), "kernels_preferred": list(preferred)}
+    )
+    return manifest.model_copy(update={"runtime": runtime})
 
 
 def _hash_files(files: list[tuple[str, Path]], advance: Callable[[int], None]) -> list[FileEntry]:

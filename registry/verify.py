@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from shardport import ShardportError
 from shardport.registry import _failpoints
 from shardport.registry import verify_content as content
 from shardport.registry.analysis import analyze
-from shardport.registry.artifact.hashing import digest_file
+from shardport.registry.artifact.hashing import digest_bytes, digest_file
 from shardport.registry.artifact.manifest import FileEntry, Manifest
 from shardport.registry.artifact.manifest_check import check_manifest
 from shardport.registry.artifact.paths import check_paths
@@ -28,11 +28,15 @@ from shardport.registry.errors import (
     UsageError,
     VerificationError,
 )
+from shardport.registry.results import result_json
 from shardport.registry.session import Session
 from shardport.registry.staging import stop_on_signals
 from shardport.registry.tiles.model import TileIndex
 from shardport.registry.trust.signatures import check_envelope, referrers, verify_manifest
 from shardport.registry.trust.tagging import history
+
+if TYPE_CHECKING:
+    from shardport.registry.artifact.digests import Digest
 
 WORKERS = 4
 """Blobs streamed from the store at once by ``verify REF``."""
@@ -45,7 +49,7 @@ class Report:
     """Findings of a verification; ``ok`` when there are none."""
 
     subject: str
-    digest: str | None = None
+    digest: Digest | None = None
     checked_files: int = 0
     checked_bytes: int = 0
     checked_tiles: int = 0
@@ -54,7 +58,7 @@ class Report:
     weights_checked: int = 0
     parse_error: bool = False
     notes: list[str] = field(default_factory=list)
-    evidence: int = 0
+    evidence_verified: int = 0
 
     @property
     def ok(self) -> bool:
@@ -67,19 +71,7 @@ class Report:
 
     def to_json(self) -> dict[str, object]:
         """The ``--json`` form."""
-        return {
-            "subject": self.subject,
-            "digest": self.digest,
-            "ok": self.ok,
-            "checked_files": self.checked_files,
-            "checked_bytes": self.checked_bytes,
-            "checked_tiles": self.checked_tiles,
-            "signers": self.signers,
-            "weights_checked": self.weights_checked,
-            "evidence_verified": self.evidence,
-            "notes": self.notes,
-            "findings": self.findings,
-        }
+        return result_json(self, skip=("parse_error",), ok=self.ok)
 
     @property
     def exit_code(self) -> int:
@@ -139,7 +131,7 @@ def _manifest_of(session: Session, ref: Ref, report: Report) -> Manifest | None:
     return manifest
 
 
-def _attachments(session: Session, ref: Ref, digest: str, report: Report) -> None:
+def _attachments(session: Session, ref: Ref, digest: Digest, report: Report) -> None:
     """Every blob attached to the manifest (signatures, evidence) is present and hashes to its name."""
     for blob in referrers(session, ref.name, digest):
         try:
@@ -163,7 +155,7 @@ def _evidence(session: Session, ref: Ref, digest: str, report: Report) -> None:
     from shardport.registry.evidence import read_evidence
 
     found = read_evidence(session, ref.name, digest)
-    report.evidence = len(found.verified)
+    report.evidence_verified = len(found.verified)
     reported = {f["object"] for f in report.findings}
     for blob, kind, message in found.failures:
         if f"attachment {blob}" not in reported:  # a missing or altered blob is already a finding
@@ -337,6 +329,26 @@ def verify_checkpoint(path: Path, *, strict: bool = False) -> Report:
     return report
 
 
+def _pulled_signatures(
+    session: Session, meta: Path, ref: dict[str, Any], digest: str, report: Report
+) -> None:
+    """The signatures a pull saved beside the files: at least one trusted, unless unsigned is allowed."""
+    signers: list[str] = []
+    errors: list[str] = []
+    pulled = str(ref.get("ref", ""))  # the tag a pull went through vouches for tag-scoped keys
+    pulled_tag = pulled.rpartition(":")[2] if "@" not in pulled and ":" in pulled else None
+    for sig in sorted((meta / "signatures").glob("*.json")):
+        try:
+            signers += check_envelope(
+                session, sig.read_bytes(), str(ref.get("repository", "")), digest, str(sig), pulled_tag
+            )
+        except VerificationError as exc:
+            errors.append(str(exc))
+    report.signers = sorted(set(signers))
+    if not signers and not session.allow_unsigned:
+        report.add("Signature", "manifest.json", errors[0] if errors else "manifest is unsigned")
+
+
 def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Report:
     """Verify a pulled folder against the manifest and signatures recorded in ``.shardport/``.
 
@@ -355,7 +367,7 @@ def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Repor
             f"{folder}: no shardport metadata ({METADATA_DIR}/manifest.json, ref.json); "
             "verify takes a folder written by `registry pull` or a stored reference"
         ) from exc
-    digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    digest = digest_bytes(raw)
     report.digest = digest
     if ref.get("digest") != digest:
         report.add(
@@ -370,20 +382,7 @@ def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Repor
     except RegistryError as exc:
         report.add(type(exc).__name__, "manifest.json", str(exc))
         return report
-    signers: list[str] = []
-    errors: list[str] = []
-    pulled = str(ref.get("ref", ""))  # the tag a pull went through vouches for tag-scoped keys
-    pulled_tag = pulled.rpartition(":")[2] if "@" not in pulled and ":" in pulled else None
-    for sig in sorted((meta / "signatures").glob("*.json")):
-        try:
-            signers += check_envelope(
-                session, sig.read_bytes(), str(ref.get("repository", "")), digest, str(sig), pulled_tag
-            )
-        except VerificationError as exc:
-            errors.append(str(exc))
-    report.signers = sorted(set(signers))
-    if not signers and not session.allow_unsigned:
-        report.add("Signature", "manifest.json", errors[0] if errors else "manifest is unsigned")
+    _pulled_signatures(session, meta, ref, digest, report)
     expected = {str(p) for p in paths}
     for entry in manifest.files:
         path = folder / entry.path

@@ -20,7 +20,6 @@ import contextlib
 import ctypes
 import errno
 import json
-import mmap
 import os
 import stat
 import struct
@@ -90,7 +89,7 @@ _SAFETENSORS_DTYPES = {
     "bool": "BOOL",
 }
 _FILE_ORDER = {name: rank for rank, name in enumerate(_SAFETENSORS_DTYPES_BY_RANK)}
-_COMPARE_BYTES = 64 << 20
+_COMPARE_BYTES = 8 << 20
 TensorBytes = tuple[str, tuple[str, list[int]], "npt.NDArray[np.uint8]"]
 
 
@@ -129,27 +128,42 @@ def safetensors_layout(
 
 
 def _first_difference(path: str, header: bytes, data: list[TensorBytes]) -> str | None:
-    """What in the file at ``path`` differs from ``header`` and ``data`` (None: every byte equal)."""
+    """What in the file at ``path`` differs from ``header`` and ``data`` (None: every byte equal).
+
+    The file is read back a chunk at a time into one reused buffer (not mapped: mapped pages would
+    count in the process's resident memory, doubling a rank pull's peak).
+    """
     import numpy as np
 
     with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
         if size != len(header) + sum(raw.nbytes for _, _, raw in data):
             return f"the file's size {size}"
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            if mapped[: len(header)] != header:
-                return "the header"
-            at = len(header)
-            for key, _, raw in data:
-                for lo in range(0, raw.nbytes, _COMPARE_BYTES):
-                    hi = min(lo + _COMPARE_BYTES, raw.nbytes)
-                    back = np.frombuffer(mapped, np.uint8, hi - lo, at + lo)
-                    same = np.array_equal(back, raw[lo:hi])
-                    del back  # the mapping closes only once no array views it
-                    if not same:
-                        return f"tensor {key}"
-                at += raw.nbytes
+        if os.pread(fd, len(header), 0) != header:
+            return "the header"
+        buf = np.empty(min(_COMPARE_BYTES, max((raw.nbytes for _, _, raw in data), default=0)), np.uint8)
+        at = len(header)
+        for key, _, raw in data:
+            for lo in range(0, raw.nbytes, _COMPARE_BYTES):
+                back = buf[: min(_COMPARE_BYTES, raw.nbytes - lo)]
+                if not _read_exactly(fd, back, at + lo) or not np.array_equal(
+                    back, raw[lo : lo + back.nbytes]
+                ):
+                    return f"tensor {key}"
+            at += raw.nbytes
     return None
+
+
+def _read_exactly(fd: int, into: npt.NDArray[np.uint8], offset: int) -> bool:
+    """Fill ``into`` from ``fd`` at ``offset``; False if the file ends first."""
+    view = into.data.cast("B")
+    while view:
+        n = os.preadv(fd, [view], offset)
+        if n == 0:
+            return False
+        view, offset = view[n:], offset + n
+    return True
 
 
 class StagedFiles:
@@ -242,8 +256,8 @@ class StagedFiles:
 
         Each tensor's bytes go from a contiguous little-endian buffer straight to the file (no copy of
         the whole file in memory). The staged file is then reopened: the safetensors library must
-        read back every name, dtype and shape and the metadata, and every byte is compared through a
-        read-only mapping, a chunk at a time.
+        read back every name, dtype and shape and the metadata, and every byte is read back and
+        compared, a chunk at a time (one 8 MiB buffer).
         """
         from safetensors import safe_open
 

@@ -86,8 +86,8 @@ def quantize_scaled(name: str, shape: tuple[int, int], rng: np.random.Generator,
     return quantize(values, GGMLQuantizationType[name])
 
 
-def gptq_tiny(folder: Path, *, seed: int = 5) -> Path:
-    """A 2-layer GPTQ llama safetensors checkpoint (4-bit, group 64), float16 embeddings and head."""
+def gptq_tiny(folder: Path, *, seed: int = 5, bits: int = 4) -> Path:
+    """A 2-layer GPTQ llama safetensors checkpoint (``bits``-bit, group 64), float16 embeddings and head."""
     rng = np.random.default_rng(seed)
     head_dim = HIDDEN // HEADS
     tensors: dict[str, np.ndarray] = {
@@ -106,7 +106,7 @@ def gptq_tiny(folder: Path, *, seed: int = 5) -> Path:
     }
     for layer in range(LAYERS):
         for slot, (n, k) in shapes.items():
-            case = quantize_minmax((rng.standard_normal((n, k)) * 0.1).astype(np.float32), 64)
+            case = quantize_minmax((rng.standard_normal((n, k)) * 0.1).astype(np.float32), 64, bits)
             tensors.update(gptq_planes(case, f"model.layers.{layer}.{slot}"))
         for norm in ("input_layernorm", "post_attention_layernorm"):
             tensors[f"model.layers.{layer}.{norm}.weight"] = np.ones(HIDDEN, dtype=np.float16)
@@ -123,11 +123,29 @@ def gptq_tiny(folder: Path, *, seed: int = 5) -> Path:
         "rms_norm_eps": 1e-5,
         "quantization_config": {
             "quant_method": "gptq",
-            "bits": 4,
+            "bits": bits,
             "group_size": 64,
             "desc_act": False,
             "checkpoint_format": "gptq",
         },
     }
     (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def add_tokenizer_json(folder: Path, vocab: int = 300) -> Path:
+    """A small byte-level BPE ``tokenizer.json`` (ids < ``vocab`` <= the model's vocabulary)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<s>", "</s>"],
+        show_progress=False,
+    )
+    tok.train_from_iterator(["hello world, hello tokens", "the cat sat on the mat"] * 4, trainer)
+    (folder / "tokenizer.json").write_text(tok.to_str())
     return folder

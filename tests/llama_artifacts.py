@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,11 +166,13 @@ def gguf_smollm(
     vocab: int = SMOL["vocab"],
     heads: int = SMOL["heads"],
     kv_heads: int = SMOL["kv_heads"],
+    extra: Callable[[Any], None] | None = None,
 ) -> Path:
     """A GGUF at SmolLM-135M's dims as llama.cpp writes it: Q4_1 linears, a tied Q8_0 token embedding
     (no ``output.weight``), F32 norms, llama metadata keys; ``layers`` blocks (the real model has 30).
     ``heads`` / ``kv_heads`` change the attention layout only (head_dim = hidden / heads; hidden,
-    intermediate, vocab and quant types stay), e.g. 12 / 4 for a model the planner splits at tp 4 and 8."""
+    intermediate, vocab and quant types stay), e.g. 12 / 4 for a model the planner splits at tp 4 and 8.
+    ``extra``: called with the ``GGUFWriter`` before the tensors, to add keys (e.g. a tokenizer)."""
     import gguf
     from gguf.quants import quantize
 
@@ -193,6 +196,8 @@ def gguf_smollm(
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1)
     w.add_vocab_size(vocab)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    if extra is not None:
+        extra(w)
     q41, q80 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0
 
     def weight(shape: tuple[int, int], qtype: gguf.GGMLQuantizationType) -> np.ndarray:

@@ -25,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from shardport.registry.artifact.digests import ERROR_TYPE as DIGEST_ERROR
 from shardport.registry.artifact.digests import Digest
 from shardport.registry.artifact.hashing import digest_bytes
+from shardport.registry.artifact.tokenizer_record import TokenizerRecord
+from shardport.registry.contracts.graph import GraphContract
 from shardport.registry.contracts.model import LogicalWeight
 from shardport.registry.errors import MalformedDigestError, SchemaVersionError, UsageError, VerificationError
 from shardport.registry.formats.notes import Note
@@ -71,7 +73,15 @@ class ContainerInfo(Section):
 
 
 class ModelInfo(Section):
-    """What the model is: architecture, revision, the parameters a runtime needs."""
+    """What the model is: architecture, revision, the parameters a runtime needs.
+
+    ``graph``: the graph contract push derived from ``params`` and the tensor shapes
+    (:mod:`shardport.registry.model_graph`); ``tokenizer``: the digests of the tokenizer the checkpoint
+    carries (:mod:`shardport.registry.artifact.tokenizer_record`). Both are left out of the JSON when
+    absent, so manifests without them keep their bytes. A ``graph`` this shardport cannot read (a newer
+    contract version) is kept as a plain object and written back unchanged;
+    :func:`shardport.registry.model_graph.graph_of` refuses it.
+    """
 
     section = "model"
 
@@ -79,6 +89,8 @@ class ModelInfo(Section):
     revision: str | None = None
     tokenizer_digest: Digest | None = None
     params: dict[str, Any] = Field(default_factory=dict)
+    graph: GraphContract | dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
+    tokenizer: TokenizerRecord | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class QuantizationInfo(Section):
@@ -194,7 +206,7 @@ class WitnessFileRef(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="allow")
-    digest: str
+    digest: Digest
     size: int = Field(ge=0)
     weights: int = Field(ge=0)
     rows: int = Field(ge=0)

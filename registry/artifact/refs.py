@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shardport.registry.artifact.hashing import DIGEST_FORM, is_digest
 from shardport.registry.errors import UsageError
+
+if TYPE_CHECKING:
+    from shardport.registry.artifact.digests import Digest
 
 # Whole-string matches only (``fullmatch``): ``re.match`` with ``$`` accepts a trailing newline.
 _SEGMENT = re.compile(r"[a-z0-9][a-z0-9._-]*")
@@ -40,7 +44,7 @@ def validate_tag(tag: str) -> str:
     return tag
 
 
-def validate_digest(digest: str) -> str:
+def validate_digest(digest: str) -> Digest:
     """Return ``digest`` if it is ``sha256:<64 lowercase hex>``, else raise :class:`UsageError`."""
     if not is_digest(digest):
         raise UsageError(f"digest {digest!r}: expected {DIGEST_FORM}")
@@ -53,7 +57,7 @@ class Ref:
 
     name: str
     tag: str | None = None
-    digest: str | None = None
+    digest: Digest | None = None
 
     def __str__(self) -> str:
         return f"{self.name}@{self.digest}" if self.digest else f"{self.name}:{self.tag}"

@@ -48,27 +48,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardport.registry.errors import RefusedError, UsageError, VerificationError
+from shardport.registry.errors import FieldRefusedError, UsageError, VerificationError
 
 
-class ContractError(VerificationError, RefusedError):  # type: ignore[misc, unused-ignore]
+class ContractError(VerificationError, FieldRefusedError):  # type: ignore[misc, unused-ignore]
     """A numeric contract, or the planes it describes, is not as it must be.
 
     Attributes ``tensor``, ``field``, ``expected`` and ``found`` hold the parts of the message.
     """
 
     exit_code = 5
-
-    def __init__(self, tensor: str, field: str, expected: object, found: object, remedy: str = "") -> None:
-        self.tensor = tensor
-        self.field = field
-        self.expected = expected
-        self.found = found
-        self.remedy = remedy
-        message = f"{tensor}: {field}: expected {expected}, found {found}"
-        if remedy:
-            message += f" — {remedy}"
-        super().__init__(message)
 
 
 class PlaneMissingError(ContractError):

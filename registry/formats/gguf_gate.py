@@ -191,6 +191,29 @@ def parse_gguf_source(
     return _Parser(source, limits or GGUFLimits(), collector(notes)).parse()
 
 
+@dataclass(frozen=True, slots=True)
+class GGUFMetadata:
+    """A GGUF file's key/value pairs alone (read from its header bytes ``[0, kv_end)``)."""
+
+    path: str
+    version: int
+    kv: Mapping[str, GGUFValue]
+    kv_types: Mapping[str, str]
+    kv_end: int
+
+
+def parse_gguf_metadata(
+    source: ByteSource, limits: GGUFLimits | None = None, *, notes: Notes | None = None
+) -> GGUFMetadata:
+    """The key/value pairs of ``source``, which may hold only the header bytes ``[0, kv_end)``.
+
+    The same bounded reads as :func:`parse_gguf_source`, stopping after the last KV pair (the tensor
+    infos are not read, so a range read of the manifest's ``gguf_header.end`` bytes suffices). Arrays up
+    to ``limits.max_kept_array_len`` items keep their values (raise it to read a tokenizer vocabulary).
+    """
+    return _Parser(source, limits or GGUFLimits(), collector(notes)).metadata()
+
+
 class _Parser:
     def __init__(self, source: ByteSource, limits: GGUFLimits, notes: Notes) -> None:
         self.cur = HeaderCursor(source, limits.max_header_bytes)
@@ -199,6 +222,44 @@ class _Parser:
         self.notes = notes
 
     def parse(self) -> GGUFHeader:
+        cur = self.cur
+        version, n_tensors, n_kv = self.preamble()
+        kv, kv_types = self._read_kvs(n_kv)
+        kv_end = cur.pos
+        self._quantization_version(kv, kv_types)
+        alignment = self._alignment(kv, kv_types)
+        infos = [self._read_tensor_info(i, alignment) for i in range(n_tensors)]
+        data_offset = -(-cur.pos // alignment) * alignment
+        tensors = self._place(infos, data_offset, alignment)
+        return GGUFHeader(
+            path=self.name,
+            file_size=cur.size,
+            version=version,
+            alignment=alignment,
+            data_offset=data_offset,
+            kv=MappingProxyType(kv),
+            kv_types=MappingProxyType(kv_types),
+            tensors=tuple(tensors),
+            kv_end=kv_end,
+        )
+
+    def metadata(self) -> GGUFMetadata:
+        version, _n_tensors, n_kv = self.preamble(tensors_follow=False)
+        kv, kv_types = self._read_kvs(n_kv)
+        return GGUFMetadata(
+            path=self.name,
+            version=version,
+            kv=MappingProxyType(kv),
+            kv_types=MappingProxyType(kv_types),
+            kv_end=self.cur.pos,
+        )
+
+    def preamble(self, *, tensors_follow: bool = True) -> tuple[int, int, int]:
+        """Magic, version and the two counts, checked against the bytes left.
+
+        ``tensors_follow``: the tensor infos are in the bytes too (a header-only read holds just the KV
+        pairs).
+        """
         cur, name = self.cur, self.name
         magic = cur.take(4, "magic")
         if magic != b"GGUF":
@@ -216,30 +277,14 @@ class _Parser:
                 remedy=_REMEDY_RECONVERT,
             )
         n_tensors, n_kv = cur.u64("tensor count"), cur.u64("KV count")
-        self._check_counts(n_tensors, n_kv)
-        kv, kv_types = self._read_kvs(n_kv)
-        kv_end = cur.pos
-        self._quantization_version(kv, kv_types)
-        alignment = self._alignment(kv, kv_types)
-        infos = [self._read_tensor_info(i, alignment) for i in range(n_tensors)]
-        data_offset = -(-cur.pos // alignment) * alignment
-        tensors = self._place(infos, data_offset, alignment)
-        return GGUFHeader(
-            path=name,
-            file_size=cur.size,
-            version=version,
-            alignment=alignment,
-            data_offset=data_offset,
-            kv=MappingProxyType(kv),
-            kv_types=MappingProxyType(kv_types),
-            tensors=tuple(tensors),
-            kv_end=kv_end,
-        )
+        self._check_counts(n_tensors, n_kv, tensors_follow)
+        return version, n_tensors, n_kv
 
-    def _check_counts(self, n_tensors: int, n_kv: int) -> None:
+    def _check_counts(self, n_tensors: int, n_kv: int, tensors_follow: bool = True) -> None:
         remaining = self.cur.size - self.cur.pos
+        tensor_unit = _MIN_TENSOR_INFO_BYTES if tensors_follow else 0
         for what, count, cap, unit in (
-            ("tensor count", n_tensors, self.limits.max_tensor_count, _MIN_TENSOR_INFO_BYTES),
+            ("tensor count", n_tensors, self.limits.max_tensor_count, tensor_unit),
             ("KV count", n_kv, self.limits.max_kv_count, _MIN_KV_BYTES),
         ):
             if count > cap or count * unit > remaining:
@@ -250,7 +295,7 @@ class _Parser:
                     found=str(count),
                     remedy="the header is corrupt or hostile: no GGUF model holds that many entries",
                 )
-        if n_tensors * _MIN_TENSOR_INFO_BYTES + n_kv * _MIN_KV_BYTES > remaining:
+        if n_tensors * tensor_unit + n_kv * _MIN_KV_BYTES > remaining:
             raise CountLimitError(
                 self.name,
                 field="tensor count + KV count",

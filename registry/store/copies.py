@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from shardport.registry.artifact.hashing import CHUNK
+from shardport.registry.artifact.hashing import CHUNK, digest_stream
 
 Progress = Callable[[int], None]
 """Called with the bytes moved since the last call."""
@@ -56,18 +55,4 @@ def copy_hashing(
     src: IO[bytes], dst: IO[bytes], progress: Progress | None, limit: int | None = None
 ) -> tuple[str, int]:
     """Copy ``src`` to ``dst`` (at most ``limit`` + 1 bytes), hashing; return the digest and bytes copied."""
-    h = hashlib.sha256()
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    total = 0
-    while n := src.readinto(buf):  # type: ignore[attr-defined]
-        if limit is not None and total + n > limit:
-            n = limit + 1 - total  # one byte past the limit proves the blob is too large
-        h.update(view[:n])
-        dst.write(view[:n])
-        total += n
-        if progress:
-            progress(n)
-        if limit is not None and total > limit:
-            break
-    return "sha256:" + h.hexdigest(), total
+    return digest_stream(src, progress, limit=limit, sink=dst.write)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.artifact.manifest_check import check_manifest
@@ -13,13 +14,16 @@ from shardport.registry.trust.signatures import verify_manifest
 from shardport.registry.trust.tagging import history
 from shardport.registry.trust.tags import TagEntry
 
+if TYPE_CHECKING:
+    from shardport.registry.artifact.digests import Digest
+
 
 @dataclass(frozen=True)
 class Resolved:
     """A reference resolved once to a digest, with what was verified on the way."""
 
     ref: Ref
-    digest: str
+    digest: Digest
     manifest: Manifest
     raw: bytes
     tag_entry: TagEntry | None

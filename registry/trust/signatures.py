@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shardport.provenance import dsse
 from shardport.provenance.dsse import Envelope
@@ -18,12 +19,15 @@ from shardport.registry.errors import SignatureError, UnsignedError, UntrustedSi
 from shardport.registry.session import Session
 from shardport.registry.store.keys import referrer_key
 
+if TYPE_CHECKING:
+    from shardport.registry.artifact.digests import Digest
+
 SIGNATURE_PREDICATE = "https://shardport.dev/manifest-signature/v1"
 SIGNATURE_ARTIFACT = "application/vnd.shardport.signature.v1+json"
 SIGSTORE_ARTIFACT = "application/vnd.dev.sigstore.bundle.v0.3+json"
 
 
-def manifest_statement(name: str, manifest_digest: str) -> Statement:
+def manifest_statement(name: str, manifest_digest: Digest) -> Statement:
     """The statement a manifest signature signs."""
     return Statement(
         subjects=(Subject(name=f"{name}@{manifest_digest}", sha256=hex_of(manifest_digest)),),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardport.provenance.dsse import Envelope
 from shardport.provenance.errors import EnvelopeFormatError
@@ -25,6 +25,9 @@ from shardport.registry.errors import (
     VerificationError,
 )
 from shardport.registry.trust.policy import TrustPolicy
+
+if TYPE_CHECKING:
+    from shardport.registry.artifact.digests import Digest
 
 TAG_PREDICATE = "https://shardport.dev/tag/v1"
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
@@ -122,7 +125,7 @@ class TagEntry:
 
     doc: TagDocument
     raw: bytes
-    digest: str
+    digest: Digest
     signers: tuple[str, ...]
 
 
@@ -131,7 +134,7 @@ class SeenTag:
     """What a client last trusted for a tag."""
 
     version: int
-    digest: str
+    digest: Digest
 
 
 def _parse_entry(raw: bytes, source: str) -> tuple[Envelope, TagDocument]:

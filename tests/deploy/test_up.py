@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from bringup_artifacts import INTER, VOCAB, gguf_tiny, gptq_tiny
+from bringup_artifacts import INTER, VOCAB, add_tokenizer_json, gguf_tiny, gptq_tiny
 from llama_artifacts import ok
 from safetensors.numpy import load_file
 
@@ -185,15 +185,16 @@ def test_a_killed_rank_fails_cleanly_and_leaks_nothing(home: Path, tmp_path: Pat
 def test_forbid_refuses_listing_every_candidates_reason(home: Path, tmp_path: Path) -> None:
     from shardport.kernels import default_catalog
 
-    store = _push(home, tmp_path, gguf_tiny(tmp_path / "gguf"), "llama/gguf:v1")
-    request = UpRequest(ref="llama/gguf:v1", tokens=PROMPT, fallback="forbid", store=store)
+    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq2", bits=2), "llama/gptq2:v1")
+    request = UpRequest(ref="llama/gptq2:v1", tokens=PROMPT, fallback="forbid", store=store)
     with pytest.raises(RankFailedError) as caught:
         bring_up(Session.open(store), request, launcher=run_in_process)
     assert caught.value.stage == "repack" and "Forbidden" in caught.value.kind
     message = str(caught.value)
-    assert "blk.0.attn_v.weight" in message  # Q8_0: no specialised kernel here, full dequant forbidden
-    for kernel in default_catalog():
+    assert "model.layers.0.mlp.down_proj.weight" in message  # 2-bit codes: no kernel here takes them
+    for kernel in default_catalog():  # every candidate's reason, the policy's refusals included
         assert kernel.capability.id in message, kernel.capability.id
+    assert "policy" in message
 
 
 def test_rollback_then_up_brings_up_the_older_pinned_manifest(home: Path, tmp_path: Path) -> None:
@@ -229,3 +230,22 @@ def test_an_inventory_that_does_not_match_the_architecture_is_refused(home: Path
         check_inventory(contract, fewer)
     with pytest.raises(UnsupportedModelError, match="not read by"):
         check_inventory(contract.model_copy(update={"layers": 1}), manifest)
+
+
+def test_prompt_text_uses_the_checkpoints_verified_tokenizer(home: Path, tmp_path: Path) -> None:
+    from shardport.deploy.tokenizer import load_tokenizer, read_tokenizer
+
+    store = _push(home, tmp_path, add_tokenizer_json(gptq_tiny(tmp_path / "gptq")), "llama/gptq:v1")
+    session = Session.open(store)
+    request = UpRequest(
+        ref="llama/gptq:v1", tokens=(), prompt="hello world", steps=2, store=store, ladder=False
+    )
+    result = bring_up(session, request, launcher=run_in_process, store_evidence=False)
+    manifest = resolve(session, parse_ref("llama/gptq:v1")).manifest
+    tokenizer = load_tokenizer(manifest, read_tokenizer(session.store, manifest))
+    assert (
+        result.predicate["prompt"] == tokenizer.encode("hello world") and len(result.predicate["prompt"]) > 1
+    )
+    assert manifest.model.tokenizer is not None
+    assert result.predicate["tokenizer"]["digest"] == str(manifest.model.tokenizer.digest)
+    assert result.predicate["text"]["generated"] == tokenizer.decode(result.generated)

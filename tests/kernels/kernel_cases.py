@@ -92,27 +92,43 @@ def awq(n: int, k: int, group: int, seed: int = 1) -> Case:
     return _finish("awq", weight, planes, w)
 
 
-_CT_DTYPE = {torch.int32: "I32", torch.int64: "I64", torch.float16: "F16", torch.bfloat16: "BF16"}
+_CT_DTYPE = {
+    torch.int32: "I32",
+    torch.int64: "I64",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float32: "F32",
+}
 
 
 def compressed_tensors(
-    n: int, k: int, group: int, seed: int = 2, *, symmetric: bool = True, dtype: torch.dtype = torch.float16
+    n: int,
+    k: int,
+    group: int,
+    seed: int = 2,
+    *,
+    symmetric: bool = True,
+    dtype: torch.dtype = torch.float16,
+    bits: int = 4,
+    strategy: str = "group",
 ) -> Case:
     import compressed_tensors.compressors.pack_quantized.base as pack
     import compressed_tensors.quantization as quantization
 
     generator = torch.Generator().manual_seed(seed)
-    args = {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group", "group_size": group}
+    args: dict[str, Any] = {"num_bits": bits, "type": "int", "symmetric": symmetric, "strategy": strategy}
+    if strategy == "group":
+        args["group_size"] = group
+    groups = k // group if strategy == "group" else 1
+    qmax = (1 << (bits - 1)) - 1
     scheme = quantization.QuantizationScheme(
         targets=["Linear"], weights=quantization.QuantizationArgs(**args)
     )
     weight = torch.randn(n, k, generator=generator)
-    scale = (weight.reshape(n, k // group, -1).abs().amax(-1) / 7 + 1e-3).to(dtype)
+    scale = (weight.reshape(n, groups, -1).abs().amax(-1) / qmax + 1e-3).to(dtype)
     state = {"weight": weight.to(dtype), "weight_scale": scale}
     if not symmetric:
-        state["weight_zero_point"] = torch.randint(
-            -3, 3, (n, k // group), generator=generator, dtype=torch.int8
-        )
+        state["weight_zero_point"] = torch.randint(-3, 3, (n, groups), generator=generator, dtype=torch.int8)
     compressed = pack.PackedQuantizationCompressor.compress(state, scheme)
 
     def as_numpy(t: torch.Tensor) -> np.ndarray:
@@ -132,13 +148,27 @@ def compressed_tensors(
     }
     shape_values = {f"{PREFIX}.weight_shape": compressed["weight_shape"].tolist()}
     logical = _only(infer_safetensors(config, infos, shape_values=shape_values))
-    label = f"ct_{'sym' if symmetric else 'asym'}_{str(dtype).rsplit('.', 1)[-1]}"
+    label = f"ct{bits}_{strategy}_{'sym' if symmetric else 'asym'}_{str(dtype).rsplit('.', 1)[-1]}"
     return _finish(label, logical, planes, weight.numpy())
+
+
+def _random_blocks(ggml_type: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Random block bytes with finite binary16 super-scales (gguf-py cannot quantize K-quants)."""
+    block, size = BLOCK_SIZES[ggml_type]
+    raw = rng.integers(0, 256, size=(n, k // block, size), dtype=np.uint8)
+    for offset in {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}[ggml_type]:
+        halves = (rng.standard_normal((n, k // block, 1)) * 0.05).astype("<f2")
+        raw[:, :, offset : offset + 2] = halves.view(np.uint8)
+    return raw.reshape(n, -1)
 
 
 def gguf(ggml_type: str, n: int, k: int, seed: int = 3) -> Case:
     w = _float(n, k, seed)
-    data = quants.quantize(w, GGMLQuantizationType[ggml_type])
+    if ggml_type in ("Q4_K", "Q5_K", "Q6_K"):
+        data = _random_blocks(ggml_type, n, k, np.random.default_rng(seed))
+        w = quants.dequantize(data, GGMLQuantizationType[ggml_type]).astype(np.float32)
+    else:
+        data = quants.quantize(w, GGMLQuantizationType[ggml_type])
     tensor = "blk.0.ffn_down.weight"
     weights = infer_gguf({"general.architecture": "llama"}, [TensorInfo(tensor, ggml_type, (n, k))])
     weight = next(x for x in weights if x.name == tensor)
@@ -183,7 +213,7 @@ def slice_planes(case: Case, bounds: dict[str, tuple[int, int]]) -> dict[str, np
         if role == "codes":
             axes = c.codes.physical_axes
             pa = c.codes.packing.axis
-            ranges = {a: packed({"N": (n0, n1), "K": (k0, k1)}[a], 4, a, pa) for a in axes}
+            ranges = {a: packed({"N": (n0, n1), "K": (k0, k1)}[a], c.codes.bits, a, pa) for a in axes}
         elif role == "scale":
             axes = c.scales.physical_axes
             ranges = {"N": (n0, n1), "G": g_range}
@@ -191,7 +221,8 @@ def slice_planes(case: Case, bounds: dict[str, tuple[int, int]]) -> dict[str, np
             zero = c.zero_point
             axes = zero.physical_axes
             pa = zero.packing.axis if isinstance(zero, ZeroIntPlane) else "none"
-            ranges = {a: packed({"N": (n0, n1), "G": g_range}[a], 4, a, pa) for a in axes}
+            bits = zero.bits if isinstance(zero, ZeroIntPlane) else 32
+            ranges = {a: packed({"N": (n0, n1), "G": g_range}[a], bits, a, pa) for a in axes}
         elif role == "g_idx":
             axes, ranges = ("K",), {"K": (k0, k1)}
         else:

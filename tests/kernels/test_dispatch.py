@@ -59,10 +59,20 @@ def test_allow_runs_and_the_trace_says_full_dequant(g16):
         policy=FallbackPolicy.from_cli("allow"),
     )
     assert trace.selected == "full-dequant@1" and trace.transformation == "full-dequant"
-    assert [c.kernel for c in trace.candidates] == ["cpu.int4pack@1", "full-dequant@1", "reference@1"]
+    assert [c.kernel for c in trace.candidates] == [
+        "cpu.int4pack@1",
+        "cpu.int8pack@1",
+        "cpu.gguf-direct@1",
+        "cuda.int4-tinygemm@1",
+        "full-dequant@1",
+        "reference@1",
+    ]
     assert trace.candidates[0].admission.reasons == (Reason.GROUP_SIZE,)
-    assert trace.candidates[1].selected and trace.candidates[2].admission.accepted
-    assert not trace.candidates[2].prepared  # admitted for the trace, not prepared
+    assert Reason.LAYOUT in trace.candidates[1].admission.reasons
+    assert trace.candidates[2].admission.reasons == (Reason.LAYOUT,)
+    assert Reason.DEVICE in trace.candidates[3].admission.reasons
+    assert trace.candidates[4].selected and trace.candidates[5].admission.accepted
+    assert not trace.candidates[5].prepared  # admitted for the trace, not prepared
     x = torch.randn(3, 256)
     reference = decode_weight(g16.local_weight, g16.named_planes)
     assert torch.allclose(prepared(x), x @ torch.from_numpy(reference).T, rtol=1e-5, atol=1e-5)

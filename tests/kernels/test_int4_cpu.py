@@ -56,7 +56,7 @@ def _activations(k: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.standard_normal((1, k)).astype(np.float32), rng.standard_normal((64, k)).astype(np.float32)
 
 
-def _run_ladder(case, bounds, dtype="float32"):
+def _run_ladder(case, bounds, dtype="float32", *, with_float=True):
     weight = rank_weight(case.weight, kc.slice_planes(case, bounds), bounds)
     prepared, trace = dispatch(weight, default_catalog(), activation_dtype=dtype, phase="decode")
     assert trace.selected == "cpu.int4pack@1", [str(c.admission) for c in trace.candidates]
@@ -67,7 +67,7 @@ def _run_ladder(case, bounds, dtype="float32"):
         manifest_digest="sha256:" + "0" * 64,
         verified_tiles=1,
         activations=_activations(weight.k_local),
-        float_weight=float_slice,
+        float_weight=float_slice if with_float else None,
         tol_quant=TOL_QUANT,
     )
     return require(result), trace
@@ -212,3 +212,14 @@ def test_policy_forbidding_conversion_moves_to_the_next_candidate(cases):
     assert first.kernel == "cpu.int4pack@1" and first.prepared and not first.selected
     assert "conversion" in str(first.admission)
     assert trace.selected == "full-dequant@1" and trace.transformation == "full-dequant"
+
+
+def test_twos_complement_codes_take_the_fast_unpack_and_match_the_oracle(cases):
+    case = cases["ct_sym"]
+    contract = case.weight.contract
+    twos = contract.model_copy(update={"codes": contract.codes.model_copy(update={"encoding": "s4_twos"})})
+    weight = case.weight.model_copy(update={"contract": twos, "witness": None})
+    for bounds in kc.rank_bounds(case, 2, "row", 32):
+        twos_case = kc.Case("twos", weight, case.planes, case.float_weight)
+        result, trace = _run_ladder(twos_case, bounds, with_float=False)  # the floats mean other codes
+        assert result.l1.mismatches == 0 and trace.requested.code_encoding == "s4_twos"

@@ -175,7 +175,9 @@ def test_policing_gate_notes_by_default_and_refuses_under_strict(cli: Cli, tmp_p
     assert cli("inspect", "acme/m:strict")[0] == 3  # nothing was published
 
     pushed = cli.ok("push", folder, "acme/m:v1")
-    [note] = cli.ok("inspect", "acme/m:v1")["manifest"]["notes"]
+    graph = {"GraphContractError", "UnsupportedArchitectureError", "UnsupportedOperatorError"}
+    # the tiny configs here state too little for a graph contract: that note is not this test's
+    [note] = [n for n in cli.ok("inspect", "acme/m:v1")["manifest"]["notes"] if n["code"] not in graph]
     assert (note["code"], note["file"], note["field"]) == (error.__name__, file, field)
     assert note["message"] in pushed["notes"]
     assert str(tmp_path) not in json.dumps(note)  # relative to the checkpoint: the digest names content

@@ -95,3 +95,24 @@ def test_failure_discards_everything_and_the_folder_made_for_it(tmp_path: Path) 
         staged.write_text("a.json", "two")
         staged.publish()
     assert os.listdir(folder) == ["a.json"] and (folder / "a.json").read_text() == "two"
+
+
+def test_read_back_names_the_first_difference(tmp_path: Path) -> None:
+    """The read-back compare (chunked, not mapped) finds a changed byte in the tensor that holds it."""
+    from shardport.registry.writers import _first_difference
+
+    arrays = {"a": np.arange(12, dtype=np.float32), "b": np.arange(3 << 20, dtype=np.uint8)}
+    header, data = safetensors_layout(arrays, None)
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(header + b"".join(raw.tobytes() for _, _, raw in data))
+    assert _first_difference(str(path), header, data) is None
+    last = data[-1][0]
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        old = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(b"\x00" if old == b"\xff" else b"\xff")
+    assert _first_difference(str(path), header, data) == f"tensor {last}"
+    with open(path, "r+b") as f:
+        f.truncate(len(header) + 5)
+    assert _first_difference(str(path), header, data) == f"the file's size {len(header) + 5}"

@@ -12,8 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shardport.registry.errors import UsageError
-
 if TYPE_CHECKING:
     from shardport.registry.session import Session
 
@@ -50,7 +48,9 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     )
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--tokens", type=_tokens, help="the prompt as token ids: 1,2,3")
-    g.add_argument("--prompt", help="the prompt as text (needs the checkpoint's tokenizer)")
+    g.add_argument(
+        "--prompt", help="the prompt as text, encoded with the checkpoint's tokenizer (verified at push)"
+    )
     p.add_argument("--generate", type=int, default=4, metavar="K", help="greedy tokens to decode")
     p.add_argument("--logits-out", type=Path, help="write float32 prompt logits [T, vocab] (safetensors)")
     p.add_argument("--report", type=Path, help="write the HTML evidence report")
@@ -62,13 +62,10 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
     from shardport.deploy.report import write_report
     from shardport.deploy.up import UpRequest, bring_up, write_logits
 
-    if args.prompt is not None:
-        raise UsageError(
-            "--prompt: this checkpoint's tokenizer is not wired to bring-up yet; pass --tokens 1,2,3"
-        )
     request = UpRequest(
         ref=args.ref,
-        tokens=args.tokens,
+        tokens=args.tokens or (),
+        prompt=args.prompt,
         steps=args.generate,
         tp=args.tp,
         ep=args.ep,
@@ -90,6 +87,8 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
     if args.report is not None:
         write_report(result.predicate, args.report)
     doc = result.to_json()
+    if "text" in result.predicate:
+        doc["text"] = result.predicate["text"]
     doc["logits_out"] = None if args.logits_out is None else str(args.logits_out)
     doc["report"] = None if args.report is None else str(args.report)
     return doc, 0 if result.predicate["passed"] else 1

@@ -1,0 +1,83 @@
+"""The direct GGUF block kernel as a catalog kernel: :func:`.gguf_direct.gguf_block_matmul` with a capability.
+
+The rank's block bytes are used as they are (transformation ``none``): the kernel decodes one tile of
+rows at a time inside the matmul into a bounded float32 workspace and keeps no float copy of the
+weight. It takes every type :data:`.gguf_direct.GGUF_DIRECT_TYPES` names (Q8_0, the K-quants, MXFP4,
+NVFP4, ...), computes in float32 and returns the activation dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .capability import Capability, OperatorSignature
+from .gguf_direct import GGUF_DIRECT_TYPES, gguf_block_matmul, workspace_bytes
+from .prepared import F32, ROW_CHUNK, PreparedLinear
+from .weight import RankWeight
+
+TILE_ROWS = 256
+
+CAPABILITY = Capability(
+    id="cpu.gguf-direct",
+    version="1",
+    abi="shardport.kernels.gguf_direct.gguf_block_matmul (tiled decode + torch.matmul, float32)",
+    layouts=tuple(sorted(f"gguf:{t}" for t in GGUF_DIRECT_TYPES)),
+    code_encodings=None,
+    scale_formats=None,
+    scale_signs=("positive", "signed"),
+    scale_levels=(0, 1, 2),
+    zero_points=None,
+    group_sizes=None,
+    scale_per_row=False,
+    workspace_bytes=TILE_ROWS * 4 * 16384,
+    transformation="none",
+)
+
+
+class PreparedGguf(PreparedLinear):
+    """Holds the rank's block plane as loaded (no copy); decodes a tile of rows per step of each call."""
+
+    def __init__(self, weight: RankWeight, op: OperatorSignature, kernel: str) -> None:
+        super().__init__(kernel, op, "none")
+        assert op.ggml_type is not None
+        self.ggml_type = op.ggml_type
+        self.blocks = np.ascontiguousarray(weight.planes["codes"]).reshape(weight.n_local, -1)
+        self.workspace = workspace_bytes(self.ggml_type, weight.k_local, TILE_ROWS)
+
+    def _run(self, x: Any) -> Any:
+        y = gguf_block_matmul(
+            x, self.blocks, self.ggml_type, self.op.k_local, tile_rows=TILE_ROWS, tensor=self.op.weight
+        )
+        return y.to(x.dtype)
+
+    @property
+    def resident_bytes(self) -> int:
+        """The block plane (shared with the loader's array)."""
+        return int(self.blocks.nbytes)
+
+    def decode_rows(self, start: int, stop: int) -> F32:
+        """Rows decoded by the kernel itself (identity activations over one column chunk at a time)."""
+        import torch
+
+        k = self.op.k_local
+        rows = self.blocks[start:stop]
+        parts = []
+        for at in range(0, k, 4 * ROW_CHUNK):
+            eye = torch.zeros(min(4 * ROW_CHUNK, k - at), k)
+            eye[torch.arange(eye.shape[0]), torch.arange(at, at + eye.shape[0])] = 1.0
+            parts.append(gguf_block_matmul(eye, rows, self.ggml_type, k, tile_rows=TILE_ROWS).T.numpy())
+        out: F32 = np.concatenate(parts, axis=1).astype(np.float32)
+        return out
+
+
+class GgufDirectKernel:
+    """Direct GGUF block kernel: the bytes as loaded, decoded a tile at a time inside the matmul."""
+
+    capability = CAPABILITY
+
+    def prepare(self, weight: RankWeight, op: OperatorSignature) -> PreparedLinear:
+        """Nothing to repack: keep the block plane."""
+        cap = self.capability
+        return PreparedGguf(weight, op, f"{cap.id}@{cap.version}")
