@@ -104,8 +104,7 @@ def step(title: str, *argv: str) -> int:
     return code
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the demo; returns non-zero if any step does not behave as it must."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--home", type=Path, help="SHARDPORT_HOME to use (default: a temporary folder)")
     parser.add_argument(
@@ -115,7 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         help="where the bring-up's HTML report goes (default: ./bringup-report.html)",
     )
     parser.add_argument("--no-bringup", action="store_true", help="stop after the registry steps")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; returns non-zero if any step does not behave as it must."""
+    args = _parser().parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="shardport-demo-") as tmp:
         work = Path(tmp)
         os.environ["SHARDPORT_HOME"] = str(args.home or work / "home")

@@ -197,6 +197,47 @@ def ray_launcher(address: str | None, progress: Callable[[int, str], None] | Non
     return launch
 
 
+def _tag_of(resolved: Resolved) -> dict[str, Any] | None:
+    """The tag version the reference resolved (None for ``NAME@sha256:…``)."""
+    if resolved.tag_entry is None:
+        return None
+    doc = resolved.tag_entry.doc
+    return {
+        "name": doc.tag,
+        "version": doc.version,
+        "digest": doc.target,
+        "rollback_of": None if doc.rollback_of is None else doc.rollback_of.version,
+    }
+
+
+def _check(
+    session: Session, resolved: Resolved, contract: Any, request: UpRequest, reports: list[dict[str, Any]]
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """L4 against the float32 reference and L5 over the ranks' reports: (the run, parity, L5)."""
+    import torch
+
+    from .graph.model import Generation
+    from .graph.reference import compare
+    from .rank_ops import policy_of
+    from .up_evidence import level5, tolerance
+
+    reporter = next((r for r in reports if r.get("prompt_logits") is not None), None)
+    if reporter is None:
+        raise DeployError("no rank reported logits (the last pipeline stage's first rank must)")
+    run = Generation(
+        torch.from_numpy(np.array(reporter["prompt_logits"])),
+        tuple(reporter["tokens"]),
+        torch.from_numpy(np.array(reporter["token_logits"])),
+    )
+    reference = reference_generation(session, resolved, contract, request.tokens, request.steps)
+    tol = tolerance(reports, contract.layers, float(reference.prompt_logits.abs().max()))
+    parity = compare(run, reference, tol["value"]).model_dump(mode="json")
+    parity["tolerance_derivation"] = tol
+    policy = policy_of(request.fallback)
+    l5 = level5(reports, policy, tuple(resolved.manifest.runtime.kernels_preferred))
+    return run, parity, l5
+
+
 def bring_up(
     session: Session,
     request: UpRequest,
@@ -206,14 +247,9 @@ def bring_up(
     progress: Callable[[int, str], None] | None = None,
 ) -> UpResult:
     """Run the whole bring-up (see the module docstring); raises a typed error on any failure."""
-    import torch
-
     from shardport.registry import evidence as registry_evidence
 
-    from .graph.model import Generation
-    from .graph.reference import compare
-    from .rank_ops import policy_of
-    from .up_evidence import level5, predicate, tolerance
+    from .up_evidence import predicate
 
     t0 = time.perf_counter()
     resolved = resolve(session, parse_ref(request.ref))
@@ -235,33 +271,11 @@ def bring_up(
             "plan": plan_s + r["timeline"].get("plan", 0.0),
             **{k: v for k, v in r["timeline"].items() if k not in ("resolve", "plan")},
         }
-    reporter = next((r for r in reports if r.get("prompt_logits") is not None), None)
-    if reporter is None:
-        raise DeployError("no rank reported logits (the last pipeline stage's first rank must)")
-    run = Generation(
-        torch.from_numpy(np.array(reporter["prompt_logits"])),
-        tuple(reporter["tokens"]),
-        torch.from_numpy(np.array(reporter["token_logits"])),
-    )
-    reference = reference_generation(session, resolved, contract, request.tokens, request.steps)
-    tol = tolerance(reports, contract.layers, float(reference.prompt_logits.abs().max()))
-    parity = compare(run, reference, tol["value"]).model_dump(mode="json")
-    parity["tolerance_derivation"] = tol
-    policy = policy_of(request.fallback)
-    l5 = level5(reports, policy, tuple(resolved.manifest.runtime.kernels_preferred))
-    tag = None
-    if resolved.tag_entry is not None:
-        doc = resolved.tag_entry.doc
-        tag = {
-            "name": doc.tag,
-            "version": doc.version,
-            "digest": doc.target,
-            "rollback_of": None if doc.rollback_of is None else doc.rollback_of.version,
-        }
+    run, parity, l5 = _check(session, resolved, contract, request, reports)
     pred = predicate(
         repository=resolved.ref.name,
         digest=resolved.digest,
-        tag=tag,
+        tag=_tag_of(resolved),
         topology={"tp": request.tp, "ep": request.ep, "pp": request.pp},
         reports=reports,
         parity=parity,
@@ -281,7 +295,7 @@ def bring_up(
         digest=resolved.digest,
         repository=resolved.ref.name,
         generated=run.tokens,
-        prompt_logits=reporter["prompt_logits"],
+        prompt_logits=run.prompt_logits.numpy(),
         predicate=pred,
         evidence=stored,
         reports=reports,

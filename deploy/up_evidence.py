@@ -154,22 +154,11 @@ def _ladder_rows(reports: Sequence[Mapping[str, Any]], digest: str) -> list[dict
     ]
 
 
-def predicate(
-    *,
-    repository: str,
-    digest: str,
-    tag: Mapping[str, Any] | None,
-    topology: Mapping[str, int],
-    reports: Sequence[Mapping[str, Any]],
-    parity: Mapping[str, Any],
-    l5: Mapping[str, Any],
-    versions: Mapping[str, str],
-    created: str,
-    prompt: Sequence[int],
-    generated: Sequence[int],
-) -> dict[str, Any]:
-    """The evidence predicate (what is signed) and what ``--json`` / ``--report`` show."""
-    rows = _ladder_rows(reports, digest)
+def _graph_rows(
+    reports: Sequence[Mapping[str, Any]], parity: Mapping[str, Any], l5: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The L4 and L5 rows of the parity table."""
+    rows: list[dict[str, Any]] = []
     caches = [r["cache"] for r in reports]
     cache_ok = all(float(c["max_abs_diff"]) <= float(c["tolerance"]) for c in caches)
     top1 = parity["top1_agree"]
@@ -231,6 +220,25 @@ def predicate(
             "detail": "per rank: growth since start vs 2 x components + slack",
         },
     ]
+    return rows
+
+
+def predicate(
+    *,
+    repository: str,
+    digest: str,
+    tag: Mapping[str, Any] | None,
+    topology: Mapping[str, int],
+    reports: Sequence[Mapping[str, Any]],
+    parity: Mapping[str, Any],
+    l5: Mapping[str, Any],
+    versions: Mapping[str, str],
+    created: str,
+    prompt: Sequence[int],
+    generated: Sequence[int],
+) -> dict[str, Any]:
+    """The evidence predicate (what is signed) and what ``--json`` / ``--report`` show."""
+    rows = _ladder_rows(reports, digest) + _graph_rows(reports, parity, l5)
     by_rank = sorted(reports, key=lambda r: int(r["rank"]))
     return {
         "manifest": digest,
