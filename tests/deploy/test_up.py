@@ -101,9 +101,18 @@ def test_gptq_up_at_tp2_proves_parity_and_stores_evidence(home: Path, tmp_path: 
 def test_gguf_mix_with_tied_q8_embedding_up_at_tp3(home: Path, tmp_path: Path, ray_ranks: Any) -> None:
     store = _push(home, tmp_path, gguf_tiny(tmp_path / "gguf"), "llama/gguf:v1")
     session = Session.open(store)
-    request = UpRequest(ref="llama/gguf:v1", tokens=PROMPT, steps=3, tp=3, fallback="allow", store=store)
+    request = UpRequest(ref="llama/gguf:v1", tokens=PROMPT, steps=3, tp=3, store=store)  # --fallback warn
     result = bring_up(session, request, launcher=ray_launcher(None))
     _all_pass(result.predicate["parity"])
+    kernels = {row["weight"].split("[")[0]: row["kernel"] for row in result.predicate["dispatch"]}
+    assert (
+        kernels["blk.0.attn_q.weight"] == kernels["blk.0.attn_output.weight"] == "cpu.int4pack@1"
+    )  # Q4_0, Q4_1
+    assert kernels["blk.0.ffn_up.weight"] == kernels["token_embd.weight"] == "cpu.gguf-direct@1"  # Q8_0
+    assert (
+        kernels["blk.0.ffn_down.weight"] == kernels["blk.1.ffn_down.weight"] == "cpu.gguf-direct@1"
+    )  # Q4_K, Q6_K
+    assert result.predicate["l5"]["fallbacks"].get("full-dequant", 0) == 0
     weights = {(r["rank"], r["weight"].split("[")[0]) for r in result.predicate["dispatch"]}
     assert (2, "token_embd.weight") in weights  # the tied Q8_0 embedding is every rank's head
     down = [r for r in result.predicate["dispatch"] if r["weight"].startswith("blk.0.ffn_down")]
