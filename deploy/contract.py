@@ -46,6 +46,12 @@ def expected_weights(contract: GraphContract) -> dict[str, tuple[int, ...]]:
             out[f"{stem}.weight"] = shape
             if contract.qkv_bias and op in ("q", "k", "v"):
                 out[f"{stem}.bias"] = (shape[0],)
+        if contract.moe:
+            stem = f"model.layers.{layer}.block_sparse_moe"
+            out[f"{stem}.gate.weight"] = (contract.experts, h)
+            for e in range(contract.experts):
+                for w, shape in (("w1", (i, h)), ("w3", (i, h)), ("w2", (h, i))):
+                    out[f"{stem}.experts.{e}.{w}.weight"] = shape
     out["token_embd.weight" if gguf else "model.embed_tokens.weight"] = (contract.vocab, h)
     out["output_norm.weight" if gguf else "model.norm.weight"] = (h,)
     if not contract.tied_embeddings:
@@ -55,10 +61,10 @@ def expected_weights(contract: GraphContract) -> dict[str, tuple[int, ...]]:
 
 def check_inventory(contract: GraphContract, manifest: Manifest) -> None:
     """Refuse unless the manifest's weights are exactly those the graph reads, at their shapes."""
-    if contract.moe:
+    if contract.moe and contract.source == "gguf":
         raise UnsupportedModelError(
-            f"{contract.architecture} with {contract.experts} experts: the bring-up runs dense models; "
-            "mixture-of-experts operators are not wired to the kernels yet"
+            f"{contract.architecture} GGUF with {contract.experts} experts: stacked expert tensors "
+            "[E, N, K] are not wired to the kernels yet (Hugging Face expert weights are)"
         )
     found = {w.name: tuple(w.shape.extents) for w in manifest.weights or []}
     want = expected_weights(contract)

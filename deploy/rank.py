@@ -187,7 +187,7 @@ class Rank:
         import torch
 
         from shardport.placement import Topology
-        from shardport.placement.topology import layers_of
+        from shardport.placement.topology import experts_of, layers_of
 
         from .graph.collectives import LocalGroup, Mesh
         from .graph.dist import dist_mesh
@@ -212,7 +212,8 @@ class Rank:
         full_plan = plan(self.manifest, topology, ranks=[spec.rank])
         layout = layout_from_plan(full_plan, contract, at.tp_rank)
         layers = layers_of(at.pp_stage, contract.layers, spec.pp)
-        weights = rank_weights(contract, self.ops, layers, first=mesh.first, last=mesh.last)
+        experts = experts_of(at.ep_rank, contract.experts, spec.ep) if contract.moe else None
+        weights = rank_weights(contract, self.ops, layers, first=mesh.first, last=mesh.last, experts=experts)
         model = RankModel(contract, layout, weights, mesh)
         model.forward([0], model.new_cache())  # warm-up: every operator runs once
         self.timeline["warm-up"] = time.perf_counter() - t0

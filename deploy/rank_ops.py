@@ -34,7 +34,17 @@ from shardport.registry.contracts.model import AffineIntContract, GgufBlockContr
 
 from .errors import GraphWeightError, UnsupportedModelError
 from .graph.checkpoint import _GGUF, _HF
-from .graph.weights import Attention, Layer, Linear, Lookup, Mlp, RankWeights, float_linear, float_lookup
+from .graph.weights import (
+    Attention,
+    Experts,
+    Layer,
+    Linear,
+    Lookup,
+    Mlp,
+    RankWeights,
+    float_linear,
+    float_lookup,
+)
 
 _FLOAT_GGUF = frozenset({"F32", "F16", "BF16"})
 #: Golden activation batches for L3 (decode T=1 and a short prefill), fixed seed.
@@ -225,15 +235,26 @@ class _Slots:
         return self.ops.floats.get(name) if needed else None
 
 
+def _experts(s: _Slots, layer: int, experts: range) -> Experts:
+    stem = f"model.layers.{layer}.block_sparse_moe"
+    owned = {
+        e: Mlp(*(s.linear(f"{stem}.experts.{e}.{w}.weight") for w in ("w1", "w3", "w2"))) for e in experts
+    }
+    return Experts(router=s.linear(f"{stem}.gate.weight"), owned=owned)
+
+
 def rank_weights(
-    contract: GraphContract, ops: RankOps, layers: range, *, first: bool, last: bool
+    contract: GraphContract,
+    ops: RankOps,
+    layers: range,
+    *,
+    first: bool,
+    last: bool,
+    experts: range | None = None,
 ) -> RankWeights:
-    """The graph's weights of a rank holding ``layers`` (its stage), first and/or last stage."""
-    if contract.moe:
-        raise UnsupportedModelError(
-            "mixture-of-experts bring-up: the expert operators are not wired to the kernels yet "
-            "(the graph runs them from float weights: deploy.local_ranks)"
-        )
+    """The graph's weights of a rank holding ``layers`` (its stage) and ``experts`` (its ep rank's)."""
+    if contract.moe and contract.source == "gguf":
+        raise UnsupportedModelError("GGUF mixture of experts: stacked expert tensors are not wired yet")
     s = _Slots(contract, ops)
     built = []
     for i in layers:
@@ -246,7 +267,11 @@ def rank_weights(
             k_bias=s.bias(i, "k", contract.qkv_bias),
             v_bias=s.bias(i, "v", contract.qkv_bias),
         )
-        mlp = Mlp(*(s.linear(s.name(i, op)) for op in ("gate", "up", "down")))
+        mlp: Mlp | Experts
+        if contract.moe:
+            mlp = _experts(s, i, experts if experts is not None else range(contract.experts))
+        else:
+            mlp = Mlp(*(s.linear(s.name(i, op)) for op in ("gate", "up", "down")))
         built.append(Layer(i, s.tensor(s.name(i, "input_norm")), att, s.tensor(s.name(i, "post_norm")), mlp))
     embed_name = "token_embd.weight" if s.gguf else "model.embed_tokens.weight"
     head_name = embed_name if contract.tied_embeddings else ("output.weight" if s.gguf else "lm_head.weight")

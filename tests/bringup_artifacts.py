@@ -149,3 +149,58 @@ def add_tokenizer_json(folder: Path, vocab: int = 300) -> Path:
     tok.train_from_iterator(["hello world, hello tokens", "the cat sat on the mat"] * 4, trainer)
     (folder / "tokenizer.json").write_text(tok.to_str())
     return folder
+
+
+def gptq_mixtral(folder: Path, *, seed: int = 9, experts: int = 4, top_k: int = 2) -> Path:
+    """A 2-layer GPTQ Mixtral: 4-bit experts (w1/w3/w2), float16 router, attention, embeddings, head."""
+    rng = np.random.default_rng(seed)
+    head_dim = HIDDEN // HEADS
+    inter = 256
+    tensors: dict[str, np.ndarray] = {
+        "model.embed_tokens.weight": rng.standard_normal((VOCAB, HIDDEN)).astype(np.float16),
+        "lm_head.weight": (rng.standard_normal((VOCAB, HIDDEN)) * 0.1).astype(np.float16),
+        "model.norm.weight": np.ones(HIDDEN, dtype=np.float16),
+    }
+    shapes = {
+        "self_attn.q_proj": (HIDDEN, HIDDEN),
+        "self_attn.k_proj": (KV_HEADS * head_dim, HIDDEN),
+        "self_attn.v_proj": (KV_HEADS * head_dim, HIDDEN),
+        "self_attn.o_proj": (HIDDEN, HIDDEN),
+    }
+    shapes |= {
+        f"block_sparse_moe.experts.{e}.w{i}": s
+        for e in range(experts)
+        for i, s in ((1, (inter, HIDDEN)), (3, (inter, HIDDEN)), (2, (HIDDEN, inter)))
+    }
+    for layer in range(LAYERS):
+        for slot, (n, k) in shapes.items():
+            case = quantize_minmax((rng.standard_normal((n, k)) * 0.1).astype(np.float32), 64)
+            tensors.update(gptq_planes(case, f"model.layers.{layer}.{slot}"))
+        tensors[f"model.layers.{layer}.block_sparse_moe.gate.weight"] = rng.standard_normal(
+            (experts, HIDDEN)
+        ).astype(np.float16)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            tensors[f"model.layers.{layer}.{norm}.weight"] = np.ones(HIDDEN, dtype=np.float16)
+    folder.mkdir(parents=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    config = {
+        "architectures": ["MixtralForCausalLM"],
+        "num_hidden_layers": LAYERS,
+        "hidden_size": HIDDEN,
+        "intermediate_size": inter,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "vocab_size": VOCAB,
+        "rms_norm_eps": 1e-5,
+        "num_local_experts": experts,
+        "num_experts_per_tok": top_k,
+        "quantization_config": {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": 64,
+            "desc_act": False,
+            "checkpoint_format": "gptq",
+        },
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

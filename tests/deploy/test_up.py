@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from bringup_artifacts import INTER, VOCAB, add_tokenizer_json, gguf_tiny, gptq_tiny
+from bringup_artifacts import INTER, VOCAB, add_tokenizer_json, gguf_tiny, gptq_mixtral, gptq_tiny
 from llama_artifacts import ok
 from safetensors.numpy import load_file
 
@@ -134,6 +134,22 @@ def test_two_pipeline_stages(home: Path, tmp_path: Path, ray_ranks: Any) -> None
     layers = {(row["rank"], row["weight"].split(".")[2]) for row in result.predicate["dispatch"]}
     assert layers == {(0, "0"), (1, "1")}  # stage 0 runs layer 0, stage 1 layer 1 (and the float head)
     assert result.generated == tuple(result.predicate["parity_l4"]["reference_tokens"])
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_mixture_of_experts_over_two_expert_parallel_ranks(
+    home: Path, tmp_path: Path, ray_ranks: Any
+) -> None:
+    store = _push(home, tmp_path, gptq_mixtral(tmp_path / "moe"), "llama/moe:v1")
+    request = UpRequest(ref="llama/moe:v1", tokens=PROMPT, steps=3, ep=2, store=store)
+    result = bring_up(Session.open(store), request, launcher=ray_launcher(None))
+    _all_pass(result.predicate["parity"])
+    experts: dict[int, set[str]] = {0: set(), 1: set()}
+    for row in result.predicate["dispatch"]:
+        if ".experts." in row["weight"]:
+            experts[row["rank"]].add(row["weight"].split(".experts.")[1].split(".")[0])
+    assert experts == {0: {"0", "1"}, 1: {"2", "3"}}  # each ep rank prepared only its own experts
 
 
 @pytest.mark.ray
