@@ -72,3 +72,4 @@ def run(argv: Sequence[str] | None = None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``registry`` (the console script)."""
     return run(argv)
+
