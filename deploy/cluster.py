@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -56,21 +57,25 @@ def connect(address: str | None, *, world: int) -> Iterator[Cluster]:
     """
     ray = _ray()
     started = False
+    temp: str | None = None
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
         if address is None:
             os.environ.update(_LOOPBACK_ENV)
+            temp = tempfile.mkdtemp(prefix="sp-ray-", dir="/tmp")
             kwargs.update(
                 num_cpus=max(world, os.cpu_count() or 1),
                 _node_ip_address="127.0.0.1",
                 object_store_memory=128 * 1024 * 1024,
-                _temp_dir=tempfile.mkdtemp(prefix="sp-ray-", dir="/tmp"),
+                _temp_dir=temp,
             )
         else:
             kwargs["address"] = address
         try:
             ray.init(**kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
+            if temp is not None:
+                shutil.rmtree(temp, ignore_errors=True)
             where = address or "a local head on 127.0.0.1"
             raise ClusterError(f"cannot start or join Ray at {where}: {exc}") from exc
         started = True
@@ -85,6 +90,8 @@ def connect(address: str | None, *, world: int) -> Iterator[Cluster]:
     finally:
         if started:
             ray.shutdown()
+            if temp is not None:  # the embedded head's session files (logs, sockets) go with it
+                shutil.rmtree(temp, ignore_errors=True)
 
 
 def free_port() -> int:
