@@ -63,8 +63,20 @@ def failure(rank: int, stage: str, exc: BaseException) -> dict[str, Any]:
 
 
 def _rss() -> int:
+    """Resident bytes of the process, after handing freed heap back to the system (glibc ``malloc_trim``).
+
+    Without the trim, RSS keeps what transient buffers (the ladder's decodes, read staging) used after
+    they were freed, and the L5 check would measure the allocator's caching instead of live memory.
+    """
+    import ctypes
+
     import psutil
 
+    from shardport.registry.store.libc import libc_function
+
+    trim = libc_function("malloc_trim", ctypes.c_int, [ctypes.c_size_t])
+    if callable(trim):
+        trim(0)
     return int(psutil.Process().memory_info().rss)
 
 
