@@ -1,6 +1,6 @@
 """Bring-up of a quantized llama GGUF at tp 4 on CPU ranks: ``registry up`` vs the naive per-rank load.
 
-    .venv/bin/python bench/bench_bringup.py [--size quick|full] [--generate 8] [--out bench/results/bringup.json]
+    .venv/bin/python bench/bench_bringup.py [--size quick|full] [--generate 8] [--out FILE.json]
 
 A llama-family GGUF (hidden 2048, intermediate 5632, 16 heads of 128, 4 kv heads, vocab 32000; Q4_0
 linears, Q8_0 ``attn_v`` and tied Q8_0 token embedding, F32 norms) is written (~1 GiB at ``--size full``,
@@ -105,7 +105,9 @@ def make_gguf(folder: Path, layers: int) -> int:
     for layer in range(layers):
         w.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
         for stem, (n, k, qt) in shapes.items():
-            w.add_tensor(f"blk.{layer}.{stem}.weight", _blocks(rng, n, k, qt), raw_dtype=q4 if qt == "Q4_0" else q8)
+            w.add_tensor(
+                f"blk.{layer}.{stem}.weight", _blocks(rng, n, k, qt), raw_dtype=q4 if qt == "Q4_0" else q8
+            )
         w.add_tensor(f"blk.{layer}.ffn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
     w.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
     w.write_header_to_file()
@@ -123,7 +125,9 @@ def registry(env: dict[str, str], store: str, *args: str) -> dict[str, Any]:
         [REGISTRY, "--store", store, "--json", *args], env=env, capture_output=True, text=True, check=False
     )
     if out.returncode != 0:
-        raise RuntimeError(f"registry {' '.join(args)}: exit {out.returncode}\n{out.stdout}\n{out.stderr[-3000:]}")
+        raise RuntimeError(
+            f"registry {' '.join(args)}: exit {out.returncode}\n{out.stdout}\n{out.stderr[-3000:]}"
+        )
     return dict(json.loads(out.stdout))
 
 
@@ -194,11 +198,81 @@ def run_up(env: dict[str, str], store: str, ref: str, tp: int, generate: int) ->
     }
 
 
+UP_LIB = r"""
+import json, resource, sys, time
+launch, store, ref = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+tp, generate, ladder = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "1"
+from shardport.registry.session import Session
+from shardport.deploy.up import UpRequest, bring_up
+events = []
+def progress(rank, what):
+    events.append([time.time() - launch, rank, what])
+request = UpRequest(ref=ref, tokens=(1, 17, 42, 300, 7), steps=generate, tp=tp, store=store, ladder=ladder)
+result = bring_up(Session.open(store), request, store_evidence=False, progress=progress)
+doc = result.to_json()
+doc["decode_seconds"] = result.predicate.get("decode_seconds")
+doc["events"] = events
+doc["seconds_wall"] = time.time() - launch
+doc["driver_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps(doc))
+"""
+
+
+def run_up_lib(
+    env: dict[str, str], store: str, ref: str, tp: int, generate: int, ladder: bool
+) -> dict[str, Any]:
+    """``bring_up`` (the library entry ``registry up`` calls) in a fresh process, with its progress
+    callback timestamped from launch: time to first token = last rank's "prepare done" + max over ranks
+    of (warm-up + first token)."""
+    launch = time.time()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            UP_LIB,
+            repr(launch),
+            store,
+            ref,
+            str(tp),
+            str(generate),
+            "1" if ladder else "0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"bring_up tp {tp}: exit {out.returncode}\n{out.stderr[-3000:]}")
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    prepared = [t for t, _, what in doc["events"] if what == "prepare done"]
+    timeline = doc["timeline"]
+    run_to_first = max(v.get("warm-up", 0.0) + v.get("first token", 0.0) for v in timeline.values())
+    decode = doc["decode_seconds"]
+    return {
+        "tp": tp,
+        "ladder": ladder,
+        "passed": doc["passed"],
+        "generated": doc["generated"],
+        "seconds_to_first_token": max(prepared) + run_to_first,
+        "seconds_prepare_done": prepared,
+        "seconds_wall": doc["seconds_wall"],
+        "timeline": timeline,
+        "memory": doc["memory"],
+        "ledger": doc["ledger"],
+        "peak_rank_host_bytes": max(int(m.get("host_resident", 0)) for m in doc["memory"].values()),
+        "driver_peak_rss_bytes": doc["driver_peak_rss_bytes"],
+        "decode_seconds": decode,
+        "decode_tokens_per_s": (generate - 1) / float(decode["0"]) if decode and decode.get("0") else None,
+    }
+
+
 # --- (a) the naive per-rank load -------------------------------------------------------------------
 
-NAIVE = r'''
+NAIVE = r"""
 import os, resource, sys, time, json
-launch, rank, world, path, port = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+launch, rank, world = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+path, port = sys.argv[4], sys.argv[5]
 import numpy as np, torch, gguf
 from gguf.quants import dequantize
 torch.set_num_threads(1)
@@ -212,7 +286,6 @@ ROW = ("attn_output", "ffn_down")
 t0 = time.time()
 for t in reader.tensors:
     full = dequantize(t.data, t.tensor_type)            # the whole tensor, float32
-    full = full.reshape([int(x) for x in reversed(t.shape.tolist())]) if full.ndim == 1 and len(t.shape) > 1 else full
     stem = t.name.split(".")[-2]
     if stem in COL:
         n = full.shape[0] // world
@@ -270,7 +343,7 @@ print(json.dumps({"rank": rank, "seconds_import_and_group": t_import, "seconds_r
     "seconds_forward": t_first - t1, "seconds_to_first_token": t_first - launch, "token": token,
     "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 dist.destroy_process_group()
-'''
+"""
 
 
 def free_port() -> int:
@@ -308,7 +381,7 @@ def run_naive(path: Path, world: int) -> dict[str, Any]:
 
 # --- (b) transformers ------------------------------------------------------------------------------
 
-HF = r'''
+HF = r"""
 import sys, time, json, resource
 launch = float(sys.argv[1])
 import torch
@@ -321,7 +394,7 @@ with torch.no_grad():
 token = int(logits[0, -1].argmax())
 print(json.dumps({"seconds_to_first_token": time.time() - launch, "token": token,
     "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
-'''
+"""
 
 
 def run_transformers(folder: Path, timeout: float) -> dict[str, Any]:
@@ -341,7 +414,11 @@ def run_transformers(folder: Path, timeout: float) -> dict[str, Any]:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return {"ran": False, "accelerate_installed": has_accelerate, "reason": f"timed out after {timeout:g} s"}
+        return {
+            "ran": False,
+            "accelerate_installed": has_accelerate,
+            "reason": f"timed out after {timeout:g} s",
+        }
     if out.returncode != 0:
         last = [line for line in out.stderr.strip().splitlines() if line.strip()][-1:] or ["?"]
         return {
@@ -349,7 +426,11 @@ def run_transformers(folder: Path, timeout: float) -> dict[str, Any]:
             "accelerate_installed": has_accelerate,
             "reason": f"exit {out.returncode}: {last[0][:500]}",
         }
-    return {"ran": True, "accelerate_installed": has_accelerate, **json.loads(out.stdout.strip().splitlines()[-1])}
+    return {
+        "ran": True,
+        "accelerate_installed": has_accelerate,
+        **json.loads(out.stdout.strip().splitlines()[-1]),
+    }
 
 
 # --- main ------------------------------------------------------------------------------------------
@@ -382,8 +463,15 @@ def main() -> int:
         registry(env, store, "push", str(work / "gguf"), ref)
         pushed = time.perf_counter() - t
         print(f"pushed in {pushed:.1f} s", file=sys.stderr)
-        up = run_up(env, store, ref, args.tp, args.generate)
-        print(f"up tp {args.tp}: ttft {up['seconds_to_first_token']}", file=sys.stderr)
+        cli = run_up(env, store, ref, args.tp, args.generate)
+        print(f"registry up --tp {args.tp}: wall {cli['seconds_cli_wall']:.1f}", file=sys.stderr)
+        up = run_up_lib(env, store, ref, args.tp, args.generate, ladder=True)
+        print(f"bring_up tp {args.tp}: ttft {up['seconds_to_first_token']:.1f}", file=sys.stderr)
+        no_ladder = run_up_lib(env, store, ref, args.tp, args.generate, ladder=False)
+        print(
+            f"bring_up tp {args.tp} no ladder: ttft {no_ladder['seconds_to_first_token']:.1f}",
+            file=sys.stderr,
+        )
         naive = run_naive(work / "gguf" / "model.gguf", args.tp)
         print(f"naive: ttft {naive['seconds_to_first_token']:.1f}", file=sys.stderr)
         hf = (
@@ -395,21 +483,27 @@ def main() -> int:
         decode = {str(args.tp): up["decode_tokens_per_s"]}
         others = {}
         for tp in [int(x) for x in args.decode_tps.split(",") if x.strip()]:
-            others[str(tp)] = run_up(env, store, ref, tp, args.generate)
+            others[str(tp)] = run_up_lib(env, store, ref, tp, args.generate, ladder=True)
             decode[str(tp)] = others[str(tp)]["decode_tokens_per_s"]
-            print(f"up tp {tp}: decode {decode[str(tp)]}", file=sys.stderr)
-        up_ttft = up["seconds_to_first_token"] or up["seconds_cli_wall"]
+            print(f"bring_up tp {tp}: decode {decode[str(tp)]}", file=sys.stderr)
+        up_ttft = up["seconds_to_first_token"]
         ratios: dict[str, Any] = {
             "ttft_naive_over_up": naive["seconds_to_first_token"] / up_ttft,
-            "ttft_naive_over_up_cli_wall": naive["seconds_to_first_token"] / up["seconds_cli_wall"],
+            "ttft_naive_over_up_without_ladder": naive["seconds_to_first_token"]
+            / no_ladder["seconds_to_first_token"],
+            "ttft_naive_over_up_cli_wall": naive["seconds_to_first_token"] / cli["seconds_cli_wall"],
             "peak_rank_memory_naive_over_up": naive["peak_rank_host_bytes"] / up["peak_rank_host_bytes"],
+            "peak_memory_naive_rank_over_up_driver": naive["peak_rank_host_bytes"]
+            / up["driver_peak_rss_bytes"],
         }
         if hf.get("ran"):
             ratios["ttft_transformers_over_up"] = hf["seconds_to_first_token"] / up_ttft
         goals = {
             "2x_faster_than_naive": ratios["ttft_naive_over_up"] >= 2.0,
             "3x_less_peak_memory_than_naive": ratios["peak_rank_memory_naive_over_up"] >= 3.0,
-            "faster_than_transformers": None if not hf.get("ran") else ratios["ttft_transformers_over_up"] > 1.0,
+            "faster_than_transformers": None
+            if not hf.get("ran")
+            else ratios["ttft_transformers_over_up"] > 1.0,
         }
         doc = {
             "benchmark": "bringup",
@@ -429,7 +523,9 @@ def main() -> int:
             },
             "prompt": list(PROMPT),
             "generate": args.generate,
+            "registry_up_cli": cli,
             "registry_up": up,
+            "registry_up_without_ladder": no_ladder,
             "naive": naive,
             "transformers": hf,
             "registry_up_other_tp": others,
