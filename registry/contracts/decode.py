@@ -116,6 +116,22 @@ def decode_gguf(
     return values.reshape(shape.extents) if index is None else values
 
 
+def _stored_codes(
+    contract: AffineIntContract | MicroscaleContract,
+    planes: Planes,
+    shape: LogicalShape,
+    index: I64 | None,
+    weight: str,
+) -> npt.NDArray[np.int64]:
+    """The stored codes of rows ``index`` (all when None), unpacked from the code plane, as ``[rows, K]``."""
+    n, k = shape.extents
+    codes = contract.codes
+    code_plane = as_plane(
+        plane_array(planes, codes.plane, weight), codes.physical_dtype, codes.physical_shape, codes.plane
+    )
+    return unpack_rows(code_plane, codes.physical_axes, codes.bits, codes.packing, {"N": n, "K": k}, index)
+
+
 def decode_mx(
     contract: MicroscaleContract,
     planes: Planes,
@@ -127,11 +143,7 @@ def decode_mx(
     check_contract_shape(weight, contract, shape)
     n, k = shape.extents
     index = _row_indices(rows, n, weight)
-    codes = contract.codes
-    code_plane = as_plane(
-        plane_array(planes, codes.plane, weight), codes.physical_dtype, codes.physical_shape, codes.plane
-    )
-    q = unpack_rows(code_plane, codes.physical_axes, codes.bits, codes.packing, {"N": n, "K": k}, index)
+    q = _stored_codes(contract, planes, shape, index, weight)
     glob = contract.global_scale
     scale = block_scales(
         weight,
@@ -232,10 +244,7 @@ def affine_terms(
     n, k = shape.extents
     index = _row_indices(rows, n, weight)
     codes = contract.codes
-    code_plane = as_plane(
-        plane_array(planes, codes.plane, weight), codes.physical_dtype, codes.physical_shape, codes.plane
-    )
-    stored = unpack_rows(code_plane, codes.physical_axes, codes.bits, codes.packing, {"N": n, "K": k}, index)
+    stored = _stored_codes(contract, planes, shape, index, weight)
     q = apply_encoding(stored, codes.encoding, codes.bits, packed=codes.packing.axis != "none")
 
     scale_plane = as_plane(

@@ -35,8 +35,6 @@ from . import gates, plane_values
 from .encodings import E2M1_VALUES
 from .errors import (
     GlobalScaleError,
-    PlaneDtypeError,
-    PlaneRankError,
     PlaneShapeError,
     ScaleFormatError,
     ScaleShapeError,
@@ -58,7 +56,7 @@ from .model import (
     ScaleSpec,
     TensorInfo,
 )
-from .producers import PENDING, _int, _need, _positive
+from .producers import PENDING, _int, _need, _plane, _positive
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -77,24 +75,10 @@ FP4_PACKING = Packing(
 
 
 def _leaf(module: str, leaves: Mapping[str, TensorInfo], leaf: str, dtypes: tuple[str, ...]) -> TensorInfo:
-    info = _need(module, leaves, leaf)
-    if len(info.shape) != 2:
-        raise PlaneRankError(
-            f"{module}.weight",
-            f"plane {info.name} rank",
-            "2 dimension(s) [N, K/2] or [N, K/G]",
-            f"{len(info.shape)} dimension(s) {list(info.shape)}",
-            "the plane was flattened or reshaped; re-export the checkpoint with its producer",
-        )
-    if dtypes and info.dtype not in dtypes:
-        raise PlaneDtypeError(
-            f"{module}.weight",
-            f"plane {info.name} dtype",
-            " or ".join(dtypes),
-            info.dtype,
-            "FP4 codes are packed two per byte (U8)",
-        )
-    return info
+    return _plane(
+        module, leaves, leaf, "N,K", dtypes, shape="[N, K/2] or [N, K/G]",
+        dtype_remedy="FP4 codes are packed two per byte (U8)",
+    )  # fmt: skip
 
 
 def compressed_tensors_fp4(

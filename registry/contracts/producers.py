@@ -74,27 +74,36 @@ def _need(module: str, leaves: Mapping[str, TensorInfo], leaf: str) -> TensorInf
     return leaves[leaf]
 
 
+_INT32_REMEDY = "this producer packs its fields into int32 containers; re-export the checkpoint with it"
+
+
 def _plane(
-    module: str, leaves: Mapping[str, TensorInfo], leaf: str, axes: str, dtypes: Sequence[str] = ()
+    module: str,
+    leaves: Mapping[str, TensorInfo],
+    leaf: str,
+    axes: str,
+    dtypes: Sequence[str] = (),
+    *,
+    shape: str | None = None,
+    dtype_remedy: str = _INT32_REMEDY,
 ) -> TensorInfo:
-    """The companion ``leaf`` with as many dimensions as ``axes`` names and (if given) one of ``dtypes``."""
+    """The companion ``leaf`` with as many dimensions as ``axes`` names and (if given) one of ``dtypes``.
+
+    ``shape``: how the expected shape reads in the error (default ``[axes]``).
+    """
     info = _need(module, leaves, leaf)
-    if len(info.shape) != len(axes.split(",")):
+    rank = len(axes.split(","))
+    if len(info.shape) != rank:
         raise PlaneRankError(
             f"{module}.weight",
             f"plane {info.name} rank",
-            f"{len(axes.split(','))} dimension(s) [{axes}]",
+            f"{rank} dimension(s) {shape or f'[{axes}]'}",
             f"{len(info.shape)} dimension(s) {list(info.shape)}",
             "the plane was flattened or reshaped; re-export the checkpoint with its producer",
         )
     if dtypes and info.dtype not in dtypes:
-        raise PlaneDtypeError(
-            f"{module}.weight",
-            f"plane {info.name} dtype",
-            " or ".join(dtypes),
-            info.dtype,
-            "this producer packs its fields into int32 containers; re-export the checkpoint with it",
-        )
+        where = f"plane {info.name} dtype"
+        raise PlaneDtypeError(f"{module}.weight", where, " or ".join(dtypes), info.dtype, dtype_remedy)
     return info
 
 

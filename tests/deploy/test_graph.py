@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from graph_cases import DENSE
 
 from shardport.deploy.errors import GraphLayoutError, GraphWeightError
 from shardport.deploy.graph import (
@@ -20,23 +21,7 @@ from shardport.deploy.graph import (
     tp_split,
 )
 from shardport.deploy.graph.reference import FloatModel
-from shardport.registry.contracts.graph import GraphContract
 
-DENSE = GraphContract(
-    architecture="LlamaForCausalLM",
-    source="config.json",
-    layers=2,
-    hidden=144,
-    heads=6,
-    kv_heads=3,
-    head_dim=24,
-    intermediate=200,
-    vocab=1001,
-    rope_base=10000.0,
-    rope_pairs="half",
-    norm_eps=1e-5,
-    tied_embeddings=False,
-)
 PROMPT = [1, 5, 900, 33, 7, 1000, 2]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_cases import DENSE
 
 from shardport.deploy.graph import (
     FloatModel,
@@ -24,26 +25,10 @@ from shardport.deploy.graph import (
     tp_split,
 )
 from shardport.deploy.local_ranks import Job, run_local
-from shardport.registry.contracts.graph import GraphContract
 
 TOLERANCE = 1e-4
 PROMPT = (1, 5, 900, 33, 7, 1000, 2, 64)
 STEPS = 5
-DENSE = GraphContract(
-    architecture="LlamaForCausalLM",
-    source="config.json",
-    layers=2,
-    hidden=144,
-    heads=6,
-    kv_heads=3,
-    head_dim=24,
-    intermediate=200,
-    vocab=1001,
-    rope_base=10000.0,
-    rope_pairs="half",
-    norm_eps=1e-5,
-    tied_embeddings=False,
-)
 MOE = DENSE.model_copy(
     update={"architecture": "MixtralForCausalLM", "experts": 4, "experts_per_token": 2, "intermediate": 96}
 )

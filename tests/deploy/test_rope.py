@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from graph_cases import contract
 
 from shardport.deploy.graph import (
     gguf_qk_rows,
@@ -16,26 +17,7 @@ from shardport.deploy.graph import (
 )
 from shardport.deploy.graph.reference import FloatModel
 from shardport.deploy.graph.rope import apply_rotary, inverse_frequencies, rotary_tables
-from shardport.registry.contracts.graph import GraphContract, RopeScaling
-
-
-def contract(**kw: object) -> GraphContract:
-    base = dict(
-        architecture="LlamaForCausalLM",
-        source="config.json",
-        layers=2,
-        hidden=144,
-        heads=6,
-        kv_heads=3,
-        head_dim=24,
-        intermediate=200,
-        vocab=1001,
-        rope_base=10000.0,
-        rope_pairs="half",
-        norm_eps=1e-5,
-        tied_embeddings=False,
-    )
-    return GraphContract(**{**base, **kw})  # type: ignore[arg-type]
+from shardport.registry.contracts.graph import RopeScaling
 
 
 def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
