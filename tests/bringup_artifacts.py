@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 from gguf_artifacts import tensor_data
+from llama_artifacts import linear_shapes
 from quantized import gptq_planes, quantize_minmax
 from safetensors.numpy import save_file
 
@@ -48,15 +49,7 @@ def gguf_tiny(folder: Path, *, seed: int = 3, types: dict[str, object] | None = 
     q80 = gguf.GGMLQuantizationType.Q8_0
     embed = quantize_scaled("Q8_0", (VOCAB, HIDDEN), rng, 1.0)
     w.add_tensor("token_embd.weight", embed, raw_dtype=q80)
-    shapes = {
-        "attn_q": (HIDDEN, HIDDEN),
-        "attn_k": (KV_HEADS * head_dim, HIDDEN),
-        "attn_v": (KV_HEADS * head_dim, HIDDEN),
-        "attn_output": (HIDDEN, HIDDEN),
-        "ffn_gate": (INTER, HIDDEN),
-        "ffn_up": (INTER, HIDDEN),
-        "ffn_down": (HIDDEN, INTER),
-    }
+    shapes = linear_shapes(HIDDEN, INTER, KV_HEADS * head_dim, gguf=True)
     for layer in range(LAYERS):
         w.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
         for stem, shape in shapes.items():
@@ -95,15 +88,7 @@ def gptq_tiny(folder: Path, *, seed: int = 5, bits: int = 4) -> Path:
         "lm_head.weight": (rng.standard_normal((VOCAB, HIDDEN)) * 0.1).astype(np.float16),
         "model.norm.weight": np.ones(HIDDEN, dtype=np.float16),
     }
-    shapes = {
-        "self_attn.q_proj": (HIDDEN, HIDDEN),
-        "self_attn.k_proj": (KV_HEADS * head_dim, HIDDEN),
-        "self_attn.v_proj": (KV_HEADS * head_dim, HIDDEN),
-        "self_attn.o_proj": (HIDDEN, HIDDEN),
-        "mlp.gate_proj": (INTER, HIDDEN),
-        "mlp.up_proj": (INTER, HIDDEN),
-        "mlp.down_proj": (HIDDEN, INTER),
-    }
+    shapes = linear_shapes(HIDDEN, INTER, KV_HEADS * head_dim)
     for layer in range(LAYERS):
         for slot, (n, k) in shapes.items():
             case = quantize_minmax((rng.standard_normal((n, k)) * 0.1).astype(np.float32), 64, bits)

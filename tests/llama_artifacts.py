@@ -21,6 +21,23 @@ HIDDEN, INTER, LAYERS, HEADS = 1024, 2048, 2, 8
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "checkpoint_format": "gptq"}
 
 
+
+def linear_shapes(hidden: int, inter: int, kv_dim: int, *, gguf: bool = False) -> dict[str, tuple[int, int]]:
+    """A llama layer's linear weights ``[N, K]`` by slot: Hugging Face names, or GGUF's (``gguf``)."""
+    hf = {
+        "self_attn.q_proj": (hidden, hidden),
+        "self_attn.k_proj": (kv_dim, hidden),
+        "self_attn.v_proj": (kv_dim, hidden),
+        "self_attn.o_proj": (hidden, hidden),
+        "mlp.gate_proj": (inter, hidden),
+        "mlp.up_proj": (inter, hidden),
+        "mlp.down_proj": (hidden, inter),
+    }
+    if not gguf:
+        return hf
+    names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    return dict(zip(names, hf.values(), strict=True))
+
 def cli(store: str, *args: str | Path) -> tuple[int, dict[str, Any]]:
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
@@ -41,15 +58,7 @@ def gptq_llama(folder: Path) -> Path:
         "lm_head.weight": rng.standard_normal((256, HIDDEN)).astype(np.float16),
         "model.norm.weight": np.ones(HIDDEN, dtype=np.float16),
     }
-    shapes = {
-        "self_attn.q_proj": (HIDDEN, HIDDEN),
-        "self_attn.k_proj": (HIDDEN, HIDDEN),
-        "self_attn.v_proj": (HIDDEN, HIDDEN),
-        "self_attn.o_proj": (HIDDEN, HIDDEN),
-        "mlp.gate_proj": (INTER, HIDDEN),
-        "mlp.up_proj": (INTER, HIDDEN),
-        "mlp.down_proj": (HIDDEN, INTER),
-    }
+    shapes = linear_shapes(HIDDEN, INTER, HIDDEN)
     for layer in range(LAYERS):
         for slot, (n, k) in shapes.items():
             case = quantize_minmax(rng.standard_normal((n, k)).astype(np.float32), 128)
@@ -204,15 +213,7 @@ def gguf_smollm(
         return quantize((rng.standard_normal(shape) * 0.02).astype(np.float32), qtype)
 
     w.add_tensor("token_embd.weight", weight((vocab, hidden), q80), raw_dtype=q80)
-    shapes = {
-        "attn_q": (hidden, hidden),
-        "attn_k": (kv_heads * head_dim, hidden),
-        "attn_v": (kv_heads * head_dim, hidden),
-        "attn_output": (hidden, hidden),
-        "ffn_gate": (inter, hidden),
-        "ffn_up": (inter, hidden),
-        "ffn_down": (hidden, inter),
-    }
+    shapes = linear_shapes(hidden, inter, kv_heads * head_dim, gguf=True)
     for layer in range(layers):
         w.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
         for stem, shape in shapes.items():
