@@ -2,7 +2,7 @@
 
 Object stores charge per request, and a column slice of a row-major tensor is one small range per
 row. The converted artifact stores each tensor in the ``shardport-tiled`` layout
-(:mod:`.tiled_layout`), so a rank's tiles are a few large ranges. Files that hold tensors become
+(:mod:`.tiles.layout`), so a rank's tiles are a few large ranges. Files that hold tensors become
 ``<path>.sptiled``: the source file's bytes before its first tensor (header and metadata, kept
 verbatim) followed by every tensor's tiled region; other files are copied unchanged. Tile hashes,
 contracts and witnesses carry over (the bytes of every tile are the same).

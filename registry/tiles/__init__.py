@@ -9,8 +9,8 @@ whole bytes holding whole elements: F4 → 1, F6 → 3), or the bytes per block 
 (``Q4_1`` → 20; a GGUF row is ``elements / block_size x bytes_per_block`` bytes).
 
 *Grid.* ``row_block`` rows x ``col_block`` bytes (a multiple of ``q``), recorded per tensor and chosen by
-:func:`plan_grid` (rules in :mod:`.tiles_grid`). Push gives every plane of a logical weight its *cuts*
-(:func:`.tiles_splits.plane_cuts`): the points along its rows and column quanta where placement can split
+:func:`plan_grid` (rules in :mod:`.grid`). Push gives every plane of a logical weight its *cuts*
+(:func:`.splits.plane_cuts`): the points along its rows and column quanta where placement can split
 it for any tp ∈ {2, 3, 4, 6, 8} it accepts on the model (column, row, kv-head, vocab and expert splits,
 after the planner's group/block/head alignment) and the unit no tile may cut (a quantization group of a
 packed plane; blocks and words are whole quanta). Each block then divides the gcd of its axis's points
@@ -29,7 +29,7 @@ concatenation, row by row, of its runs: file bytes ``[start + r·row_bytes + j·
 *Layout.* ``layout`` says where a tile's bytes lie in the file. ``"row_major"`` (the default, and every
 index written before the field existed): the tensor is its row-major byte matrix, so tile ``(i, j)`` is
 ``rows_i`` runs of ``width`` bytes, ``row_bytes`` apart, from ``start + i·rb·row_bytes + j·cb``.
-``"tiled"`` (the ``shardport-tiled`` layout of converted artifacts, :mod:`.tiled_layout`): the tensor's
+``"tiled"`` (the ``shardport-tiled`` layout of converted artifacts, :mod:`.layout`): the tensor's
 region ``[start, start + rows·row_bytes)`` holds its tiles one after another in row-major tile order,
 each row-major inside itself, so tile ``(i, j)`` is one contiguous run of ``rows_i · width`` bytes at
 ``start + i·rb·row_bytes + rows_i·j·cb`` (``rows_i = min(rb, rows - i·rb)``). The hashed byte string

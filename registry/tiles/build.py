@@ -89,8 +89,8 @@ def build_tile_index(
 ) -> TileIndex:
     """Hash every tile of every tensor in ``entries`` (see the module docstring for the I/O pattern).
 
-    ``cuts``: per tensor, the split points and units its grid must honour (:func:`.tiles_splits.plane_cuts`);
-    a tensor without gets the generic rule of :mod:`.tiles_grid`.
+    ``cuts``: per tensor, the split points and units its grid must honour (:func:`.splits.plane_cuts`);
+    a tensor without gets the generic rule of :mod:`.grid`.
     """
     jobs: dict[str, _Job] = {}
     cuts = cuts or {}

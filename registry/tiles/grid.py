@@ -1,6 +1,6 @@
 """Tile grid choice: how a tensor's bytes are cut into tiles (pure; see :mod:`.tiles` for the spec).
 
-With *cuts* (:class:`.tiles_splits.PlaneCuts`, given by push for every plane of a weight): along each axis
+With *cuts* (:class:`.splits.PlaneCuts`, given by push for every plane of a weight): along each axis
 the block divides the gcd of the axis's split points and is a multiple of its unit (no minimum: a small
 tensor is cut at its split points too); without points, any multiple of the unit. Among those pairs the
 largest tile ≤ ``target`` wins, ties going to the wider, whole rows when the columns have no points; if

@@ -2,7 +2,7 @@
 
 A tensor's bytes are stored either row-major (``layout="row_major"``: tile ``(i, j)`` is a run of
 ``width`` bytes per row, ``row_bytes`` apart) or in the ``shardport-tiled`` layout (``layout="tiled"``,
-:mod:`.tiled_layout`: each tile one contiguous run at ``start + tile_offset(...)``). Tile hashes, and so
+:mod:`.layout`: each tile one contiguous run at ``start + tile_offset(...)``). Tile hashes, and so
 :func:`verify_tile`'s check, are the same in both; :func:`tile_pieces` and the byte ranges named by
 :class:`TileDigestMismatchError` follow the layout.
 """
@@ -74,7 +74,7 @@ class TensorTiles(BaseModel):
     """One tensor's tiles: the byte matrix, the grid, and a hash per tile in row-major tile order.
 
     ``layout`` says how the tensor's ``rows * row_bytes`` bytes from ``start`` are stored: ``row_major``
-    (the default, the byte matrix itself) or ``tiled`` (tile after tile, see :mod:`.tiled_layout`).
+    (the default, the byte matrix itself) or ``tiled`` (tile after tile, see :mod:`.layout`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
