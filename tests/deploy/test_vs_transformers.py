@@ -172,7 +172,8 @@ def test_up_agrees_with_transformers(
     print(
         f"{fmt} tp={tp}: max|Δ logits| vs transformers {diff:.2e} (L4 vs own reference "
         f"{l4['value']}, tolerance {l4['tolerance']:.2e}); smallest top-1 margin "
-        f"{float((top2[:, 1] - top2[:, 0]).min()):.2e}; logit std {float(ref.logits.std()):.3f}"
+        f"{float((top2[:, 1] - top2[:, 0]).min()):.2e}; logit std {float(ref.logits.std()):.3f}; "
+        f"greedy {doc['generated']} vs {list(ref.tokens)}"
     )
     assert (logits.argmax(-1) == ref.logits.argmax(-1)).all(), (logits.argmax(-1), ref.logits.argmax(-1))
     assert tuple(doc["generated"]) == ref.tokens
