@@ -7,12 +7,17 @@ tp 2 and tp 3 with ``--logits-out``; transformers' ``LlamaForCausalLM`` runs the
   GQA, llama.cpp's permuted Q/K): transformers' own GGUF loader,
   ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)``, dequantizes it (with the ``gguf``
   package) and undoes the Q/K permutation; it needs ``accelerate`` (the ``compare`` extra).
-* GPTQ (``bringup_artifacts.gptq_tiny``: 4-bit, group 64, g_idx): transformers loads GPTQ natively only
-  through optimum + gptqmodel, and gptqmodel is a CUDA-compiling source distribution that needs
-  torch >= 2.14 (we pin 2.13), so this module dequantizes the checkpoint itself with
-  :func:`gptq_dequantize`, written from the GPTQ format (qweight packs 32/bits codes along K, qzeros
-  stores zero - 1 packed along N, scales [groups, N], g_idx maps K to its group) and sharing no code
-  with shardport's decoders, and loads the result into ``LlamaForCausalLM``'s state dict.
+* GPTQ (``bringup_artifacts.gptq_tiny``: 4-bit, group 64, g_idx, intermediate 704 = 11 groups):
+  transformers loads GPTQ natively only through optimum + gptqmodel, and gptqmodel (7.7) is a source
+  distribution that compiles its kernels and needs torch >= 2.14 (we pin 2.13), so this module
+  dequantizes the checkpoint itself with :func:`gptq_dequantize`, written from the GPTQ format
+  (qweight packs 32/bits codes along K, qzeros stores zero - 1 packed along N, scales [groups, N],
+  g_idx maps K to its group) and sharing no code with shardport's decoders, and loads the result into
+  ``LlamaForCausalLM``'s state dict (strict).
+
+Both have GQA (6 heads, 3 KV heads: split 2/1 at tp 2) and MLP splits where an even cut would fall
+inside a quantization group (GGUF Q4_K/Q6_K at tp 2, GPTQ at tp 2 and 3), which placement moves to
+group boundaries (uneven shards; asserted from the dispatch table).
 
 Asserted: top-1 identical at every prompt position, the K greedy tokens identical to transformers'
 ``generate(do_sample=False)``, and max |Δ logits| within the bring-up's own L4 tolerance. That bound is
@@ -25,7 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +41,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from bringup_artifacts import VOCAB, gguf_tiny, gptq_tiny
+from bringup_artifacts import INTER, VOCAB, gguf_tiny, gptq_tiny
 from llama_artifacts import ok
 from safetensors.numpy import load_file
 
@@ -42,6 +49,7 @@ from shardport.cli import main
 
 PROMPT = (1, 5, 300, 7, 396, 42, 211, 3)
 STEPS = 4
+_K = re.compile(r"K=(\d+):(\d+)")
 
 
 @dataclass(frozen=True)
@@ -125,7 +133,7 @@ def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pushed]:
         mp.delenv("SHARDPORT_STORE", raising=False)
         store = str(tmp / "store")
         ok(store, "keygen")
-        gguf, gptq = gguf_tiny(tmp / "gguf"), gptq_tiny(tmp / "gptq")
+        gguf, gptq = gguf_tiny(tmp / "gguf"), gptq_tiny(tmp / "gptq", inter=704)
         refs = {"gguf": "llama/gguf:v1", "gptq": "llama/gptq:v1"}
         ok(store, "push", gguf, refs["gguf"])
         ok(store, "push", gptq, refs["gptq"])
@@ -178,3 +186,12 @@ def test_up_agrees_with_transformers(
     assert (logits.argmax(-1) == ref.logits.argmax(-1)).all(), (logits.argmax(-1), ref.logits.argmax(-1))
     assert tuple(doc["generated"]) == ref.tokens
     assert diff <= float(l4["tolerance"]), (diff, l4)
+    # The MLP's row-parallel split: on quantization-group boundaries (64 codes in GPTQ, 256-superblocks
+    # in GGUF's Q4_K/Q6_K), so uneven where an even split would cut one (every case but GGUF at tp 3).
+    down = "model.layers.0.mlp.down_proj" if fmt == "gptq" else "blk.0.ffn_down"
+    group, inter = (64, 704) if fmt == "gptq" else (256, INTER)
+    cuts = {
+        int(c) for r in doc["dispatch"] if r["weight"].startswith(down) for c in _K.findall(r["weight"])[0]
+    }
+    assert len(cuts) == tp + 1 and all(c % group == 0 for c in cuts), sorted(cuts)
+    assert (inter // tp) % group == 0 or len({b - a for a, b in itertools.pairwise(sorted(cuts))}) > 1
