@@ -2,10 +2,12 @@
 
 Builds a SmolLM-shaped GGUF (Q4_1 linears, tied Q8_0 embedding; llama.cpp's permuted Q/K), decodes
 it with the registry's reference decoder, and runs (a) transformers' ``LlamaForCausalLM`` with those
-weights, Q/K un-permuted by transformers' own GGUF tensor processor (what its GGUF loader does; its
-``from_pretrained(gguf_file=...)`` needs ``accelerate``, not installed here), and (b) the graph as
-stored (interleaved rope) at tp 1, 2 and 3 over gloo processes. Prints max |dlogits|, top-1
-agreement per position and whether the greedy tokens match. Needs transformers (not a dependency).
+weights, Q/K un-permuted by transformers' own GGUF tensor processor (what its GGUF loader does), and
+(b) the graph alone (no Ray, no kernels: the decoded float model) as stored (interleaved rope) at tp 1,
+2 and 3 over gloo processes. Prints max |dlogits|, top-1 agreement per position and whether the greedy
+tokens match. Needs the ``compare`` extra. The test over the real bring-up (Ray ranks, quantized kernels,
+transformers' own ``from_pretrained(gguf_file=...)``, and a GPTQ checkpoint) is
+tests/deploy/test_vs_transformers.py.
 
     .venv/bin/python bench/graph_vs_transformers.py
 """

@@ -2,6 +2,7 @@
 # Installs what the tests need into .venv, then runs linters, type checks, layer contracts and the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The test extra includes `compare`: transformers + accelerate, test_vs_transformers' reference.
 bash scripts/setup-venv.sh test
 # The HTML report is tested in a real browser: Debian's headless Chromium (about a minute to install).
 if ! command -v chromium-headless-shell >/dev/null 2>&1; then

@@ -79,8 +79,9 @@ def quantize_scaled(name: str, shape: tuple[int, int], rng: np.random.Generator,
     return quantize(values, GGMLQuantizationType[name])
 
 
-def gptq_tiny(folder: Path, *, seed: int = 5, bits: int = 4) -> Path:
-    """A 2-layer GPTQ llama safetensors checkpoint (``bits``-bit, group 64), float16 embeddings and head."""
+def gptq_tiny(folder: Path, *, seed: int = 5, bits: int = 4, inter: int = INTER) -> Path:
+    """A 2-layer GPTQ llama safetensors checkpoint (``bits``-bit, group 64), float16 embeddings and head
+    (``inter`` = 704, 11 groups: an even tp 2 or tp 3 split of the MLP would cut a group)."""
     rng = np.random.default_rng(seed)
     head_dim = HIDDEN // HEADS
     tensors: dict[str, np.ndarray] = {
@@ -88,7 +89,7 @@ def gptq_tiny(folder: Path, *, seed: int = 5, bits: int = 4) -> Path:
         "lm_head.weight": (rng.standard_normal((VOCAB, HIDDEN)) * 0.1).astype(np.float16),
         "model.norm.weight": np.ones(HIDDEN, dtype=np.float16),
     }
-    shapes = linear_shapes(HIDDEN, INTER, KV_HEADS * head_dim)
+    shapes = linear_shapes(HIDDEN, inter, KV_HEADS * head_dim)
     for layer in range(LAYERS):
         for slot, (n, k) in shapes.items():
             case = quantize_minmax((rng.standard_normal((n, k)) * 0.1).astype(np.float32), 64, bits)
@@ -101,7 +102,7 @@ def gptq_tiny(folder: Path, *, seed: int = 5, bits: int = 4) -> Path:
         "architectures": ["LlamaForCausalLM"],
         "num_hidden_layers": LAYERS,
         "hidden_size": HIDDEN,
-        "intermediate_size": INTER,
+        "intermediate_size": inter,
         "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS,
         "vocab_size": VOCAB,
