@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from bringup_artifacts import HIDDEN, MOE_INTER, gguf_mixtral
-from llama_artifacts import ok
+from llama_artifacts import cli, ok
 
 from shardport.deploy.contract import check_inventory, contract_of
 from shardport.deploy.errors import UnsupportedModelError
@@ -192,12 +192,14 @@ def test_gguf_moe_up_over_two_expert_parallel_ranks_proves_parity_and_stores_evi
 ) -> None:
     store, _ = _push(home, gguf_mixtral(tmp_path / "moe"), "llama/gmoe:v1")
     session = Session.open(store)
-    request = UpRequest(ref="llama/gmoe:v1", tokens=PROMPT, steps=3, ep=2, store=store)
-    result = bring_up(session, request, launcher=ray_launcher(None))
-    _all_pass(result.predicate["parity"])
+    tokens = ",".join(map(str, PROMPT))
+    code, doc = cli(store, "up", "llama/gmoe:v1", "--ep", "2", "--tokens", tokens, "--generate", "3")
+    assert code == 0, doc
+    _all_pass(doc["parity"])
+    assert doc["topology"] == {"tp": 1, "ep": 2, "pp": 1} and len(doc["generated"]) == 3
     experts: dict[int, set[int]] = {0: set(), 1: set()}
     kernels: dict[str, set[str]] = {}
-    for row in result.predicate["dispatch"]:
+    for row in doc["dispatch"]:
         name = row["weight"].split("[N=")[0]
         if "[expert " in name:
             experts[row["rank"]].add(int(name.split("[expert ")[1].rstrip("]")))
@@ -211,13 +213,15 @@ def test_gguf_moe_up_over_two_expert_parallel_ranks_proves_parity_and_stores_evi
         "blk.0.ffn_down_exps": {"cpu.gguf-direct@1"},  # Q4_K
         "blk.1.ffn_down_exps": {"cpu.gguf-direct@1"},  # Q6_K
     }
-    l5 = result.predicate["l5"]
+    # 2 layers x 3 stacked tensors x 2 experts per rank x 2 ranks x 2 phases
+    assert len([r for r in doc["dispatch"] if "[expert " in r["weight"]]) == 2 * 3 * 2 * 2 * 2
+    evidence = read_evidence(session, "llama/gmoe", doc["digest"])
+    assert len(evidence.verified) == 1
+    stored = evidence.verified[0].predicate
+    assert stored["passed"] and stored["topology"] == {"tp": 1, "ep": 2, "pp": 1}
+    l5 = stored["l5"]
     assert l5["unexpected_kernels"] == [] and l5["fallbacks"].get("full-dequant", 0) == 0
-    assert l5["traces_checked"] == len(result.predicate["dispatch"])
-    assert len([r for r in result.predicate["dispatch"] if "[expert " in r["weight"]]) == 2 * 2 * 3 * 2 * 2
-    evidence = read_evidence(session, "llama/gmoe", result.digest)
-    assert len(evidence.verified) == 1 and evidence.verified[0].predicate["passed"]
-    assert evidence.verified[0].predicate["topology"] == {"tp": 1, "ep": 2, "pp": 1}
+    assert l5["traces_checked"] == len(doc["dispatch"])  # the expected-kernel check saw every expert
     assert ok(store, "verify", "llama/gmoe:v1")["evidence_verified"] == 1
 
 
