@@ -59,7 +59,7 @@ def _gguf_tensors(path: Path) -> dict[str, np.ndarray]:
 
     out = {}
     for t in gguf.GGUFReader(str(path)).tensors:
-        out[t.name] = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        out[t.name] = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # a writable copy
     return out
 
 
@@ -108,6 +108,30 @@ def test_a_rank_of_ep2_runs_each_owned_expert_as_a_view_of_the_stacked_planes(
     expert_ladders = [lad for lad in ops.ladders if "_exps" in lad.weight]
     assert expert_ladders and all(lad.passed for lad in expert_ladders)
     assert all(lad.l2.witness_kind == "cells" and lad.l2.witness_checked > 0 for lad in expert_ladders)
+
+
+def test_expert_views_refuse_a_plane_without_the_ranks_experts_first(home: Path, tmp_path: Path) -> None:
+    from shardport.deploy.errors import GraphWeightError
+    from shardport.deploy.rank_experts import ExpertWeights, parse_expert_name
+
+    bounds = {"E": (2, 4), "N": (0, 8), "K": (0, 32)}
+    with pytest.raises(
+        GraphWeightError, match=r"tensor blk\.0\.ffn_up_exps\.weight: loaded shape \[3, 272\]"
+    ):
+        split_experts(
+            {"blk.0.ffn_up_exps.weight": ({"blk.0.ffn_up_exps.weight": np.zeros((3, 272), np.uint8)}, bounds)}
+        )
+    assert parse_expert_name("blk.0.ffn_up_exps.weight[expert 12]") == ("blk.0.ffn_up_exps.weight", 12)
+    assert parse_expert_name("blk.0.ffn_up_exps.weight") is None
+    _, resolved = _push(home, gguf_mixtral(tmp_path / "moe"), "llama/gmoe:v1")
+    weights = ExpertWeights({w.name: w for w in resolved.manifest.weights or []})
+    one = weights[expert_name("blk.1.ffn_down_exps.weight", 3)]
+    assert one.shape.extents == (HIDDEN, MOE_INTER) and one.binding.expert == 3
+    assert one.planes[0].shape == (HIDDEN, MOE_INTER) and one.witness is not None and one.witness.experts == 1
+    with pytest.raises(GraphWeightError, match=r"expert 4 outside 0\.\.3"):
+        weights[expert_name("blk.1.ffn_down_exps.weight", 4)]
+    with pytest.raises(KeyError):
+        weights["blk.9.ffn_down_exps.weight[expert 0]"]
 
 
 def test_the_inventory_check_reads_llama_cpp_moe_names(home: Path, tmp_path: Path) -> None:
@@ -246,3 +270,69 @@ def test_gguf_moe_up_at_ep2_by_tp2_with_tied_embeddings(home: Path, tmp_path: Pa
     assert {e for (rank, name, _) in rows if rank == 1 for e in (name,) if "[expert " in e} == {
         expert_name(f"blk.0.ffn_{w}_exps.weight", e) for w in ("gate", "up", "down") for e in (0, 1)
     }
+
+
+@pytest.mark.slow
+def test_the_l4_reference_of_a_gguf_moe_agrees_with_transformers_mixtral(home: Path, tmp_path: Path) -> None:
+    """transformers' MixtralForCausalLM, fed the gguf package's dequantization of the file (Q/K
+    un-permuted by transformers' own GGUF tensor processor), against the bring-up's float reference."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    from shardport.deploy.up import reference_generation
+
+    folder = gguf_mixtral(tmp_path / "moe")
+    store, resolved = _push(home, folder, "llama/gmoe:v1")
+    contract = contract_of(resolved.manifest)
+    ours = reference_generation(Session.open(store), resolved, contract, PROMPT, 4)
+    values = _gguf_tensors(folder / "model.gguf")
+    proc = LlamaTensorProcessor(
+        {"num_attention_heads": contract.heads, "num_key_value_heads": contract.kv_heads}
+    )
+    hf = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj"}
+    hf |= {"attn_output": "self_attn.o_proj", "attn_norm": "input_layernorm"}
+    hf |= {"ffn_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.gate"}
+    top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
+    state: dict[str, torch.Tensor] = {"lm_head.weight": torch.from_numpy(values["output.weight"])}
+    for name, v in values.items():
+        if name in top:
+            state[top[name]] = torch.from_numpy(v)
+        elif name.startswith("blk."):
+            _, layer, stem, _ = name.split(".")
+            at = f"model.layers.{layer}"
+            if stem in hf:
+                state[f"{at}.{hf[stem]}.weight"] = torch.from_numpy(proc.process(v, name).weights.copy())
+    for layer in range(contract.layers):
+        gate, up = (values[f"blk.{layer}.ffn_{w}_exps.weight"] for w in ("gate", "up"))
+        state[f"model.layers.{layer}.mlp.experts.gate_up_proj"] = torch.from_numpy(
+            np.concatenate([gate, up], 1)
+        )
+        state[f"model.layers.{layer}.mlp.experts.down_proj"] = torch.from_numpy(
+            values[f"blk.{layer}.ffn_down_exps.weight"]
+        )
+    config = MixtralConfig(
+        vocab_size=contract.vocab,
+        hidden_size=contract.hidden,
+        intermediate_size=contract.intermediate,
+        num_hidden_layers=contract.layers,
+        num_attention_heads=contract.heads,
+        num_key_value_heads=contract.kv_heads,
+        num_local_experts=contract.experts,
+        num_experts_per_tok=contract.experts_per_token,
+        rms_norm_eps=contract.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": contract.rope_base},
+        max_position_embeddings=256,
+    )
+    model = MixtralForCausalLM(config).eval()
+    missing, unexpected = model.load_state_dict(state, strict=True)
+    assert not missing and not unexpected
+    with torch.no_grad():
+        theirs = model(torch.tensor([PROMPT])).logits[0]
+        seq = list(PROMPT)
+        for _ in range(4):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    scale, diff = float(theirs.abs().max()), float((ours.prompt_logits - theirs).abs().max())
+    print(f"GGUF MoE reference vs transformers Mixtral: max |dlogits| {diff:.3g} (max |logit| {scale:.3g})")
+    assert diff <= 1e-4 * max(1.0, scale)
+    assert ours.prompt_logits.argmax(-1).tolist() == theirs.argmax(-1).tolist()
+    assert list(ours.tokens) == seq[len(PROMPT) :]
