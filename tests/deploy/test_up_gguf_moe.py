@@ -223,6 +223,7 @@ def test_gguf_moe_up_over_two_expert_parallel_ranks_proves_parity_and_stores_evi
     assert code == 0, doc
     _all_pass(doc["parity"])
     assert doc["topology"] == {"tp": 1, "ep": 2, "pp": 1} and len(doc["generated"]) == 3
+    assert all(float(a) <= 1.05 for a in doc["read_amplification"].values())  # only the rank's experts read
     experts: dict[int, set[int]] = {0: set(), 1: set()}
     kernels: dict[str, set[str]] = {}
     for row in doc["dispatch"]:
