@@ -23,7 +23,7 @@ def contract_of(manifest: Manifest) -> GraphContract:
 
 
 def expected_weights(contract: GraphContract) -> dict[str, tuple[int, ...]]:
-    """Every weight the graph reads, with its logical shape (row-major ``[N, K]``; norms ``[hidden]``)."""
+    """Every weight the graph reads, with its logical shape (``[N, K]``, ``[hidden]``, ``[E, N, K]``)."""
     gguf = contract.source == "gguf"
     d, h, i = contract.head_dim, contract.hidden, contract.intermediate
     shapes = {
@@ -46,7 +46,12 @@ def expected_weights(contract: GraphContract) -> dict[str, tuple[int, ...]]:
             out[f"{stem}.weight"] = shape
             if contract.qkv_bias and op in ("q", "k", "v"):
                 out[f"{stem}.bias"] = (shape[0],)
-        if contract.moe:
+        if contract.moe and gguf:  # llama.cpp's stacked experts [E, N, K] and the router
+            e = contract.experts
+            out[f"blk.{layer}.ffn_gate_inp.weight"] = (e, h)
+            for w, shape in (("gate", (e, i, h)), ("up", (e, i, h)), ("down", (e, h, i))):
+                out[f"blk.{layer}.ffn_{w}_exps.weight"] = shape
+        elif contract.moe:
             stem = f"model.layers.{layer}.block_sparse_moe"
             out[f"{stem}.gate.weight"] = (contract.experts, h)
             for e in range(contract.experts):
@@ -61,11 +66,6 @@ def expected_weights(contract: GraphContract) -> dict[str, tuple[int, ...]]:
 
 def check_inventory(contract: GraphContract, manifest: Manifest) -> None:
     """Refuse unless the manifest's weights are exactly those the graph reads, at their shapes."""
-    if contract.moe and contract.source == "gguf":
-        raise UnsupportedModelError(
-            f"{contract.architecture} GGUF with {contract.experts} experts: stacked expert tensors "
-            "[E, N, K] are not wired to the kernels yet (Hugging Face expert weights are)"
-        )
     found = {w.name: tuple(w.shape.extents) for w in manifest.weights or []}
     want = expected_weights(contract)
     missing = sorted(set(want) - set(found))

@@ -45,6 +45,7 @@ from .graph.weights import (
     float_linear,
     float_lookup,
 )
+from .rank_experts import gguf_expert_names, split_experts, with_experts
 
 _FLOAT_GGUF = frozenset({"F32", "F16", "BF16"})
 #: Golden activation batches for L3 (decode T=1 and a short prefill), fixed seed.
@@ -117,7 +118,7 @@ def _groups(loaded: RankTensors) -> dict[str, tuple[dict[str, Any], dict[str, tu
         s = slices.get((t.tensor, t.index))
         if s is not None:
             bounds.update({a: (int(b[0]), int(b[1])) for a, b in zip(s.axes, s.bounds, strict=True)})
-    return out
+    return split_experts(out)  # a stacked [E, N, K] weight: one [N, K] group per owned expert
 
 
 def _golden(k: int, tokens: int, seed: int) -> np.ndarray:
@@ -135,6 +136,7 @@ def prepare_ops(
     """Dispatch every quantized linear weight of the rank (prefill and decode), decode the float ones."""
     catalog = default_catalog()
     out = RankOps()
+    weights = with_experts(weights)
     for name, (planes, bounds) in sorted(_groups(loaded).items()):
         weight = weights.get(name)
         if weight is None:
@@ -144,8 +146,8 @@ def prepare_ops(
             continue
         if len(weight.shape.extents) != 2:
             raise UnsupportedModelError(
-                f"weight {name}: shape {list(weight.shape.extents)}; the bring-up runs 2-D linear weights "
-                "(stacked expert tensors are not implemented yet)"
+                f"weight {name}: shape {list(weight.shape.extents)} (axes {list(weight.shape.axes)}); the "
+                "bring-up runs 2-D linear weights and stacked [E, N, K] experts split over ep ranks"
             )
         rw = rank_weight(weight, planes, bounds)
         out.rows[name] = (rw.row_start, rw.row_start + rw.n_local)
@@ -169,6 +171,7 @@ def prepare_ops(
 def run_ladders(loaded: RankTensors, weights: Mapping[str, LogicalWeight], ops: RankOps) -> None:
     """Parity L0-L3 of every prepared operator (each kernel once per weight), appended to ``ops.ladders``."""
     groups = _groups(loaded)
+    weights = with_experts(weights)
     tiles = loaded.ledger.tiles
     for name, phases in sorted(ops.ops.items()):
         planes, bounds = groups[name]
@@ -236,6 +239,9 @@ class _Slots:
 
 
 def _experts(s: _Slots, layer: int, experts: range) -> Experts:
+    if s.gguf:  # stacked [E, N, K]: each owned expert's view (rank_experts.split_experts)
+        owned = {e: Mlp(*(s.linear(n) for n in gguf_expert_names(layer, e))) for e in experts}
+        return Experts(router=s.linear(s.name(layer, "router")), owned=owned)
     stem = f"model.layers.{layer}.block_sparse_moe"
     owned = {
         e: Mlp(*(s.linear(f"{stem}.experts.{e}.{w}.weight") for w in ("w1", "w3", "w2"))) for e in experts
@@ -253,8 +259,6 @@ def rank_weights(
     experts: range | None = None,
 ) -> RankWeights:
     """The graph's weights of a rank holding ``layers`` (its stage) and ``experts`` (its ep rank's)."""
-    if contract.moe and contract.source == "gguf":
-        raise UnsupportedModelError("GGUF mixture of experts: stacked expert tensors are not wired yet")
     s = _Slots(contract, ops)
     built = []
     for i in layers:

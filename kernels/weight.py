@@ -196,7 +196,9 @@ def _local_contract(
             raise _fail(where, "slice along K", f"whole {c.ggml_type} blocks of {block}", f"{k0}..{k1}")
         per_row = row_bytes(c.ggml_type, k1 - k0, c.plane)
         data = planes[c.plane]
-        if data.dtype != np.uint8 or data.size != (n1 - n0) * per_row:
+        # blocks as raw uint8 rows; F32/F16/BF16 tensors as the loader views them (the decoder reads bytes)
+        raw = data.dtype == np.uint8 or c.ggml_type in ("F32", "F16", "BF16")
+        if not raw or data.nbytes != (n1 - n0) * per_row:
             raise _fail(
                 where,
                 f"plane {c.plane}",

@@ -190,3 +190,79 @@ def gptq_mixtral(folder: Path, *, seed: int = 9, experts: int = 4, top_k: int = 
     }
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+#: GGUF MoE (:func:`gguf_mixtral`): the type of each stacked expert tensor per layer, as llama.cpp's
+#: Q4_K_M-like mixes spread them (K-quants where K = the expert intermediate, 256-blocks).
+GGUF_EXPERT_TYPES = {
+    "ffn_gate_exps": ("Q4_0", "Q4_1"),
+    "ffn_up_exps": ("Q8_0", "Q4_0"),
+    "ffn_down_exps": ("Q4_K", "Q6_K"),
+}
+MOE_INTER = 256
+"""The experts' intermediate size (one Q4_K/Q6_K superblock along K of ``ffn_down_exps``)."""
+
+
+def _stacked(name: str, experts: int, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """``[E, N, row_bytes]`` uint8 blocks of one stacked expert tensor (every expert quantized alone)."""
+    return np.stack([quantize_scaled(name, (n, k), rng, 5.0) for _ in range(experts)])
+
+
+def gguf_mixtral(
+    folder: Path,
+    *,
+    seed: int = 11,
+    experts: int = 4,
+    top_k: int = 2,
+    tied: bool = False,
+    types: dict[str, tuple[str, ...]] | None = None,
+) -> Path:
+    """A 2-layer llama MoE GGUF as llama.cpp writes Mixtral: stacked ``blk.N.ffn_{gate,up,down}_exps``
+    ``[E, N, K]`` in :data:`GGUF_EXPERT_TYPES`, an F32 router ``ffn_gate_inp``, Q4_0/Q8_0/Q4_1 GQA
+    attention, a Q8_0 token embedding (tied, or a separate Q8_0 ``output.weight``), F32 norms.
+    ``types``: the expert tensors' types per layer instead (classic types only split along K at tp 2)."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    head_dim = HIDDEN // HEADS
+    w = gguf.GGUFWriter(str(folder / "model.gguf"), "llama")
+    w.add_block_count(LAYERS)
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(MOE_INTER)
+    w.add_rope_dimension_count(head_dim)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(VOCAB)
+    w.add_expert_count(experts)
+    w.add_expert_used_count(top_k)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    q80 = gguf.GGMLQuantizationType.Q8_0
+    w.add_tensor("token_embd.weight", quantize_scaled("Q8_0", (VOCAB, HIDDEN), rng, 1.0), raw_dtype=q80)
+    attention = {"attn_q": "Q4_0", "attn_k": "Q4_0", "attn_v": "Q8_0", "attn_output": "Q4_1"}
+    shapes = linear_shapes(HIDDEN, MOE_INTER, KV_HEADS * head_dim, gguf=True)
+    for layer in range(LAYERS):
+        w.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+        for stem, name in attention.items():
+            qtype = gguf.GGMLQuantizationType[name]
+            data = quantize_scaled(name, shapes[stem], rng, 5.0)
+            w.add_tensor(f"blk.{layer}.{stem}.weight", data, raw_dtype=qtype)
+        router = (rng.standard_normal((experts, HIDDEN)) * 0.5).astype(np.float32)
+        w.add_tensor(f"blk.{layer}.ffn_gate_inp.weight", router)
+        for stem, kinds in (types or GGUF_EXPERT_TYPES).items():
+            name = kinds[layer % len(kinds)]
+            n, k = shapes[stem.removesuffix("_exps")]
+            data = _stacked(name, experts, n, k, rng)
+            w.add_tensor(f"blk.{layer}.{stem}.weight", data, raw_dtype=gguf.GGMLQuantizationType[name])
+        w.add_tensor(f"blk.{layer}.ffn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+    if not tied:
+        w.add_tensor("output.weight", quantize_scaled("Q8_0", (VOCAB, HIDDEN), rng, 1.0), raw_dtype=q80)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return folder

@@ -8,7 +8,7 @@ import pytest
 
 from shardport.kernels import rank_weight
 from shardport.kernels.errors import RankWeightError
-from shardport.registry.contracts import decode_weight
+from shardport.registry.contracts import TensorInfo, decode_weight, infer_gguf
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +61,17 @@ def test_sequential_g_idx_of_a_k_slice_must_be_the_columns_groups(gptq):
     planes[g_idx] = planes[g_idx] - 2  # local numbering: not what the manifest's sequential map says
     with pytest.raises(RankWeightError, match="sequential"):
         rank_weight(gptq.weight, planes, bounds)
+
+
+@pytest.mark.parametrize(("ggml_type", "dtype"), [("F32", np.float32), ("F16", np.float16)])
+def test_a_gguf_float_tensor_comes_as_the_loader_views_it(ggml_type, dtype):
+    """A 2-D F32/F16 GGUF tensor (a MoE router ``ffn_gate_inp``, an F16 head) is a float array, not bytes."""
+    tensor = "blk.0.ffn_gate_inp.weight"
+    infos = [TensorInfo(tensor, ggml_type, (4, 64))]
+    weight = next(w for w in infer_gguf({"general.architecture": "llama"}, infos) if w.name == tensor)
+    values = np.random.default_rng(1).standard_normal((4, 64)).astype(dtype)
+    local = rank_weight(weight, {tensor: values[1:3]}, {"N": (1, 3)})
+    decoded = decode_weight(local.local_weight, local.named_planes)
+    assert np.array_equal(decoded, values[1:3].astype(np.float32))
+    with pytest.raises(RankWeightError, match=f"uint8 blocks \\[2, {64 * np.dtype(dtype).itemsize}\\]"):
+        rank_weight(weight, {tensor: values[1:3, :32]}, {"N": (1, 3)})
