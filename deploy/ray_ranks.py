@@ -4,14 +4,18 @@
 cluster has GPUs for every rank, a share of the CPUs otherwise: :meth:`Cluster.bundle`), calls
 ``prepare`` on every rank, and only when every rank prepared, ``run`` with the gloo rendezvous port.
 A rank that reports a failure aborts the bring-up with :class:`RankFailedError` (rank, stage, reason);
-an actor that dies is a :class:`RankLostError`. :meth:`RayRanks.close` kills every actor and removes the
-placement group (the ranks destroy their process groups themselves, or die with them).
+an actor that dies is a :class:`RankLostError` naming the rank and the phase (``prepare`` or ``run``).
+:meth:`RayRanks.close` kills every actor and removes the placement group (the ranks destroy their
+process groups themselves, or die with them). Each actor is named ``shardport-<bring-up id>-rank-<r>``
+(:func:`actor_name`) so that an operator (``ray list actors``) sees which rank of which bring-up a
+process is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,6 +58,11 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV)}
 
 
+def actor_name(bring_up: str, rank: int) -> str:
+    """The Ray name of ``rank``'s actor in the bring-up ``bring_up`` (unique while it is alive)."""
+    return f"shardport-{bring_up}-rank-{rank}"
+
+
 def raise_failures(results: Sequence[dict[str, Any]]) -> None:
     """Raise :class:`RankFailedError` for the first failed rank (every failed rank named in it)."""
     failed = [r["failure"] for r in results if "failure" in r]
@@ -83,6 +92,7 @@ class RayRanks:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.ray, self.specs, self.timeout, self.progress = ray, list(specs), timeout, progress
+        self.id = uuid.uuid4().hex[:12]
         world = len(self.specs)
         bundle = cluster.bundle(world)
         self.group = placement_group([dict(bundle) for _ in range(world)], strategy="PACK")
@@ -102,6 +112,7 @@ class RayRanks:
                 )
                 self.actors.append(
                     actor.options(
+                        name=actor_name(self.id, spec.rank),
                         num_cpus=bundle.get("CPU", 0.0),
                         num_gpus=bundle.get("GPU", 0.0),
                         scheduling_strategy=strategy,
@@ -134,7 +145,9 @@ class RayRanks:
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not done:
                 ranks = sorted(rank_of[r] for r in pending)
-                raise RankLostError(f"ranks {ranks}: no answer to {what} within {self.timeout:g} s")
+                raise RankLostError(
+                    f"ranks {ranks}: no answer to {what} within {self.timeout:g} s", rank=ranks[0], stage=what
+                )
             for ref in done:
                 rank = rank_of[ref]
                 try:
@@ -142,7 +155,9 @@ class RayRanks:
                 except ray.exceptions.RayActorError as exc:
                     raise RankLostError(
                         f"rank {rank}: its actor died during {what} ({type(exc).__name__}); "
-                        "the bring-up was aborted and every other rank torn down"
+                        "the bring-up was aborted and every other rank torn down",
+                        rank=rank,
+                        stage=what,
                     ) from exc
                 raise_failures([results[rank]])
                 if self.progress is not None:

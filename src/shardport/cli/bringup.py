@@ -55,6 +55,14 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     p.add_argument("--logits-out", type=Path, help="write float32 prompt logits [T, vocab] (safetensors)")
     p.add_argument("--report", type=Path, help="write the HTML evidence report")
     p.add_argument("--no-evidence", action="store_true", help="do not store the signed evidence")
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        metavar="N",
+        help="relaunch the whole bring-up up to N times when a rank is lost (its actor died, its node "
+        "went away); a rank's validation, admission or I/O failure is never retried (default 0)",
+    )
 
 
 def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
@@ -74,6 +82,7 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
         store=session.store.url,
         s3_endpoint=getattr(args, "s3_endpoint", None),
         address=args.address,
+        retries=args.retries,
     )
     progress = None
     if not json_mode and sys.stderr.isatty():
@@ -110,6 +119,9 @@ def render(result: Any) -> str:
         total = sum(stages.values())
         parts = ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
         lines.append(f"  rank {rank}: first token after {total:.2f} s ({parts})")
+    lost = [a for a in result.get("attempts", []) if a["outcome"] == "lost"]
+    for a in lost:
+        lines.append(f"  attempt {a['attempt']}: rank {a['rank']} lost during {a['stage']} after {a['seconds']:.1f} s")
     if result.get("evidence"):
         lines.append(f"  evidence {result['evidence']}")
     for key in ("logits_out", "report"):
