@@ -94,7 +94,9 @@ def test_a_rank_lost_once_is_relaunched_and_the_evidence_shows_both_attempts(
     store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
     session = Session.open(store)
     events: list[tuple[int, str]] = []
-    request = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, steps=2, tp=2, store=store, ladder=False, retries=1)
+    request = UpRequest(
+        ref="llama/gptq:v1", tokens=PROMPT, steps=2, tp=2, store=store, ladder=False, retries=1
+    )
     with KillOnce(ray_ranks, rank=1) as killer:
         result = bring_up(
             session, request, launcher=ray_launcher(None), progress=lambda r, w: events.append((r, w))

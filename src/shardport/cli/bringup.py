@@ -119,9 +119,10 @@ def render(result: Any) -> str:
         total = sum(stages.values())
         parts = ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
         lines.append(f"  rank {rank}: first token after {total:.2f} s ({parts})")
-    lost = [a for a in result.get("attempts", []) if a["outcome"] == "lost"]
-    for a in lost:
-        lines.append(f"  attempt {a['attempt']}: rank {a['rank']} lost during {a['stage']} after {a['seconds']:.1f} s")
+    for a in result.get("attempts", []):
+        if a["outcome"] == "lost":
+            where = f"rank {a['rank']} lost during {a['stage']} after {a['seconds']:.1f} s"
+            lines.append(f"  attempt {a['attempt']}: {where} (relaunched)")
     if result.get("evidence"):
         lines.append(f"  evidence {result['evidence']}")
     for key in ("logits_out", "report"):
