@@ -75,15 +75,18 @@ class KillOnce:
 
     def assert_no_process_left(self) -> None:
         deadline = time.monotonic() + 15
-        left = [p for p in self.pids if psutil.pid_exists(p)]
+        left = [p for p in self.pids if _running(p)]
         while left and time.monotonic() < deadline:
             time.sleep(0.2)
-            left = [
-                p
-                for p in left
-                if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-            ]
+            left = [p for p in left if _running(p)]
         assert self.pids and not left, f"rank actor processes still running: {left}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.mark.ray
