@@ -3,6 +3,11 @@ runs) relaunches the whole bring-up; a rank's own failure never does; nothing is
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -14,6 +19,7 @@ import pytest
 from bringup_artifacts import gguf_tiny, gptq_tiny
 from llama_artifacts import ok
 
+from shardport.cli import main
 from shardport.cli.parser import build_parser
 from shardport.deploy.errors import RankFailedError, RankLostError
 from shardport.deploy.rank import RankSpec
@@ -38,14 +44,15 @@ def _push(home: Path, tmp: Path, folder: Path, ref: str) -> str:
 
 
 class KillOnce:
-    """From a thread, kill the first live actor of rank ``rank`` once (``ray.kill`` on its Ray name).
+    """From a thread, kill the first live actor of rank ``rank`` once: ``ray.kill`` on its Ray name, or
+    (``crash=True``) SIGKILL to the process Ray's actor table names, as a crash or the OOM killer would.
 
     It watches the GCS actor table, so it sees the first attempt's actors as soon as they have a
     process; it also records every bring-up actor process it saw, so the test can check none survives.
     """
 
-    def __init__(self, ray: Any, rank: int) -> None:
-        self.ray, self.rank = ray, rank
+    def __init__(self, ray: Any, rank: int, *, crash: bool = False) -> None:
+        self.ray, self.rank, self.crash = ray, rank, crash
         self.killed: list[str] = []
         self.pids: set[int] = set()
         self.stop = threading.Event()
@@ -61,7 +68,10 @@ class KillOnce:
                     continue
                 self.pids.add(pid)
                 if not self.killed and name.endswith(f"-rank-{self.rank}"):
-                    self.ray.kill(self.ray.get_actor(name), no_restart=True)
+                    if self.crash:
+                        os.kill(pid, signal.SIGKILL)
+                    else:
+                        self.ray.kill(self.ray.get_actor(name), no_restart=True)
                     self.killed.append(name)
             self.stop.wait(0.05)
 
@@ -95,28 +105,48 @@ def test_a_rank_lost_once_is_relaunched_and_the_evidence_shows_both_attempts(
     home: Path, tmp_path: Path, ray_ranks: Any
 ) -> None:
     store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
-    session = Session.open(store)
-    events: list[tuple[int, str]] = []
-    request = UpRequest(
-        ref="llama/gptq:v1", tokens=PROMPT, steps=2, tp=2, store=store, ladder=False, retries=1
-    )
-    with KillOnce(ray_ranks, rank=1) as killer:
-        result = bring_up(
-            session, request, launcher=ray_launcher(None), progress=lambda r, w: events.append((r, w))
-        )
+    up = ["up", "llama/gptq:v1", "--tp", "2", "--tokens", "1,5,300", "--generate", "2", "--retries", "1"]
+    out = io.StringIO()
+    with KillOnce(ray_ranks, rank=1, crash=True) as killer, contextlib.redirect_stdout(out):
+        code = main(["--store", store, "--json", *up])
+    doc = json.loads(out.getvalue())  # one document: Ray's notice of the dead worker went to stderr
+    assert code == 0 and doc["passed"], doc
     assert len(killer.killed) == 1
-    attempts = result.to_json()["attempts"]
-    assert [a["outcome"] for a in attempts] == ["lost", "ok"]
-    lost = attempts[0]
+    assert [a["outcome"] for a in doc["attempts"]] == ["lost", "ok"]
+    lost = doc["attempts"][0]
     assert lost["attempt"] == 1 and lost["rank"] == 1 and lost["stage"] == "prepare"
     assert "rank 1: its actor died during prepare" in lost["reason"] and lost["seconds"] > 0
-    assert (1, "lost during prepare; relaunching (attempt 2 of 2)") in events  # the retry is visible
-    late = [row for row in result.predicate["parity"] if row["level"] in ("L4", "L5")]
-    assert late and all(row["passed"] for row in late), late
-    stored = read_evidence(session, "llama/gptq", result.digest).verified
+    assert doc["devices"] == {"0": "cpu", "1": "cpu"}
+    assert all(m["device_resident"] == m["device_peak"] == 0 for m in doc["memory"].values())
+    assert all(m["bytes_assigned"] > 0 and m["host_resident"] > 0 for m in doc["memory"].values())
+    session = Session.open(store)
+    stored = read_evidence(session, "llama/gptq", doc["digest"]).verified
     assert [a["outcome"] for a in stored[0].predicate["attempts"]] == ["lost", "ok"]
     killer.assert_no_process_left()
     # the ray_ranks fixture asserts no actor and no placement group is left
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_relaunch_is_reported_as_progress(home: Path, tmp_path: Path, ray_ranks: Any) -> None:
+    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
+    events: list[tuple[int, str]] = []
+    request = UpRequest(
+        ref="llama/gptq:v1", tokens=PROMPT, steps=2, tp=2, store=store, ladder=False, retries=2
+    )
+    with KillOnce(ray_ranks, rank=0) as killer:
+        result = bring_up(
+            Session.open(store),
+            request,
+            launcher=ray_launcher(None),
+            progress=lambda r, w: events.append((r, w)),
+            store_evidence=False,
+        )
+    assert len(killer.killed) == 1 and [a["outcome"] for a in result.to_json()["attempts"]] == ["lost", "ok"]
+    assert (0, "lost during prepare; relaunching (attempt 2 of 3)") in events
+    late = [row for row in result.predicate["parity"] if row["level"] in ("L4", "L5")]
+    assert late and all(row["passed"] for row in late), late
+    killer.assert_no_process_left()
 
 
 @pytest.mark.ray

@@ -7,6 +7,7 @@ The parser entry (:func:`add_parser`), the command (:func:`up`) and its human re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -90,7 +91,9 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
         def progress(rank: int, what: str) -> None:
             print(f"rank {rank}: {what}", file=sys.stderr, flush=True)
 
-    result = bring_up(session, request, store_evidence=not args.no_evidence, progress=progress)
+    # Ray's driver thread prints a dead worker's notice on stdout: keep stdout for the result (--json).
+    with contextlib.redirect_stdout(sys.stderr):
+        result = bring_up(session, request, store_evidence=not args.no_evidence, progress=progress)
     if args.logits_out is not None:
         write_logits(args.logits_out, result.prompt_logits)
     if args.report is not None:
