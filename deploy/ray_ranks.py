@@ -2,9 +2,11 @@
 
 :class:`RayRanks` places one :class:`~.rank.Rank` per bundle (``{"GPU": 1}`` per rank where the
 cluster has GPUs for every rank, a share of the CPUs otherwise: :meth:`Cluster.bundle`), calls
-``prepare`` on every rank, and only when every rank prepared, ``run`` with the gloo rendezvous port.
-A rank that reports a failure aborts the bring-up with :class:`RankFailedError` (rank, stage, reason);
-an actor that dies is a :class:`RankLostError` naming the rank and the phase (``prepare`` or ``run``).
+``prepare`` on every rank, and only when every rank prepared, ``run`` with the rendezvous port (a TCP
+store on 127.0.0.1; each rank joins with gloo, or NCCL on a CUDA device: :mod:`.devices`). A rank
+that reports a failure aborts the bring-up with :class:`RankFailedError` (rank, stage, reason);
+an actor that dies (or whose answer is lost with its node) is a :class:`RankLostError` naming the rank
+and the phase (``prepare`` or ``run``).
 :meth:`RayRanks.close` kills every actor and removes the placement group (the ranks destroy their
 process groups themselves, or die with them). Each actor is named ``shardport-<bring-up id>-rank-<r>``
 (:func:`actor_name`) so that an operator (``ray list actors``) sees which rank of which bring-up a
@@ -159,6 +161,13 @@ class RayRanks:
                         rank=rank,
                         stage=what,
                     ) from exc
+                except ray.exceptions.ObjectLostError as exc:  # its answer went with its node
+                    raise RankLostError(
+                        f"rank {rank}: its answer to {what} was lost with its node ({type(exc).__name__}); "
+                        "the bring-up was aborted and every other rank torn down",
+                        rank=rank,
+                        stage=what,
+                    ) from exc
                 raise_failures([results[rank]])
                 if self.progress is not None:
                     self.progress(rank, f"{what} done")
@@ -175,7 +184,7 @@ class RayRanks:
         return results
 
     def run(self) -> list[dict[str, Any]]:
-        """Every rank's ``run`` (one gloo rendezvous on 127.0.0.1); raises for the first failed rank."""
+        """Every rank's ``run`` (one rendezvous on 127.0.0.1); raises for the first failed rank."""
         port = free_port() if len(self.actors) > 1 else None
         results = self._gather([a.run.remote(port) for a in self.actors], "run")
         raise_failures(results)

@@ -4,7 +4,8 @@ The driver (this module) resolves the reference once to a manifest digest (a tag
 running bring-up: every rank loads ``NAME@sha256:…``), takes the graph contract from the manifest and
 checks the inventory against the architecture strictly, builds the placement plan (refusing a
 topology the graph cannot run), then hands one :class:`~.rank.RankSpec` per rank to a launcher: Ray
-actors in a placement group (:mod:`.ray_ranks`), or the one rank in-process. It builds the float32
+actors in a placement group (:mod:`.ray_ranks`), or the one rank in-process; a lost rank relaunches
+the whole launch up to ``UpRequest.retries`` times (:func:`launch_with_retries`). It builds the float32
 reference from the registry's reference decode of every weight, compares (L4), checks dispatch and
 resources (L5), signs and stores the evidence, and writes the logits and the HTML report on request.
 """
