@@ -194,3 +194,24 @@ def test_retries_on_the_command_line() -> None:
     args = build_parser().parse_args(["up", "llama/q:v1", "--tokens", "1,2", "--retries", "2"])
     assert args.retries == 2
     assert build_parser().parse_args(["up", "llama/q:v1", "--tokens", "1"]).retries == 0
+
+
+def test_the_human_output_names_each_lost_attempt() -> None:
+    from shardport.cli.bringup import render
+
+    result = {
+        "passed": True,
+        "repository": "llama/q",
+        "digest": "sha256:" + "ab" * 32,
+        "topology": {"tp": 2, "ep": 1, "pp": 1},
+        "generated": [3, 4],
+        "parity": [],
+        "timeline": {},
+        "attempts": [
+            {"attempt": 1, "outcome": "lost", "rank": 1, "stage": "run", "reason": "…", "seconds": 4.31},
+            {"attempt": 2, "outcome": "ok", "seconds": 6.0},
+        ],
+    }
+    text = render(result)
+    assert "attempt 1: rank 1 lost during run after 4.3 s (relaunched)" in text
+    assert "attempt 2" not in text
