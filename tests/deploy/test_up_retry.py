@@ -114,8 +114,9 @@ def test_a_rank_lost_once_is_relaunched_and_the_evidence_shows_both_attempts(
     assert len(killer.killed) == 1
     assert [a["outcome"] for a in doc["attempts"]] == ["lost", "ok"]
     lost = doc["attempts"][0]
-    assert lost["attempt"] == 1 and lost["rank"] == 1 and lost["stage"] == "prepare"
-    assert "rank 1: its actor died during prepare" in lost["reason"] and lost["seconds"] > 0
+    # killed as soon as it had a process: during prepare (run, should the machine be very slow)
+    assert lost["attempt"] == 1 and lost["rank"] == 1 and lost["stage"] in ("prepare", "run")
+    assert f"rank 1: its actor died during {lost['stage']}" in lost["reason"] and lost["seconds"] > 0
     assert doc["devices"] == {"0": "cpu", "1": "cpu"}
     assert all(m["device_resident"] == m["device_peak"] == 0 for m in doc["memory"].values())
     assert all(m["bytes_assigned"] > 0 and m["host_resident"] > 0 for m in doc["memory"].values())
@@ -143,7 +144,8 @@ def test_the_relaunch_is_reported_as_progress(home: Path, tmp_path: Path, ray_ra
             store_evidence=False,
         )
     assert len(killer.killed) == 1 and [a["outcome"] for a in result.to_json()["attempts"]] == ["lost", "ok"]
-    assert (0, "lost during prepare; relaunching (attempt 2 of 3)") in events
+    stage = result.to_json()["attempts"][0]["stage"]
+    assert (0, f"lost during {stage}; relaunching (attempt 2 of 3)") in events
     late = [row for row in result.predicate["parity"] if row["level"] in ("L4", "L5")]
     assert late and all(row["passed"] for row in late), late
     killer.assert_no_process_left()
@@ -157,9 +159,10 @@ def test_without_retries_a_lost_rank_fails_cleanly(home: Path, tmp_path: Path, r
     request = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, steps=2, tp=2, store=store, ladder=False)
     with KillOnce(ray_ranks, rank=1) as killer, pytest.raises(RankLostError) as caught:
         bring_up(session, request, launcher=ray_launcher(None))
-    assert caught.value.rank == 1 and caught.value.stage == "prepare" and caught.value.exit_code == 6
-    assert str(caught.value).startswith("rank 1: its actor died during prepare")
-    assert [a["outcome"] for a in caught.value.attempts] == ["lost"]
+    lost = caught.value
+    assert lost.rank == 1 and lost.stage in ("prepare", "run") and lost.exit_code == 6
+    assert str(lost).startswith(f"rank 1: its actor died during {lost.stage}")
+    assert [a["outcome"] for a in lost.attempts] == ["lost"]
     digest = resolve(session, parse_ref("llama/gptq:v1")).digest
     assert not read_evidence(session, "llama/gptq", digest).verified  # nothing stored for a failure
     killer.assert_no_process_left()
