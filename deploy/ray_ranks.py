@@ -38,7 +38,12 @@ class _RankActor:
         return self.rank.prepare()
 
     def run(self, port: int | None) -> dict[str, Any]:
-        return self.rank.run(port)
+        out = self.rank.run(port)
+        if "failure" not in out:  # the GPUs Ray gave this rank (its bundle's), whatever it computes on
+            import ray
+
+            out["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
+        return out
 
     def pid(self) -> int:
         import os

@@ -324,6 +324,7 @@ def predicate(
             for r in by_rank
         },
         "devices": {str(r["rank"]): str(r.get("device", "cpu")) for r in by_rank},
+        "gpus": {str(r["rank"]): [str(g) for g in r.get("gpu_ids", [])] for r in by_rank},
         "read_amplification": {str(r["rank"]): _finite(r["read_amplification"]) for r in by_rank},
         "tiles_verified": {str(r["rank"]): int(r["tiles_verified"]) for r in by_rank},
         "witness": {str(r["rank"]): r["witness"] for r in by_rank},
