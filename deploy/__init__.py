@@ -10,5 +10,6 @@ timeline, ledgers) attached to the manifest; an HTML report on request.
   — its operators from the loaded tensors; :mod:`.ray_ranks` — the thin Ray actor layer;
 - :mod:`.graph` — the llama-family runtime graph; :mod:`.contract`, :mod:`.plan_layout` — what it
   needs from the manifest and the plan; :mod:`.cluster` — Ray on loopback or ``--address``;
+  :mod:`.devices` — bundle, device and collective backend per rank (pure), device memory;
 - :mod:`.report` — the HTML page; :mod:`.errors` — the error tree.
 """

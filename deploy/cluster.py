@@ -4,7 +4,7 @@ The embedded default starts a local Ray head bound to 127.0.0.1 only (an unauthe
 network interface is a known way in) and keeps Ray's token authentication as Ray configures it. Ray
 is imported only here and only when a bring-up runs. One placement group holds one bundle per rank:
 ``{"GPU": 1}`` per rank when the cluster has GPUs, a share of a CPU otherwise (a 2-core machine cannot
-otherwise place four ranks).
+otherwise place four ranks; :func:`~.devices.bundle_spec`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from shardport.deploy.devices import bundle_spec
 from shardport.deploy.errors import ClusterError
 
 #: Ray listens on loopback only when this is set before the head starts (measured with ``ss``).
@@ -35,9 +36,7 @@ class Cluster:
 
     def bundle(self, world: int) -> dict[str, float]:
         """One rank's resources: a whole GPU where there are enough, else a share of the CPUs."""
-        if self.gpus >= world:
-            return {"GPU": 1.0, "CPU": min(1.0, self.cpus / world)}
-        return {"CPU": max(0.01, min(1.0, self.cpus / world))}
+        return bundle_spec(self.gpus, self.cpus, world)
 
 
 def _ray() -> Any:

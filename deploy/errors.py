@@ -11,7 +11,8 @@ Tree::
         ├── UnsupportedModelError    (5)  an architecture or operator the runtime does not implement
         ├── ClusterError             (6)  Ray could not be started or joined, or cannot place the ranks
         ├── RankFailedError        (rank's)  a rank failed validation, admission or I/O: its reason
-        ├── RankLostError            (6)  a rank's process died before it reported
+        ├── RankLostError            (6)  a rank's process died (actor killed, node gone) before it
+        │                                 reported; ``registry up --retries N`` relaunches on this one only
         ├── ParityError              (1)  logits or tokens disagree with the reference beyond tolerance
         └── TokenizerError           (5)  the checkpoint's tokenizer cannot be loaded (``--prompt``)
             ├── NoTokenizerError     (2)  none recorded, or a file it names was not given
@@ -20,6 +21,8 @@ Tree::
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from shardport import ShardportError
 
@@ -67,9 +70,21 @@ class RankFailedError(DeployError):
 
 
 class RankLostError(DeployError):
-    """A rank's process died (its actor was killed or crashed) before it reported."""
+    """A rank's process died (its actor was killed or crashed, its node went away) before it reported.
+
+    ``rank``: the lost rank (the lowest one when several stopped answering; None when unknown);
+    ``stage``: the driver's phase when it was lost (``prepare`` or ``run``); ``attempts``: what every
+    attempt of a bring-up with retries did (filled by the retry loop when the last attempt was lost).
+    The only failure ``registry up --retries`` relaunches: a validation, admission or I/O failure is a
+    :class:`RankFailedError` and aborts at once.
+    """
 
     exit_code = 6
+
+    def __init__(self, message: str, *, rank: int | None = None, stage: str = "") -> None:
+        super().__init__(message)
+        self.rank, self.stage = rank, stage
+        self.attempts: list[dict[str, Any]] = []
 
 
 class ParityError(DeployError):

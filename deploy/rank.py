@@ -5,9 +5,10 @@ Two calls, so that no rank waits in a collective for a rank that already failed:
 1. :meth:`Rank.prepare` — resolve the pinned manifest (trust checked again on the rank), ``load_rank``
    (verified tiles, witness rows), dispatch every quantized linear weight and run its parity ladder.
    No collectives. Returns a summary or a failure (rank, stage, error type, message, exit code).
-2. :meth:`Rank.run` — join the torch.distributed group (gloo on 127.0.0.1; world 1: none), build the
-   graph, warm up, prefill and greedily decode, re-check the KV cache. Returns the rank's report:
-   timeline, ledger, dispatch traces, ladders, and on the reporting rank the logits.
+2. :meth:`Rank.run` — join the torch.distributed group on 127.0.0.1 (gloo on the CPU, NCCL on a CUDA
+   device: :mod:`.devices`; world 1: none), build the graph, warm up, prefill and greedily decode,
+   re-check the KV cache. Returns the rank's report: timeline, ledger (host and device memory),
+   device, dispatch traces, ladders, and on the reporting rank the logits.
 
 Everything returned is plain data (lists, dicts, numpy arrays), picklable across processes.
 """
@@ -24,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from shardport import ShardportError
+
+from .devices import RankDevice
 
 STAGES = ("resolve", "plan", "fetch", "verify", "repack", "ladder", "warm-up", "first token")
 
@@ -92,6 +95,8 @@ class Rank:
         self.ops: Any = None
         self.contract: Any = None
         self.manifest: Any = None
+        self.device = RankDevice("cpu")
+        self.cuda_visible: list[str] = []
 
     # -- phase 1 ---------------------------------------------------------------------------------
     def prepare(self) -> dict[str, Any]:
@@ -111,10 +116,16 @@ class Rank:
         from shardport.registry.trust.resolve import resolve
 
         from .contract import contract_of
+        from .devices import kernel_device, rank_device, visible_cuda
         from .rank_ops import policy_of, prepare_ops, run_ladders
 
         spec = self.spec
         torch.set_num_threads(max(1, spec.threads))
+        self.cuda_visible = visible_cuda()
+        self.device = rank_device(self.cuda_visible)
+        if self.device.kind == "cuda":  # pragma: no cover - no GPU in CI
+            torch.cuda.set_device(self.device.index)
+            torch.cuda.reset_peak_memory_stats(self.device.index)
         if spec.home is not None:
             os.environ["SHARDPORT_HOME"] = spec.home
         self.rss_start = _rss()
@@ -146,6 +157,7 @@ class Rank:
             policy=policy,
             required=tuple(runtime.kernels_required),
             preferred=tuple(runtime.kernels_preferred),
+            device=kernel_device(self.device),
         )
         self.timeline["repack"] = time.perf_counter() - t2
         if spec.ladder:
@@ -181,7 +193,7 @@ class Rank:
             self.stage = "join"
             if world > 1:
                 dist.init_process_group(
-                    "gloo",
+                    self.device.backend,
                     init_method=f"tcp://127.0.0.1:{port}",
                     rank=self.spec.rank,
                     world_size=world,
@@ -201,6 +213,7 @@ class Rank:
         from shardport.placement import Topology
         from shardport.placement.topology import experts_of, layers_of
 
+        from .devices import device_memory
         from .graph.collectives import LocalGroup, Mesh
         from .graph.dist import dist_mesh
         from .graph.model import RankModel
@@ -252,11 +265,15 @@ class Rank:
         self.ledger["kv_cache"] = int(kv_bytes)
         self.ledger["host_resident"] = rss
         self.ledger["host_resident_growth"] = max(0, rss - self.rss_start)
+        self.ledger["device_resident"], self.ledger["device_peak"] = device_memory(self.device)
         reports = mesh.last and at.tp_rank == 0 and at.ep_rank == 0
         return {
             "rank": spec.rank,
             "coords": {"tp": at.tp_rank, "ep": at.ep_rank, "pp": at.pp_stage},
             "timeline": dict(self.timeline),
+            "device": str(self.device),
+            "backend": self.device.backend,
+            "cuda_visible": list(self.cuda_visible),
             "decode_seconds": decode_s,
             "ledger": dict(self.ledger),
             "read_amplification": float(self.loaded.ledger.read_amplification),

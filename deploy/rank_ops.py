@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from shardport.kernels import (
+    Device,
     DispatchTrace,
     FallbackPolicy,
     Ladder,
@@ -132,8 +133,12 @@ def prepare_ops(
     policy: FallbackPolicy,
     required: tuple[str, ...] = (),
     preferred: tuple[str, ...] = (),
+    device: Device | None = None,
 ) -> RankOps:
-    """Dispatch every quantized linear weight of the rank (prefill and decode), decode the float ones."""
+    """Dispatch every quantized linear weight of the rank (prefill and decode), decode the float ones.
+
+    ``device``: what the kernels' admission checks (default: this CPU; see :mod:`.devices`).
+    """
     catalog = default_catalog()
     out = RankOps()
     weights = with_experts(weights)
@@ -162,6 +167,7 @@ def prepare_ops(
             policy=policy,
             required=required,
             preferred=preferred,
+            device=device,
         )
         out.ops[name] = {phase: op for phase, (op, _) in chosen.items()}
         out.traces += [trace for _, trace in chosen.values()]

@@ -2,16 +2,22 @@
 
 :class:`RayRanks` places one :class:`~.rank.Rank` per bundle (``{"GPU": 1}`` per rank where the
 cluster has GPUs for every rank, a share of the CPUs otherwise: :meth:`Cluster.bundle`), calls
-``prepare`` on every rank, and only when every rank prepared, ``run`` with the gloo rendezvous port.
-A rank that reports a failure aborts the bring-up with :class:`RankFailedError` (rank, stage, reason);
-an actor that dies is a :class:`RankLostError`. :meth:`RayRanks.close` kills every actor and removes the
-placement group (the ranks destroy their process groups themselves, or die with them).
+``prepare`` on every rank, and only when every rank prepared, ``run`` with the rendezvous port (a TCP
+store on 127.0.0.1; each rank joins with gloo, or NCCL on a CUDA device: :mod:`.devices`). A rank
+that reports a failure aborts the bring-up with :class:`RankFailedError` (rank, stage, reason);
+an actor that dies (or whose answer is lost with its node) is a :class:`RankLostError` naming the rank
+and the phase (``prepare`` or ``run``).
+:meth:`RayRanks.close` kills every actor and removes the placement group (the ranks destroy their
+process groups themselves, or die with them). Each actor is named ``shardport-<bring-up id>-rank-<r>``
+(:func:`actor_name`) so that an operator (``ray list actors``) sees which rank of which bring-up a
+process is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,7 +38,12 @@ class _RankActor:
         return self.rank.prepare()
 
     def run(self, port: int | None) -> dict[str, Any]:
-        return self.rank.run(port)
+        out = self.rank.run(port)
+        if "failure" not in out:  # the GPUs Ray gave this rank (its bundle's), whatever it computes on
+            import ray
+
+            out["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
+        return out
 
     def pid(self) -> int:
         import os
@@ -52,6 +63,11 @@ def _env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV)}
+
+
+def actor_name(bring_up: str, rank: int) -> str:
+    """The Ray name of ``rank``'s actor in the bring-up ``bring_up`` (unique while it is alive)."""
+    return f"shardport-{bring_up}-rank-{rank}"
 
 
 def raise_failures(results: Sequence[dict[str, Any]]) -> None:
@@ -83,6 +99,7 @@ class RayRanks:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.ray, self.specs, self.timeout, self.progress = ray, list(specs), timeout, progress
+        self.id = uuid.uuid4().hex[:12]
         world = len(self.specs)
         bundle = cluster.bundle(world)
         self.group = placement_group([dict(bundle) for _ in range(world)], strategy="PACK")
@@ -102,6 +119,7 @@ class RayRanks:
                 )
                 self.actors.append(
                     actor.options(
+                        name=actor_name(self.id, spec.rank),
                         num_cpus=bundle.get("CPU", 0.0),
                         num_gpus=bundle.get("GPU", 0.0),
                         scheduling_strategy=strategy,
@@ -134,7 +152,9 @@ class RayRanks:
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not done:
                 ranks = sorted(rank_of[r] for r in pending)
-                raise RankLostError(f"ranks {ranks}: no answer to {what} within {self.timeout:g} s")
+                raise RankLostError(
+                    f"ranks {ranks}: no answer to {what} within {self.timeout:g} s", rank=ranks[0], stage=what
+                )
             for ref in done:
                 rank = rank_of[ref]
                 try:
@@ -142,7 +162,16 @@ class RayRanks:
                 except ray.exceptions.RayActorError as exc:
                     raise RankLostError(
                         f"rank {rank}: its actor died during {what} ({type(exc).__name__}); "
-                        "the bring-up was aborted and every other rank torn down"
+                        "the bring-up was aborted and every other rank torn down",
+                        rank=rank,
+                        stage=what,
+                    ) from exc
+                except ray.exceptions.ObjectLostError as exc:  # its answer went with its node
+                    raise RankLostError(
+                        f"rank {rank}: its answer to {what} was lost with its node ({type(exc).__name__}); "
+                        "the bring-up was aborted and every other rank torn down",
+                        rank=rank,
+                        stage=what,
                     ) from exc
                 raise_failures([results[rank]])
                 if self.progress is not None:
@@ -160,7 +189,7 @@ class RayRanks:
         return results
 
     def run(self) -> list[dict[str, Any]]:
-        """Every rank's ``run`` (one gloo rendezvous on 127.0.0.1); raises for the first failed rank."""
+        """Every rank's ``run`` (one rendezvous on 127.0.0.1); raises for the first failed rank."""
         port = free_port() if len(self.actors) > 1 else None
         results = self._gather([a.run.remote(port) for a in self.actors], "run")
         raise_failures(results)

@@ -14,7 +14,12 @@ The fields read (all optional; what is missing is shown as missing):
 - ``parity``: a list of ``{"level", "name", "passed", "value", "tolerance", "detail"}``;
 - ``dispatch``: a list of ``{"rank", "weight", "phase", "kernel", "transformation"}``;
 - ``timeline``: ``{rank: {stage: seconds}}`` (stages in the order they ran);
-- ``ledger``: ``{rank: {component: bytes}}``.
+- ``ledger``: ``{rank: {component: bytes}}`` (what the rank's memory is made of: drawn stacked);
+- ``memory``: ``{rank: {measure: bytes}}`` (bytes on disk = ``bytes_assigned``, the rank's share of the
+  stored blobs; ``bytes_fetched``; ``host_resident``, ``host_resident_growth``; ``device_resident``,
+  ``device_peak``) and ``devices``: ``{rank: "cpu" | "cuda:0 NAME"}``: one bar per measure (they are
+  not parts of one whole), with the repack workspace peak from ``ledger``; a CPU rank's device bars
+  say "none (cpu)" instead of drawing an empty bar.
 """
 
 from __future__ import annotations
@@ -81,8 +86,42 @@ _SCRIPT = """
     });
     host.appendChild(svg);
   }
+  function measures(id, memory, ledger, devices) {
+    const host = document.getElementById(id);
+    const ranks = Object.keys(memory || {}).sort((a, b) => Number(a) - Number(b));
+    if (ranks.length === 0) { host.textContent = "no data"; return; }
+    const fields = [["bytes_assigned", "on disk (share)"], ["bytes_fetched", "fetched"],
+                    ["host_resident", "host resident"], ["host_resident_growth", "host growth"],
+                    ["device_resident", "device resident"], ["device_peak", "device peak"],
+                    ["repack_workspace_peak", "repack workspace peak"]];
+    const value = (r, k) => Number((k in (memory[r] || {}) ? memory[r] : (ledger || {})[r] || {})[k] || 0);
+    const max = Math.max(...ranks.flatMap(r => fields.map(f => value(r, f[0]))), 1);
+    const left = 170, width = 520, bar = 12, gap = 4, head = 20;
+    const block = head + fields.length * (bar + gap) + 8;
+    const svg = el("svg", {width: left + width + 160, height: ranks.length * block + 4, role: "img",
+                           "aria-label": id});
+    ranks.forEach((r, i) => {
+      const top = 4 + i * block, device = String((devices || {})[r] || "cpu");
+      svg.appendChild(el("text", {x: 4, y: top + 13, "font-weight": "bold"}, "rank " + r + " on " + device));
+      fields.forEach(([k, label], j) => {
+        const y = top + head + j * (bar + gap), v = value(r, k), w = width * v / max;
+        svg.appendChild(el("text", {x: 12, y: y + 10}, label));
+        if (w > 0) {
+          const rect = el("rect", {x: left, y: y, width: w, height: bar, fill: colors[j % colors.length],
+                                   "class": "bar", "data-key": k});
+          rect.appendChild(el("title", {}, label + ": " + (v / 1048576).toFixed(3) + " MiB"));
+          svg.appendChild(rect);
+        }
+        const none = k.startsWith("device") && device.startsWith("cpu");
+        svg.appendChild(el("text", {x: left + w + 6, y: y + 10},
+                           none ? "none (cpu)" : (v / 1048576).toFixed(2) + " MiB"));
+      });
+    });
+    host.appendChild(svg);
+  }
   stacked("timeline", data.timeline, "s", 1);
   stacked("memory", data.ledger, "MiB", 1048576);
+  measures("measures", data.memory, data.ledger, data.devices);
   document.body.setAttribute("data-charts", "drawn");
 })();
 """
@@ -140,7 +179,10 @@ def render_report(evidence: Mapping[str, Any]) -> str:
         "<h2>Startup timeline per rank (seconds)</h2>",
         '<div id="timeline"></div>',
         "<h2>Memory per rank</h2>",
+        "<p>What the rank's memory is made of (component ledger):</p>",
         '<div id="memory"></div>',
+        "<p>Bytes on disk, fetched, host and device resident, repack workspace peak:</p>",
+        '<div id="measures"></div>',
         f'<script type="application/json" id="evidence-data">{_script_json(evidence)}</script>',
         f"<script>{_SCRIPT}</script>",
         "</body></html>",

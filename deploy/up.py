@@ -4,7 +4,8 @@ The driver (this module) resolves the reference once to a manifest digest (a tag
 running bring-up: every rank loads ``NAME@sha256:…``), takes the graph contract from the manifest and
 checks the inventory against the architecture strictly, builds the placement plan (refusing a
 topology the graph cannot run), then hands one :class:`~.rank.RankSpec` per rank to a launcher: Ray
-actors in a placement group (:mod:`.ray_ranks`), or the one rank in-process. It builds the float32
+actors in a placement group (:mod:`.ray_ranks`), or the one rank in-process; a lost rank relaunches
+the whole launch up to ``UpRequest.retries`` times (:func:`launch_with_retries`). It builds the float32
 reference from the registry's reference decode of every weight, compares (L4), checks dispatch and
 resources (L5), signs and stores the evidence, and writes the logits and the HTML report on request.
 """
@@ -27,7 +28,7 @@ from shardport.registry.errors import UsageError
 from shardport.registry.session import Session
 from shardport.registry.trust.resolve import Resolved, resolve
 
-from .errors import DeployError, GraphLayoutError
+from .errors import DeployError, GraphLayoutError, RankLostError
 from .rank import RankSpec
 
 Launcher = Callable[[Sequence[RankSpec]], list[dict[str, Any]]]
@@ -50,6 +51,8 @@ class UpRequest:
     ladder: bool = True
     prompt: str | None = None
     """Text, encoded with the checkpoint's tokenizer (verified against the digest recorded at push)."""
+    retries: int = 0
+    """Relaunches after a lost rank (actor died, node gone); never after a rank's failure."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,8 @@ class UpResult:
             "ledger": p["ledger"],
             "memory": p["memory"],
             "read_amplification": p["read_amplification"],
+            "devices": p.get("devices", {}),
+            "attempts": p.get("attempts", []),
             "evidence": self.evidence,
         }
 
@@ -197,6 +202,61 @@ def ray_launcher(address: str | None, progress: Callable[[int, str], None] | Non
     return launch
 
 
+def launch_with_retries(
+    launch: Launcher,
+    specs: Sequence[RankSpec],
+    retries: int,
+    progress: Callable[[int, str], None] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Launch the ranks; after a lost rank, relaunch the whole bring-up up to ``retries`` times.
+
+    Only :class:`RankLostError` (an actor died, a node went away, a rank stopped answering) is retried:
+    by then the launcher has torn everything down (actors, placement group, process group), so each
+    attempt starts clean. A rank's own failure (validation, admission, I/O: :class:`RankFailedError`)
+    and every other error propagate at once. Returns the reports and one record per attempt
+    (``attempt``, ``outcome`` lost/ok, ``seconds``; a lost one also ``rank``, ``stage``, ``reason``).
+    When the last attempt is lost, its error is raised with ``attempts`` set (and, after retries, the
+    earlier attempts named in its message).
+    """
+    if retries < 0:
+        raise UsageError(f"--retries {retries}: expected 0 or more")
+    attempts: list[dict[str, Any]] = []
+    for attempt in range(1, retries + 2):
+        t0 = time.perf_counter()
+        try:
+            reports = launch(specs)
+        except RankLostError as exc:
+            attempts.append(
+                {
+                    "attempt": attempt,
+                    "outcome": "lost",
+                    "rank": exc.rank,
+                    "stage": exc.stage,
+                    "reason": str(exc),
+                    "seconds": time.perf_counter() - t0,
+                }
+            )
+            if attempt <= retries:
+                if progress is not None:
+                    what = f"lost during {exc.stage}; relaunching (attempt {attempt + 1} of {retries + 1})"
+                    progress(-1 if exc.rank is None else exc.rank, what)
+                continue
+            if retries == 0:
+                exc.attempts = attempts
+                raise
+            earlier = "; ".join(
+                f"attempt {a['attempt']}: rank {a['rank']} lost during {a['stage']}" for a in attempts[:-1]
+            )
+            final = RankLostError(
+                f"{exc} (attempt {attempt} of {retries + 1}; {earlier})", rank=exc.rank, stage=exc.stage
+            )
+            final.attempts = attempts
+            raise final from exc
+        attempts.append({"attempt": attempt, "outcome": "ok", "seconds": time.perf_counter() - t0})
+        return reports, attempts
+    raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+
 def _tag_of(resolved: Resolved) -> dict[str, Any] | None:
     """The tag version the reference resolved (None for ``NAME@sha256:…``)."""
     if resolved.tag_entry is None:
@@ -264,7 +324,8 @@ def bring_up(
     plan_s = time.perf_counter() - t0 - resolve_s
     pinned = f"{resolved.ref.name}@{resolved.digest}"
     specs = specs_for(request, pinned, float(os.cpu_count() or 1))
-    reports = (launcher or ray_launcher(request.address, progress))(specs)
+    launch = launcher or ray_launcher(request.address, progress)
+    reports, attempts = launch_with_retries(launch, specs, request.retries, progress)
     for r in reports:  # the driver's resolve and plan are part of every rank's startup
         r["timeline"] = {
             "resolve": resolve_s + r["timeline"].get("resolve", 0.0),
@@ -285,6 +346,7 @@ def bring_up(
         prompt=request.tokens,
         generated=run.tokens,
     )
+    pred["attempts"] = attempts
     if tokenizer is not None:
         pred["tokenizer"] = {"source": tokenizer.source, "digest": str(tokenizer.digest)}
         pred["text"] = {"prompt": request.prompt, "generated": tokenizer.decode(run.tokens)}

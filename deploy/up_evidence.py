@@ -11,7 +11,8 @@ no store. Every number is a finite float or an int (the statement is canonical J
 - L5: every trace's selected kernel is the one the driver expects for that operator (admission
   recomputed here, in priority order, under the policy); fallback counts per class within the policy;
   no persistent full-dequant buffer unless the policy allows one; each rank's resident growth within
-  its component ledger.
+  its component ledger; on a CUDA rank, the device memory torch allocated against the prepared
+  operators' bytes (:func:`device_check`; a CPU rank has no device memory and says so).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from shardport.kernels import FallbackPolicy, OperatorSignature, admit, default_
 #: (bench/bench_bringup.py, 4 layers of 2048, tp 4) ranks grew 229-337 MB for a 96 MB ledger, before
 #: freed heap was trimmed; a persistent full-dequant copy is caught by its own check, not by this one.
 RESIDENT_SLACK = 256 * 1024 * 1024
+#: Slack of the device-memory check on a CUDA rank: kernels' workspaces, transient activations.
+DEVICE_SLACK = 64 * 1024 * 1024
+#: What lives on the device of a CUDA rank (the graph's tensors follow its device).
+DEVICE_COMPONENTS = ("prepared_operators", "float_tensors", "kv_cache")
 LEDGER_COMPONENTS = (
     "codes_and_qparams",
     "prepared_operators",
@@ -74,6 +79,38 @@ def expected_kernel(op: OperatorSignature, policy: FallbackPolicy, preferred: Se
     return None
 
 
+def device_check(device: str, ledger: Mapping[str, Any]) -> dict[str, Any]:
+    """A rank's device memory against its ledger (pure: the rank's device and ledger in).
+
+    On a CUDA rank (``device`` ``cuda:…``) the bytes torch holds allocated after generation must hold
+    the prepared operators at least (the ledger cannot claim operators the device does not hold), and at
+    most ``2 x (prepared operators + float tensors + KV cache) + DEVICE_SLACK`` (no persistent copy
+    beyond the ledger). A CPU rank has no device memory: checked as resident = peak = 0.
+    """
+    resident, peak = int(ledger.get("device_resident", 0)), int(ledger.get("device_peak", 0))
+    if not device.startswith("cuda"):
+        return {
+            "device": device,
+            "resident": resident,
+            "peak": peak,
+            "passed": resident == 0 and peak == 0,
+            "detail": "no device memory: the rank computes on the CPU",
+        }
+    operators = int(ledger.get("prepared_operators", 0))
+    accounted = sum(int(ledger.get(c, 0)) for c in DEVICE_COMPONENTS)
+    bound = 2 * accounted + DEVICE_SLACK
+    return {
+        "device": device,
+        "resident": resident,
+        "peak": peak,
+        "operators": operators,
+        "ledger": accounted,
+        "bound": bound,
+        "passed": operators <= resident <= bound,
+        "detail": f"prepared operators {operators} <= resident {resident} <= 2 x {accounted} + slack",
+    }
+
+
 def level5(
     reports: Sequence[Mapping[str, Any]], policy: FallbackPolicy, preferred: Sequence[str]
 ) -> dict[str, Any]:
@@ -104,6 +141,7 @@ def level5(
             "bound": 2 * accounted + RESIDENT_SLACK,
             "passed": growth <= 2 * accounted + RESIDENT_SLACK,
         }
+    device = {str(r["rank"]): device_check(str(r.get("device", "cpu")), r["ledger"]) for r in reports}
     return {
         "traces_checked": checked,
         "unexpected_kernels": unexpected,
@@ -112,7 +150,12 @@ def level5(
         "full_dequant_buffers": dequant,
         "full_dequant_within_policy": dequant_ok,
         "resident": resident,
-        "passed": not unexpected and not over and dequant_ok and all(v["passed"] for v in resident.values()),
+        "device": device,
+        "passed": not unexpected
+        and not over
+        and dequant_ok
+        and all(v["passed"] for v in resident.values())
+        and all(v["passed"] for v in device.values()),
     }
 
 
@@ -216,11 +259,16 @@ def _graph_rows(
         },
         {
             "level": "L5",
-            "name": "resident host memory within the ledger",
-            "passed": all(v["passed"] for v in l5["resident"].values()),
+            "name": "resident host (and device) memory within the ledger",
+            "passed": all(v["passed"] for v in l5["resident"].values())
+            and all(v["passed"] for v in l5.get("device", {}).values()),
             "value": max((int(v["growth"]) for v in l5["resident"].values()), default=0),
             "tolerance": max((int(v["bound"]) for v in l5["resident"].values()), default=0),
-            "detail": "per rank: growth since start vs 2 x components + slack",
+            "detail": "per rank: host growth since start vs 2 x components + slack; device: "
+            + "; ".join(
+                f"rank {k} {v['device']} {'ok' if v['passed'] else 'FAIL'}"
+                for k, v in l5.get("device", {}).items()
+            ),
         },
     ]
     return rows
@@ -275,6 +323,8 @@ def predicate(
             str(r["rank"]): {k: int(v) for k, v in r["ledger"].items() if k not in LEDGER_COMPONENTS}
             for r in by_rank
         },
+        "devices": {str(r["rank"]): str(r.get("device", "cpu")) for r in by_rank},
+        "gpus": {str(r["rank"]): [str(g) for g in r.get("gpu_ids", [])] for r in by_rank},
         "read_amplification": {str(r["rank"]): _finite(r["read_amplification"]) for r in by_rank},
         "tiles_verified": {str(r["rank"]): int(r["tiles_verified"]) for r in by_rank},
         "witness": {str(r["rank"]): r["witness"] for r in by_rank},

@@ -7,6 +7,7 @@ The parser entry (:func:`add_parser`), the command (:func:`up`) and its human re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +56,14 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     p.add_argument("--logits-out", type=Path, help="write float32 prompt logits [T, vocab] (safetensors)")
     p.add_argument("--report", type=Path, help="write the HTML evidence report")
     p.add_argument("--no-evidence", action="store_true", help="do not store the signed evidence")
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        metavar="N",
+        help="relaunch the whole bring-up up to N times when a rank is lost (its actor died, its node "
+        "went away); a rank's validation, admission or I/O failure is never retried (default 0)",
+    )
 
 
 def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
@@ -74,6 +83,7 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
         store=session.store.url,
         s3_endpoint=getattr(args, "s3_endpoint", None),
         address=args.address,
+        retries=args.retries,
     )
     progress = None
     if not json_mode and sys.stderr.isatty():
@@ -81,7 +91,9 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
         def progress(rank: int, what: str) -> None:
             print(f"rank {rank}: {what}", file=sys.stderr, flush=True)
 
-    result = bring_up(session, request, store_evidence=not args.no_evidence, progress=progress)
+    # Ray's driver thread prints a dead worker's notice on stdout: keep stdout for the result (--json).
+    with contextlib.redirect_stdout(sys.stderr):
+        result = bring_up(session, request, store_evidence=not args.no_evidence, progress=progress)
     if args.logits_out is not None:
         write_logits(args.logits_out, result.prompt_logits)
     if args.report is not None:
@@ -110,6 +122,10 @@ def render(result: Any) -> str:
         total = sum(stages.values())
         parts = ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
         lines.append(f"  rank {rank}: first token after {total:.2f} s ({parts})")
+    for a in result.get("attempts", []):
+        if a["outcome"] == "lost":
+            where = f"rank {a['rank']} lost during {a['stage']} after {a['seconds']:.1f} s"
+            lines.append(f"  attempt {a['attempt']}: {where} (relaunched)")
     if result.get("evidence"):
         lines.append(f"  evidence {result['evidence']}")
     for key in ("logits_out", "report"):
