@@ -43,7 +43,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from bringup_artifacts import gguf_mix, gguf_tiny, gptq_mixtral, quantized_llama
@@ -155,12 +155,12 @@ def up(
     *,
     tp: int = 1,
     ep: int = 1,
-    fallback: str = "warn",
+    fallback: Literal["forbid", "warn", "allow"] = "warn",
     tokens: tuple[int, ...] = PROMPT,
 ) -> UpResult:
     """Bring ``ref`` up; one rank runs in this process (the rank code Ray actors run, without the actor
     start-up: the suite's time goes to the cells that need several ranks)."""
-    request = UpRequest(ref=ref, tokens=tokens, steps=3, tp=tp, ep=ep, store=store, fallback=fallback)  # type: ignore[arg-type]
+    request = UpRequest(ref=ref, tokens=tokens, steps=3, tp=tp, ep=ep, store=store, fallback=fallback)
     launcher = run_in_process if tp * ep == 1 else ray_launcher(None)
     return bring_up(Session.open(store), request, launcher=launcher)
 
