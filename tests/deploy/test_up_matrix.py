@@ -8,7 +8,7 @@ checkpoint (builder)      cells here                          elsewhere (tests/d
 ========================  ==================================  ==================================
 GGUF mix, hidden 576      tp 1, tp 4                          -
 GGUF mix, hidden 192      SeaweedFS tp 3                      tp 3, tp 2 (tampered tile)
-GPTQ g32, hidden 576      tp 1; SeaweedFS tp 4                -
+GPTQ g32, hidden 576      tp 1; SeaweedFS tp 4 (tiled)        -
 GPTQ g64, hidden 192      -                                   tp 2, pp 2, SeaweedFS tp 2
 GPTQ g128, hidden 576     tp 2 (``--fallback allow``);        -
                           warn and tp 3, 4 refused by design
@@ -53,8 +53,10 @@ from shardport.deploy.errors import RankFailedError
 from shardport.deploy.ray_ranks import run_in_process
 from shardport.deploy.up import UpRequest, UpResult, bring_up, ray_launcher
 from shardport.placement.errors import UnsplittableError
+from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.evidence import read_evidence
 from shardport.registry.session import Session
+from shardport.registry.trust.resolve import resolve
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -77,6 +79,8 @@ GGUF_KERNELS = {
 ALLOWED = {"none", "repack", "conversion"}
 """Transformation classes the default policy (``--fallback warn``) lets through without a warning."""
 
+Pusher = Callable[..., str]
+"""``push(builder name, ref, tiled=False) -> store``: a module fixture's once-only push."""
 Kernels = Callable[[str], str]
 """The expected kernel id of a dispatch row's weight (``name[N=a:b, K=c:d]``)."""
 
@@ -112,13 +116,13 @@ def matrix_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def pushed(matrix_home: Path) -> Callable[[str, str], str]:
+def pushed(matrix_home: Path) -> Pusher:
     """Push a checkpoint of the matrix once into the module's local store; returns the store."""
     return _pusher(str(matrix_home / "store"), matrix_home / "src")
 
 
 @pytest.fixture(scope="module")
-def pushed_s3(matrix_home: Path, seaweed_server: Any) -> Iterator[Callable[[str, str], str]]:
+def pushed_s3(matrix_home: Path, seaweed_server: Any) -> Iterator[Pusher]:
     """The same, into one SeaweedFS bucket (the AWS_* variables stay set for the module)."""
     with pytest.MonkeyPatch.context() as mp:
         for key, value in seaweed_server.env().items():
@@ -137,13 +141,17 @@ BUILDERS: dict[str, Callable[[Path], Path]] = {
 }
 
 
-def _pusher(store: str, sources: Path) -> Callable[[str, str], str]:
+def _pusher(store: str, sources: Path) -> Pusher:
     done: set[str] = set()
 
-    def push(name: str, ref: str) -> str:
+    def push(name: str, ref: str, *, tiled: bool = False) -> str:
+        """``ref`` pushed (``tiled``: and converted to ``NAME:tiled``, contiguous tiles); the store."""
         if ref not in done:
             ok(store, "push", BUILDERS[name](sources / name), ref)
             done.add(ref)
+        if tiled and f"{ref}+tiled" not in done:
+            ok(store, "convert", ref, f"{ref.split(':')[0]}:tiled", "--layout", "tiled")
+            done.add(f"{ref}+tiled")
         return store
 
     return push
@@ -204,7 +212,7 @@ def k_ranges(dispatch: list[dict[str, Any]], weight: str) -> list[tuple[int, int
 
 
 @pytest.mark.parametrize("tp", [1, 4])
-def test_gguf_mix_at_tp(pushed: Callable[[str, str], str], ray_ranks: Any, tp: int) -> None:
+def test_gguf_mix_at_tp(pushed: Pusher, ray_ranks: Any, tp: int) -> None:
     store = pushed("gguf", "wide/gguf:v1")
     dispatch = assert_cell(
         store, "wide/gguf:v1", up(store, "wide/gguf:v1", tp=tp), by_slot(GGUF_KERNELS), world=tp
@@ -227,12 +235,12 @@ def test_gguf_mix_at_tp(pushed: Callable[[str, str], str], ray_ranks: Any, tp: i
             ]
 
 
-def test_gptq_at_tp1(pushed: Callable[[str, str], str]) -> None:
+def test_gptq_at_tp1(pushed: Pusher) -> None:
     store = pushed("gptq32", "wide/gptq:g32")
     assert_cell(store, "wide/gptq:g32", up(store, "wide/gptq:g32"), every(INT4), world=1)
 
 
-def test_gptq_with_a_partial_last_group(pushed: Callable[[str, str], str], ray_ranks: Any) -> None:
+def test_gptq_with_a_partial_last_group(pushed: Pusher, ray_ranks: Any) -> None:
     """Group 128 over K = 576 (4.5 groups): int4pack takes a slice of whole groups only, so under
     ``--fallback allow`` the weights whose local K holds the tail are dequantized, the rest packed."""
     store = pushed("gptq128", "wide/gptq:g128")
@@ -253,7 +261,7 @@ def test_gptq_with_a_partial_last_group(pushed: Callable[[str, str], str], ray_r
     assert set(result.predicate["l5"]["full_dequant_buffers"]) == {"0", "1"}
 
 
-def test_gptq_partial_group_refusals(pushed: Callable[[str, str], str]) -> None:
+def test_gptq_partial_group_refusals(pushed: Pusher) -> None:
     """By design: no tp 3 or 4 split of 576 into whole 384-units; full dequantization forbidden by default."""
     store = pushed("gptq128", "wide/gptq:g128")
     session = Session.open(store)
@@ -273,9 +281,7 @@ def test_gptq_partial_group_refusals(pushed: Callable[[str, str], str]) -> None:
 
 
 @pytest.mark.parametrize(("fmt", "tp"), [("awq", 2), ("awq", 3), ("ct", 2)])
-def test_awq_and_compressed_tensors_at_tp(
-    pushed: Callable[[str, str], str], ray_ranks: Any, fmt: str, tp: int
-) -> None:
+def test_awq_and_compressed_tensors_at_tp(pushed: Pusher, ray_ranks: Any, fmt: str, tp: int) -> None:
     ref = f"wide/{fmt}:g64"
     store = pushed(fmt, ref)
     result = up(store, ref, tp=tp)
@@ -286,7 +292,7 @@ def test_awq_and_compressed_tensors_at_tp(
     assert classes == ({"conversion"} if fmt == "ct" else {"repack"})
 
 
-def test_mixture_of_experts_at_ep2_tp2(pushed: Callable[[str, str], str], ray_ranks: Any) -> None:
+def test_mixture_of_experts_at_ep2_tp2(pushed: Pusher, ray_ranks: Any) -> None:
     store = pushed("moe", "tiny/moe:v1")
     result = up(store, "tiny/moe:v1", tp=2, ep=2, tokens=TINY_PROMPT)
     dispatch = assert_cell(store, "tiny/moe:v1", result, every(INT4), world=4)
@@ -300,13 +306,18 @@ def test_mixture_of_experts_at_ep2_tp2(pushed: Callable[[str, str], str], ray_ra
 
 @pytest.mark.s3
 @pytest.mark.parametrize("name", ["gguf-tiny", "gptq32"])
-def test_up_from_seaweedfs_s3(pushed_s3: Callable[[str, str], str], ray_ranks: Any, name: str) -> None:
-    """GGUF mix (hidden 192) at tp 3, GPTQ g32 (hidden 576) at tp 4, both read from SeaweedFS."""
+def test_up_from_seaweedfs_s3(pushed_s3: Pusher, ray_ranks: Any, name: str) -> None:
+    """GGUF mix (hidden 192) at tp 3 as llama.cpp stores it; GPTQ g32 (hidden 576) at tp 4 converted to
+    the tiled layout (row-major column pieces cost one GET per matrix row on S3: ~2,300 requests a rank
+    for the GGUF mix at hidden 576, 18 tiled)."""
+    tiled = name == "gptq32"
     ref, tp, kernels = {
         "gguf-tiny": ("tiny/gguf:v1", 3, by_slot(GGUF_KERNELS)),
-        "gptq32": ("wide/gptq:g32", 4, every(INT4)),
+        "gptq32": ("wide/gptq:tiled", 4, every(INT4)),
     }[name]
-    store = pushed_s3(name, ref)
+    store = pushed_s3(name, "wide/gptq:g32" if tiled else ref, tiled=tiled)
+    manifest = resolve(Session.open(store), parse_ref(ref)).manifest
+    assert {t.layout for t in manifest.tensors or []} == {"shardport-tiled" if tiled else "row_major"}
     result = up(store, ref, tp=tp, tokens=TINY_PROMPT)
     dispatch = assert_cell(store, ref, result, kernels, world=tp)
     amplification = result.predicate["read_amplification"]
