@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 from gguf_artifacts import tensor_data
 from llama_artifacts import linear_shapes
-from quantized import gptq_planes, quantize_minmax
+from quantized import awq_planes, gptq_planes, quantize_minmax
 from safetensors.numpy import save_file
 
 HIDDEN, HEADS, KV_HEADS, INTER, VOCAB, LAYERS = 192, 6, 3, 768, 397, 2
@@ -265,4 +267,164 @@ def gguf_mixtral(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return folder
+
+
+# --- The acceptance matrix's checkpoints: SmolLM's hidden 576, splits that cross quantization groups ---
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A llama's dims for the matrix builders (head_dim = hidden / heads)."""
+
+    hidden: int = 576
+    heads: int = 12
+    kv_heads: int = 6
+    inter: int = 1536
+    vocab: int = 1001
+    layers: int = 2
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * (self.hidden // self.heads)
+
+
+WIDE = Shape()
+"""hidden 576 (SmolLM-135M's), 12 heads of 48 over 6 kv heads (GQA, groups of 2), intermediate 1536
+(six 256-superblocks), odd vocab 1001. The planner splits it at tp 2, 3 and 4; see the matrix test's
+module docstring for which splits land inside a group and are moved to group boundaries."""
+
+
+def gguf_mix(folder: Path, shape: Shape = WIDE, *, seed: int = 11) -> Path:
+    """:func:`gguf_tiny`'s mix (Q4_0/Q4_1/Q8_0 on K = hidden, Q4_K/Q6_K ``ffn_down``, tied Q8_0 token
+    embedding, F32 norms) at ``shape``'s dims, as llama.cpp writes a llama GGUF."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    head_dim = shape.hidden // shape.heads
+    w = gguf.GGUFWriter(str(folder / "model.gguf"), "llama")
+    w.add_block_count(shape.layers)
+    w.add_context_length(256)
+    w.add_embedding_length(shape.hidden)
+    w.add_feed_forward_length(shape.inter)
+    w.add_rope_dimension_count(head_dim)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(shape.vocab)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    q80 = gguf.GGMLQuantizationType.Q8_0
+    w.add_tensor(
+        "token_embd.weight", quantize_scaled("Q8_0", (shape.vocab, shape.hidden), rng, 1.0), raw_dtype=q80
+    )
+    for layer in range(shape.layers):
+        w.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(shape.hidden, dtype=np.float32))
+        for stem, dims in linear_shapes(shape.hidden, shape.inter, shape.kv_dim, gguf=True).items():
+            kind = GGUF_TYPES[stem]
+            name = kind[layer % len(kind)] if isinstance(kind, tuple) else str(kind)
+            data = quantize_scaled(name, dims, rng, 5.0)
+            w.add_tensor(f"blk.{layer}.{stem}.weight", data, raw_dtype=gguf.GGMLQuantizationType[name])
+        w.add_tensor(f"blk.{layer}.ffn_norm.weight", np.ones(shape.hidden, dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones(shape.hidden, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return folder
+
+
+def _minmax_with_tail(weight: np.ndarray, group: int) -> dict[str, Any]:
+    """:func:`quantize_minmax` where K need not be a multiple of ``group``: the last group is partial."""
+    k = weight.shape[1]
+    padded = np.concatenate([weight, np.repeat(weight[:, -1:], -k % group, axis=1)], axis=1)
+    case = quantize_minmax(padded, group)
+    return {**case, "q": case["q"][:k], "g_idx": case["g_idx"][:k]}
+
+
+def _ct_planes(weight: np.ndarray, group: int, prefix: str) -> dict[str, np.ndarray]:
+    """compressed-tensors pack-quantized, int4 symmetric per group, by the package's own compressor."""
+    import compressed_tensors.compressors.pack_quantized.base as pack
+    import compressed_tensors.quantization as quantization
+    import torch
+
+    n, k = weight.shape
+    args = quantization.QuantizationArgs(
+        num_bits=4, type="int", symmetric=True, strategy="group", group_size=group
+    )
+    scheme = quantization.QuantizationScheme(targets=["Linear"], weights=args)
+    w = torch.from_numpy(weight)
+    scale = (w.reshape(n, k // group, group).abs().amax(-1) / 7 + 1e-4).to(torch.float16)
+    state = {"weight": w.to(torch.float16), "weight_scale": scale}
+    compressed = pack.PackedQuantizationCompressor.compress(state, scheme)
+    return {f"{prefix}.{leaf}": t.numpy() for leaf, t in compressed.items()}
+
+
+QuantFormat = Literal["gptq", "awq", "compressed-tensors"]
+
+
+def quantized_llama(
+    folder: Path, fmt: QuantFormat, group: int, shape: Shape = WIDE, *, seed: int = 13
+) -> Path:
+    """A llama safetensors checkpoint at ``shape``'s dims, every linear 4-bit ``fmt`` with ``group``
+    (GPTQ may leave a partial last group: 576 = 4.5 x 128), float16 embeddings, head and norms."""
+    rng = np.random.default_rng(seed)
+    tensors: dict[str, np.ndarray] = {
+        "model.embed_tokens.weight": rng.standard_normal((shape.vocab, shape.hidden)).astype(np.float16),
+        "lm_head.weight": (rng.standard_normal((shape.vocab, shape.hidden)) * 0.1).astype(np.float16),
+        "model.norm.weight": np.ones(shape.hidden, dtype=np.float16),
+    }
+    for layer in range(shape.layers):
+        for slot, (n, k) in linear_shapes(shape.hidden, shape.inter, shape.kv_dim).items():
+            weight = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
+            prefix = f"model.layers.{layer}.{slot}"
+            if fmt == "compressed-tensors":
+                tensors.update(_ct_planes(weight, group, prefix))
+            elif fmt == "awq":
+                tensors.update(awq_planes(quantize_minmax(weight, group), prefix))
+            else:
+                tensors.update(gptq_planes(_minmax_with_tail(weight, group), prefix))
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            tensors[f"model.layers.{layer}.{norm}.weight"] = np.ones(shape.hidden, dtype=np.float16)
+    folder.mkdir(parents=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    quant: dict[str, Any] = {
+        "gptq": {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": group,
+            "desc_act": False,
+            "checkpoint_format": "gptq",
+        },
+        "awq": {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"},
+        "compressed-tensors": {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {
+                        "num_bits": 4,
+                        "type": "int",
+                        "symmetric": True,
+                        "strategy": "group",
+                        "group_size": group,
+                    },
+                }
+            },
+        },
+    }[fmt]
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": shape.layers,
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.inter,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "vocab_size": shape.vocab,
+        "rms_norm_eps": 1e-5,
+        "quantization_config": quant,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
     return folder
