@@ -54,7 +54,8 @@ def build(work: Path) -> tuple[str, str]:
     bb.make_gguf(work / "gguf", layers)
     env = {**os.environ, "SHARDPORT_HOME": str(work / "home")}
     for args in (["keygen"], ["push", str(work / "gguf"), ref]):
-        subprocess.run([REGISTRY, "--store", store, "--json", *args], env=env, check=True, capture_output=True)
+        argv = [REGISTRY, "--store", store, "--json", *args]
+        subprocess.run(argv, env=env, check=True, capture_output=True)
     (work / "pushed").write_text("ok")
     return store, ref
 
@@ -113,18 +114,19 @@ def budgets(rank: Any, modes: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mode in modes:
         rank.ops.ladders.clear()
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         try:
             run_ladders(rank.loaded, weights, rank.ops, mode=mode)
         except TypeError:  # before the budget existed: the full ladder only
             if mode != "full":
                 continue
             run_ladders(rank.loaded, weights, rank.ops)
-        seconds = time.perf_counter() - t
+        seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
         ladders = rank.ops.ladders
         full = sum(1 for lad in ladders if getattr(lad, "scope", "full") == "full")
         out[mode] = {
             "seconds": round(seconds, 3),
+            "cpu_seconds": round(cpu, 3),
             "ladders": len(ladders),
             "full_ladders": full,
             "passed": all(lad.passed for lad in ladders),

@@ -299,7 +299,8 @@ class PreparedInt4(PreparedLinear):
             x = torch.zeros(lo.size, k, dtype=torch.bfloat16)
             x[torch.arange(lo.size), torch.from_numpy(cols[lo])] = 1.0
             x[torch.arange(hi.size), torch.from_numpy(cols[hi])] = 16.0
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, ones).T.double().numpy()
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, ones)
+            y = y.T.double().numpy()
             v = np.rint(y).astype(np.int64) + 136
             bad = (v != y + 136) | (v < 0) | (v > 255)
             low, high = np.where(bad, -1, v & 15), np.where(bad, -1, v >> 4)

@@ -217,7 +217,8 @@ def _witness(weight: RankWeight, decoded: F32, rows: list[int] | None = None) ->
     at = {r: i for i, r in enumerate(rows)} if rows is not None else None
 
     def row(local: int) -> F32:
-        return decoded[local] if at is None else decoded[at[local]]
+        out: F32 = decoded[local] if at is None else decoded[at[local]]
+        return out
 
     witness = weight.weight.witness
     n0, k0 = weight.row_start, weight.col_start
