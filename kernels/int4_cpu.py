@@ -292,21 +292,22 @@ class PreparedInt4(PreparedLinear):
         cols = np.arange(k) if columns is None else np.asarray(columns, dtype=np.int64)
         ones = torch.zeros(k // self.group, n, 2, dtype=torch.bfloat16)
         ones[..., 0] = 1.0
-        out = np.empty((n, cols.size), dtype=np.int64)
+        out = torch.empty(cols.size, n, dtype=torch.int16)  # [position, n]; returned transposed
         for at in range(0, cols.size, 8 * ROW_CHUNK):
-            lo = np.arange(at, min(at + 8 * ROW_CHUNK, cols.size), 2)  # positions probed at weight 1
-            hi = lo[lo + 1 < cols.size] + 1  # and at weight 16 (none for a last odd column)
-            x = torch.zeros(lo.size, k, dtype=torch.bfloat16)
-            x[torch.arange(lo.size), torch.from_numpy(cols[lo])] = 1.0
-            x[torch.arange(hi.size), torch.from_numpy(cols[hi])] = 16.0
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, ones)
-            y = y.T.double().numpy()
-            v = np.rint(y).astype(np.int64) + 136
-            bad = (v != y + 136) | (v < 0) | (v > 255)
-            low, high = np.where(bad, -1, v & 15), np.where(bad, -1, v >> 4)
-            out[:, lo] = low
-            out[:, hi] = high[:, : hi.size]
-        return out
+            stop = min(at + 8 * ROW_CHUNK, cols.size)
+            lo = torch.from_numpy(cols[at:stop:2])  # probed at weight 1
+            hi = torch.from_numpy(cols[at + 1 : stop : 2])  # at weight 16 (none for a last odd column)
+            x = torch.zeros(lo.numel(), k, dtype=torch.bfloat16)
+            x[torch.arange(lo.numel()), lo] = 1.0
+            x[torch.arange(hi.numel()), hi] = 16.0
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, ones)  # [rows, n]
+            v = y.to(torch.int16)
+            bad = (v.to(torch.bfloat16) != y) | (v < -136) | (v > 119)
+            v += 136
+            out[at:stop:2] = (v & 15).masked_fill_(bad, -1)
+            out[at + 1 : stop : 2] = (v >> 4).masked_fill_(bad, -1)[: hi.numel()]
+        found: I64 = out.numpy().T  # int16 codes (-1 marks an output the probe cannot read)
+        return found
 
     def code_check(self, weight: RankWeight) -> tuple[I64, I64] | None:
         """(codes the planes hold, by the registry's generic unpacking; codes read back from the layout)."""

@@ -176,18 +176,19 @@ def _level1(prepared: PreparedLinear, weight: RankWeight, pair: tuple[I64, I64] 
         )
     expected, found = pair
     differ = expected != found
+    mismatches = int(np.count_nonzero(differ))
     first = None
-    if differ.any():
+    if mismatches:
         r, k = (int(i) for i in np.argwhere(differ)[0])
         first = f"row {weight.row_start + r} column {weight.col_start + k}: {expected[r, k]} -> {found[r, k]}"
     return L1Codes(
         applicable=True,
         codes_compared=int(expected.size),
-        mismatches=int(differ.sum()),
+        mismatches=mismatches,
         first_mismatch=first,
         representation=representation,
         max_reconstruction_error=prepared.conversion_error,
-        passed=not differ.any() and expected.shape == found.shape,
+        passed=not mismatches and expected.shape == found.shape,
     )
 
 
