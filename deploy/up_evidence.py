@@ -8,6 +8,10 @@ no store. Every number is a finite float or an int (the statement is canonical J
   reference decode of every weight — max |Δ| over the prompt positions, top-1 agreement per position,
   identical greedy tokens for K steps, and each rank's KV-cache check (decode steps vs fresh prefills).
   The tolerance is derived from the admitted kernels' recorded L3 errors (see :func:`tolerance`).
+- L0-L3: the ranks' ladder records under the budget (``--ladder``, :mod:`.ladder_budget`): a
+  ``sampled`` record (L0, L1, the witness rows) counts as proved only together with its class
+  representative's full ladder on the same rank (:func:`ladder_coverage`); under ``off`` the rows say
+  "not run" (``passed`` None) and the overall ``passed`` covers the levels that ran.
 - L5: every trace's selected kernel is the one the driver expects for that operator (admission
   recomputed here, in priority order, under the policy); fallback counts per class within the policy;
   no persistent full-dequant buffer unless the policy allows one; each rank's resident growth within
@@ -45,7 +49,8 @@ def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: fl
     """The L4 tolerance: ``64 · max(E_kernel, 1e-6) · (layers + 1) · max(1, max|logit|)``.
 
     ``E_kernel``: the largest relative operator error any admitted kernel showed at L3 (float32
-    accumulation in a different order; a conversion's recorded error where there is one); each of the
+    accumulation in a different order; a conversion's recorded error where there is one; under
+    ``--ladder sample`` measured on each class's representative, under ``off`` none); each of the
     ``layers + 1`` blocks can add it once, relative to the logits' scale; 64 covers the tensor-parallel
     sums' different order (float32) and the attention softmax's amplification.
     """
