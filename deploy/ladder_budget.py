@@ -19,6 +19,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -47,13 +49,17 @@ def ladder_mode(value: str | bool) -> LadderMode:
 
 
 def ladder_class(op: PreparedLinear, phases: Iterable[str]) -> str:
-    """The class key of a prepared operator serving ``phases`` (see the module docstring)."""
+    """The class key of a prepared operator serving ``phases`` (see the module docstring).
+
+    Readable parts (kernel, transformation, phases, layout id, shape residues) and the first 16 hex
+    digits of the SHA-256 of the signature's other representation fields (canonical JSON).
+    """
     sig = op.op
     fields = sig.model_dump(mode="json", exclude=set(_SHAPE_FIELDS))
     group = sig.group_size or 1
     shape = f"n%{TILE}={sig.n_local % TILE},k%{TILE}={sig.k_local % TILE},k0%{group}={sig.col_start % group}"
-    rep = ",".join(f"{k}={fields[k]}" for k in sorted(fields))
-    return f"{op.kernel}|{op.transformation}|{'+'.join(sorted(phases))}|{shape}|{rep}"
+    rep = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{op.kernel}|{op.transformation}|{'+'.join(sorted(phases))}|{sig.layout}|{shape}|{rep}"
 
 
 @dataclass(frozen=True)
