@@ -201,7 +201,7 @@ def run_up(env: dict[str, str], store: str, ref: str, tp: int, generate: int) ->
 UP_LIB = r"""
 import json, resource, sys, time
 launch, store, ref = float(sys.argv[1]), sys.argv[2], sys.argv[3]
-tp, generate, ladder = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "1"
+tp, generate, ladder = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]  # full | sample | off
 from shardport.registry.session import Session
 from shardport.deploy.up import UpRequest, bring_up
 events = []
@@ -219,7 +219,7 @@ print(json.dumps(doc))
 
 
 def run_up_lib(
-    env: dict[str, str], store: str, ref: str, tp: int, generate: int, ladder: bool
+    env: dict[str, str], store: str, ref: str, tp: int, generate: int, ladder: str
 ) -> dict[str, Any]:
     """``bring_up`` (the library entry ``registry up`` calls) in a fresh process, with its progress
     callback timestamped from launch: time to first token = last rank's "prepare done" + max over ranks
@@ -235,7 +235,7 @@ def run_up_lib(
             ref,
             str(tp),
             str(generate),
-            "1" if ladder else "0",
+            ladder,
         ],
         env=env,
         capture_output=True,
@@ -465,9 +465,9 @@ def main() -> int:
         print(f"pushed in {pushed:.1f} s", file=sys.stderr)
         cli = run_up(env, store, ref, args.tp, args.generate)
         print(f"registry up --tp {args.tp}: wall {cli['seconds_cli_wall']:.1f}", file=sys.stderr)
-        up = run_up_lib(env, store, ref, args.tp, args.generate, ladder=True)
+        up = run_up_lib(env, store, ref, args.tp, args.generate, ladder="sample")
         print(f"bring_up tp {args.tp}: ttft {up['seconds_to_first_token']:.1f}", file=sys.stderr)
-        no_ladder = run_up_lib(env, store, ref, args.tp, args.generate, ladder=False)
+        no_ladder = run_up_lib(env, store, ref, args.tp, args.generate, ladder="off")
         print(
             f"bring_up tp {args.tp} no ladder: ttft {no_ladder['seconds_to_first_token']:.1f}",
             file=sys.stderr,
@@ -483,7 +483,7 @@ def main() -> int:
         decode = {str(args.tp): up["decode_tokens_per_s"]}
         others = {}
         for tp in [int(x) for x in args.decode_tps.split(",") if x.strip()]:
-            others[str(tp)] = run_up_lib(env, store, ref, tp, args.generate, ladder=True)
+            others[str(tp)] = run_up_lib(env, store, ref, tp, args.generate, ladder="sample")
             decode[str(tp)] = others[str(tp)]["decode_tokens_per_s"]
             print(f"bring_up tp {tp}: decode {decode[str(tp)]}", file=sys.stderr)
         up_ttft = up["seconds_to_first_token"]

@@ -49,7 +49,9 @@ class RankSpec:
     steps: int
     threads: int = 1
     cache_tolerance: float = 1e-3
-    ladder: bool = True
+    ladder: str | bool = "sample"
+    """The parity ladder's budget: ``full``, ``sample`` or ``off`` (True/False: full/off); see
+    :mod:`.ladder_budget`."""
 
 
 def failure(rank: int, stage: str, exc: BaseException) -> dict[str, Any]:
@@ -97,6 +99,7 @@ class Rank:
         self.manifest: Any = None
         self.device = RankDevice("cpu")
         self.cuda_visible: list[str] = []
+        self.ladder_mode = "off"
 
     # -- phase 1 ---------------------------------------------------------------------------------
     def prepare(self) -> dict[str, Any]:
@@ -117,6 +120,7 @@ class Rank:
 
         from .contract import contract_of
         from .devices import kernel_device, rank_device, visible_cuda
+        from .ladder_budget import ladder_mode
         from .rank_ops import policy_of, prepare_ops, run_ladders
 
         spec = self.spec
@@ -160,10 +164,11 @@ class Rank:
             device=kernel_device(self.device),
         )
         self.timeline["repack"] = time.perf_counter() - t2
-        if spec.ladder:
+        self.ladder_mode = ladder_mode(spec.ladder)
+        if self.ladder_mode != "off":
             self.stage = "ladder"
             t3 = time.perf_counter()
-            run_ladders(loaded, weights, self.ops)
+            run_ladders(loaded, weights, self.ops, mode=self.ladder_mode)
             self.timeline["ladder"] = time.perf_counter() - t3
         ledger = loaded.ledger
         self.ledger = {
@@ -281,6 +286,7 @@ class Rank:
             "witness": self.loaded.witness_json(),
             "dispatch": [t.model_dump(mode="json") for t in self.ops.traces],
             "ladders": [lad.model_dump(mode="json") for lad in self.ops.ladders],
+            "ladder_mode": self.ladder_mode,
             "full_dequant_persistent": self.ops.persistent_full_dequant(),
             "cache": checked.model_dump(mode="json"),
             "tokens": list(tokens),

@@ -26,6 +26,7 @@ from shardport.kernels import (
     default_catalog,
     dispatch_phases,
     ladder,
+    ladder_sampled,
     rank_weight,
 )
 from shardport.loader import RankTensors
@@ -174,21 +175,65 @@ def prepare_ops(
     return out
 
 
-def run_ladders(loaded: RankTensors, weights: Mapping[str, LogicalWeight], ops: RankOps) -> None:
-    """Parity L0-L3 of every prepared operator (each kernel once per weight), appended to ``ops.ladders``."""
+def run_ladders(
+    loaded: RankTensors,
+    weights: Mapping[str, LogicalWeight],
+    ops: RankOps,
+    *,
+    mode: str | bool = "full",
+) -> None:
+    """Parity L0-L3 of the prepared operators under the budget ``mode`` (see :mod:`.ladder_budget`).
+
+    Each kernel once per weight; ``full``: every level on every operator; ``sample``: the full ladder
+    on one representative per class, L0, L1 and the L2 witness comparison on the others; ``off``:
+    nothing. Appended to ``ops.ladders``.
+    """
+    from .ladder_budget import ladder_mode, plan_ladders
+
     groups = _groups(loaded)
     weights = with_experts(weights)
     tiles = loaded.ledger.tiles
-    for name, phases in sorted(ops.ops.items()):
+    served: dict[int, list[str]] = {}
+    for phases in ops.ops.values():
+        for phase, o in phases.items():
+            served.setdefault(id(o), []).append(phase)
+    operators = [
+        (name, o, served[id(o)])
+        for name, phases in ops.ops.items()
+        for o in {id(o): o for o in phases.values()}.values()
+    ]
+    described: dict[str, Any] = {}
+    for item in plan_ladders(operators, ladder_mode(mode)):
+        name = item.weight
         planes, bounds = groups[name]
-        rw = rank_weight(weights[name], planes, bounds)
+        rw = described.get(name) or rank_weight(weights[name], planes, bounds)
+        described[name] = rw
         verified = sum(len(tiles.get(t, ())) for t in planes)
-        seed = sum(map(ord, name))
-        for op in {id(o): o for o in phases.values()}.values():
+        if item.representative is None:
+            seed = sum(map(ord, name))
             batches = tuple(_golden(rw.k_local, t, seed + t) for t in L3_TOKENS)
-            ops.ladders.append(
-                ladder(op, rw, manifest_digest=loaded.digest, verified_tiles=verified, activations=batches)
+            result = ladder(
+                item.op,
+                rw,
+                manifest_digest=loaded.digest,
+                verified_tiles=verified,
+                activations=batches,
+                ladder_class=item.ladder_class,
             )
+        else:
+            rep_planes, rep_bounds = groups[item.representative]
+            rep = described.get(item.representative) or rank_weight(
+                weights[item.representative], rep_planes, rep_bounds
+            )
+            result = ladder_sampled(
+                item.op,
+                rw,
+                manifest_digest=loaded.digest,
+                verified_tiles=verified,
+                represented_by=rep.where,
+                ladder_class=item.ladder_class,
+            )
+        ops.ladders.append(result)
 
 
 def _phased(phases: Mapping[str, PreparedLinear]) -> Linear:

@@ -11,7 +11,10 @@ The fields read (all optional; what is missing is shown as missing):
 
 - ``manifest``, ``repository``, ``tag`` (``{"version", "digest"}``), ``topology`` (``{"tp", "ep", "pp"}``),
   ``created``, ``passed``;
-- ``parity``: a list of ``{"level", "name", "passed", "value", "tolerance", "detail"}``;
+- ``parity``: a list of ``{"level", "name", "passed", "value", "tolerance", "detail"}`` (``passed`` None
+  with ``status`` "not run" for a level the bring-up did not run);
+- ``ladder``: the ladder's budget and coverage (``{"mode", "operators", "full", "sampled", "classes"}``,
+  each class ``{"rank", "kernel", "representative", "represents", "covered"}``);
 - ``dispatch``: a list of ``{"rank", "weight", "phase", "kernel", "transformation"}``;
 - ``timeline``: ``{rank: {stage: seconds}}`` (stages in the order they ran);
 - ``ledger``: ``{rank: {component: bytes}}`` (what the rank's memory is made of: drawn stacked);
@@ -153,6 +156,31 @@ def _script_json(data: Mapping[str, Any]) -> str:
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
+def _coverage(ladder: Any) -> list[str]:
+    """The ladder's budget: which operators ran the full ladder, which their class representative covers."""
+    if not isinstance(ladder, Mapping):
+        return []
+    mode = ladder.get("mode")
+    if mode == "off":
+        summary = "Parity L0-L3 were not run (--ladder off)."
+    else:
+        summary = (
+            f"--ladder {mode}: {ladder.get('operators')} operators; the full ladder (L0-L3) on "
+            f"{ladder.get('full')}; {ladder.get('sampled')} sampled (L0, L1 and the witness rows on the "
+            "weight itself; L2 reconstruction and L3 proved on its class representative)."
+        )
+    classes = [c for c in ladder.get("classes") or [] if isinstance(c, Mapping) and c.get("represents")]
+    return [
+        "<h2>Ladder coverage</h2>",
+        f"<p>{html.escape(summary)}</p>",
+        _table(
+            classes,
+            ["rank", "kernel", "representative", "represents", "covered"],
+            "every operator ran the full ladder" if mode != "off" else "no ladder ran",
+        ),
+    ]
+
+
 def render_report(evidence: Mapping[str, Any]) -> str:
     """The page for one bring-up's evidence predicate."""
     tag = evidence.get("tag") or {}
@@ -164,7 +192,10 @@ def render_report(evidence: Mapping[str, Any]) -> str:
         ("created", evidence.get("created")),
         ("result", evidence.get("passed")),
     ]
-    parity = list(evidence.get("parity") or [])
+    parity = [
+        {**r, "passed": r.get("status") or "not run"} if r.get("passed") is None else r
+        for r in evidence.get("parity") or []
+    ]
     dispatch = list(evidence.get("dispatch") or [])
     parts = [
         "<!doctype html>",
@@ -174,6 +205,7 @@ def render_report(evidence: Mapping[str, Any]) -> str:
         '<table class="meta">' + "".join(f"<tr><td>{k}</td>{_cell(v)}</tr>" for k, v in meta) + "</table>",
         "<h2>Parity ladder</h2>",
         _table(parity, ["level", "name", "passed", "value", "tolerance", "detail"], "no parity results"),
+        *_coverage(evidence.get("ladder")),
         "<h2>Dispatch</h2>",
         _table(dispatch, ["rank", "weight", "phase", "kernel", "transformation"], "no dispatch trace"),
         "<h2>Startup timeline per rank (seconds)</h2>",

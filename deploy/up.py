@@ -48,7 +48,8 @@ class UpRequest:
     store: str | None = None
     s3_endpoint: str | None = None
     address: str | None = None
-    ladder: bool = True
+    ladder: Literal["full", "sample", "off"] | bool = "sample"
+    """The parity ladder's budget on every rank (see :mod:`.ladder_budget`; True/False: full/off)."""
     prompt: str | None = None
     """Text, encoded with the checkpoint's tokenizer (verified against the digest recorded at push)."""
     retries: int = 0
@@ -78,6 +79,7 @@ class UpResult:
             "generated": list(self.generated),
             "passed": p["passed"],
             "parity": p["parity"],
+            "ladder": p.get("ladder"),
             "dispatch": p["dispatch"],
             "timeline": p["timeline"],
             "ledger": p["ledger"],
@@ -159,8 +161,14 @@ def reference_generation(
 
 def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
     """One spec per rank; threads = the rank's share of the cores."""
+    from .ladder_budget import ladder_mode
+
     world = request.tp * request.ep * request.pp
     threads = max(1, int((cpus or os.cpu_count() or 1) // world))
+    try:
+        ladder = ladder_mode(request.ladder)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
     return [
         RankSpec(
             ref=pinned,
@@ -175,7 +183,7 @@ def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
             prompt=request.tokens,
             steps=request.steps,
             threads=threads,
-            ladder=request.ladder,
+            ladder=ladder,
         )
         for rank in range(world)
     ]

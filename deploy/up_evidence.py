@@ -8,6 +8,10 @@ no store. Every number is a finite float or an int (the statement is canonical J
   reference decode of every weight — max |Δ| over the prompt positions, top-1 agreement per position,
   identical greedy tokens for K steps, and each rank's KV-cache check (decode steps vs fresh prefills).
   The tolerance is derived from the admitted kernels' recorded L3 errors (see :func:`tolerance`).
+- L0-L3: the ranks' ladder records under the budget (``--ladder``, :mod:`.ladder_budget`): a
+  ``sampled`` record (L0, L1, the witness rows) counts as proved only together with its class
+  representative's full ladder on the same rank (:func:`ladder_coverage`); under ``off`` the rows say
+  "not run" (``passed`` None) and the overall ``passed`` covers the levels that ran.
 - L5: every trace's selected kernel is the one the driver expects for that operator (admission
   recomputed here, in priority order, under the policy); fallback counts per class within the policy;
   no persistent full-dequant buffer unless the policy allows one; each rank's resident growth within
@@ -50,7 +54,8 @@ def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: fl
     """The L4 tolerance: ``64 · max(E_kernel, 1e-6) · (layers + 1) · max(1, max|logit|)``.
 
     ``E_kernel``: the largest relative operator error any admitted kernel showed at L3 (float32
-    accumulation in a different order; a conversion's recorded error where there is one); each of the
+    accumulation in a different order; a conversion's recorded error where there is one; under
+    ``--ladder sample`` measured on each class's representative, under ``off`` none); each of the
     ``layers + 1`` blocks can add it once, relative to the logits' scale; 64 covers the tensor-parallel
     sums' different order (float32) and the attention softmax's amplification.
     """
@@ -159,19 +164,129 @@ def level5(
     }
 
 
+def _not_run(mode: str) -> list[dict[str, Any]]:
+    """The L0-L3 rows of a bring-up that ran no ladder: passed is None, not True."""
+    names = {
+        "L0": "bytes from verified tiles of the pinned manifest",
+        "L1": "codes preserved by every layout",
+        "L2": "layout decode = reference decode; witness rows",
+        "L3": "operator error vs reference (max E_kernel)",
+    }
+    return [
+        {
+            "level": level,
+            "name": name,
+            "passed": None,
+            "status": "not run",
+            "value": None,
+            "tolerance": None,
+            "detail": f"not run (--ladder {mode})",
+        }
+        for level, name in names.items()
+    ]
+
+
+def ladder_coverage(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Which operators ran the full ladder and which were covered by which representative, per rank.
+
+    ``classes``: per rank and ladder class, the representative (its full ladder) and the weights it
+    covers; ``uncovered``: dispatched operators without any ladder record; ``orphans``: sampled ladders
+    whose representative's full ladder is missing or of another class; ``failed_representatives``:
+    representatives whose full ladder did not pass (every weight they cover counts as unproved).
+    """
+    modes = sorted({str(r.get("ladder_mode", "full" if r.get("ladders") else "off")) for r in reports})
+    classes: list[dict[str, Any]] = []
+    orphans: list[str] = []
+    failed: list[str] = []
+    uncovered: list[str] = []
+    full = sampled = 0
+    for r in sorted(reports, key=lambda r: int(r["rank"])):
+        ladders = list(r.get("ladders", []))
+        by_key = {
+            (lad["weight"], lad["kernel"]): lad for lad in ladders if lad.get("scope", "full") == "full"
+        }
+        groups: dict[tuple[str, str], list[str]] = {}
+        for lad in ladders:
+            if lad.get("scope", "full") == "full":
+                full += 1
+                groups.setdefault((lad["weight"], lad["kernel"]), [])
+                continue
+            sampled += 1
+            rep = by_key.get((lad.get("represented_by"), lad["kernel"]))
+            if rep is None or rep.get("ladder_class") != lad.get("ladder_class"):
+                orphans.append(
+                    f"rank {r['rank']} {lad['weight']} ({lad['kernel']}): {lad.get('represented_by')}"
+                )
+                continue
+            groups[(rep["weight"], rep["kernel"])].append(lad["weight"])
+        for (weight, kernel), covered in groups.items():
+            rep = by_key[(weight, kernel)]
+            if not _ladder_passed(rep):
+                failed.append(f"rank {r['rank']} {weight} ({kernel})")
+            classes.append(
+                {
+                    "rank": r["rank"],
+                    "kernel": kernel,
+                    "ladder_class": rep.get("ladder_class"),
+                    "representative": weight,
+                    "represents": len(covered),
+                    "covered": covered,
+                }
+            )
+        if ladders or r.get("ladder_mode", "full") != "off":
+            laddered = {(lad["weight"], lad["kernel"]) for lad in ladders}
+            uncovered += sorted(
+                {
+                    f"rank {r['rank']} {t['weight']} ({t['selected']})"
+                    for t in r.get("dispatch", [])
+                    if (t["weight"], t["selected"]) not in laddered
+                }
+            )
+    return {
+        "mode": modes[0] if len(modes) == 1 else ",".join(modes),
+        "operators": full + sampled,
+        "full": full,
+        "sampled": sampled,
+        "classes": classes,
+        "uncovered": uncovered,
+        "orphans": orphans,
+        "failed_representatives": failed,
+    }
+
+
+def _ladder_passed(lad: Mapping[str, Any]) -> bool:
+    levels = (lad["l0"], lad["l1"], lad["l2"], *lad["l3"])
+    return all(bool(x["passed"]) for x in levels)
+
+
 def _ladder_rows(reports: Sequence[Mapping[str, Any]], digest: str) -> list[dict[str, Any]]:
+    coverage = ladder_coverage(reports)
     ladders = [lad for r in reports for lad in r["ladders"]]
+    if not ladders and coverage["mode"] == "off":
+        return _not_run("off")
+    full = [lad for lad in ladders if lad.get("scope", "full") == "full"]
+    sampled = [lad for lad in ladders if lad.get("scope", "full") != "full"]
     tiles = sum(int(lad["l0"]["verified_tiles"]) for lad in ladders)
-    l3 = [x for lad in ladders for x in lad["l3"]]
+    l3 = [x for lad in full for x in lad["l3"]]
+    covered = not coverage["orphans"] and not coverage["failed_representatives"]
+    gaps = "; ".join(
+        [f"no representative: {o}" for o in coverage["orphans"][:3]]
+        + [f"representative failed: {f}" for f in coverage["failed_representatives"][:3]]
+    )
+    scope = f"full ladder on {len(full)} of {len(ladders)} operators" + (
+        f" (one per class; {len(sampled)} covered by their class representative)" if sampled else ""
+    )
     return [
         {
             "level": "L0",
             "name": "bytes from verified tiles of the pinned manifest",
             "passed": bool(ladders)
+            and not coverage["uncovered"]
             and all(lad["l0"]["passed"] and lad["l0"]["manifest_digest"] == digest for lad in ladders),
             "value": tiles,
             "tolerance": None,
-            "detail": f"{len(ladders)} operators, {tiles} verified tiles, manifest {digest}",
+            "detail": f"{len(ladders)} operators, {tiles} verified tiles, manifest {digest}"
+            + (f"; no ladder: {'; '.join(coverage['uncovered'][:3])}" if coverage["uncovered"] else ""),
         },
         {
             "level": "L1",
@@ -179,23 +294,25 @@ def _ladder_rows(reports: Sequence[Mapping[str, Any]], digest: str) -> list[dict
             "passed": all(lad["l1"]["passed"] for lad in ladders),
             "value": sum(int(lad["l1"]["mismatches"]) for lad in ladders),
             "tolerance": 0,
-            "detail": f"{sum(int(lad['l1']['codes_compared']) for lad in ladders)} codes compared",
+            "detail": f"{sum(int(lad['l1']['codes_compared']) for lad in ladders)} codes compared "
+            f"on all {len(ladders)} operators",
         },
         {
             "level": "L2",
             "name": "layout decode = reference decode; witness rows",
-            "passed": all(lad["l2"]["passed"] for lad in ladders),
-            "value": max((float(lad["l2"]["max_abs_error"]) for lad in ladders), default=0.0),
-            "tolerance": max((float(lad["l2"]["tolerance"]) for lad in ladders), default=0.0),
-            "detail": f"{sum(int(lad['l2']['witness_checked']) for lad in ladders)} witness cells or rows",
+            "passed": all(lad["l2"]["passed"] for lad in ladders) and covered,
+            "value": max((float(lad["l2"]["max_abs_error"]) for lad in full), default=0.0),
+            "tolerance": max((float(lad["l2"]["tolerance"]) for lad in full), default=0.0),
+            "detail": f"{sum(int(lad['l2']['witness_checked']) for lad in ladders)} witness cells or rows "
+            f"on all {len(ladders)} operators; reconstruction: {scope}" + (f"; {gaps}" if gaps else ""),
         },
         {
             "level": "L3",
             "name": "operator error vs reference (max E_kernel)",
-            "passed": all(x["passed"] for x in l3),
+            "passed": all(x["passed"] for x in l3) and covered,
             "value": max((float(x["e_kernel"]) for x in l3), default=0.0),
             "tolerance": max((float(x["tol_kernel"]) + float(x["e_conversion"]) for x in l3), default=0.0),
-            "detail": f"{len(l3)} golden batches",
+            "detail": f"{len(l3)} golden batches; {scope}" + (f"; {gaps}" if gaps else ""),
         },
     ]
 
@@ -291,6 +408,7 @@ def predicate(
     """The evidence predicate (what is signed) and what ``--json`` / ``--report`` show."""
     rows = _ladder_rows(reports, digest) + _graph_rows(reports, parity, l5)
     by_rank = sorted(reports, key=lambda r: int(r["rank"]))
+    coverage = ladder_coverage(reports)
     return {
         "manifest": digest,
         "repository": repository,
@@ -300,8 +418,9 @@ def predicate(
         "versions": dict(versions),
         "prompt": list(prompt),
         "generated": list(generated),
-        "passed": all(bool(r["passed"]) for r in rows),
+        "passed": all(bool(r["passed"]) for r in rows if r.get("status") != "not run"),
         "parity": rows,
+        "ladder": coverage,
         "parity_l4": dict(parity),
         "l5": dict(l5),
         "dispatch": [

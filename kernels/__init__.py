@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .catalog import Catalog, Kernel, default_catalog
     from .device import Device, cuda_device, this_cpu
     from .errors import KernelError, NoAdmissibleKernelError
-    from .parity import Ladder, ladder, require
+    from .parity import Ladder, ladder, ladder_sampled, require
     from .policy import FallbackPolicy
     from .prepared import PreparedLinear
     from .selection import DispatchTrace, FallbackWarning, dispatch, dispatch_phases
@@ -42,7 +42,7 @@ _HOME = {
     **dict.fromkeys(("Device", "cuda_device", "this_cpu"), "device"),
     **dict.fromkeys(("DispatchTrace", "FallbackWarning", "dispatch", "dispatch_phases"), "selection"),
     **dict.fromkeys(("KernelError", "NoAdmissibleKernelError"), "errors"),
-    **dict.fromkeys(("Ladder", "ladder", "require"), "parity"),
+    **dict.fromkeys(("Ladder", "ladder", "ladder_sampled", "require"), "parity"),
     "FallbackPolicy": "policy",
     "PreparedLinear": "prepared",
     **dict.fromkeys(("RankWeight", "rank_weight"), "weight"),
@@ -73,6 +73,7 @@ __all__ = [
     "dispatch",
     "dispatch_phases",
     "ladder",
+    "ladder_sampled",
     "layout_id",
     "operator_signature",
     "rank_weight",

@@ -277,9 +277,12 @@ class PreparedInt4(PreparedLinear):
     def probe_codes(self, columns: npt.NDArray[np.int64] | None = None) -> I64:
         """Read the codes back out of the packed bytes by running the kernel itself.
 
-        Activations are rows of the identity (``columns``: which K columns; all when None) in bfloat16
-        (the fast path; ``u - 8`` in -8..7 and a one-term sum are exact in it) and every (scale, zero) is
-        (1, 0), so the output is ``u - 8`` exactly, under the ISA that packed it. Returns
+        Every (scale, zero) is (1, 0), so the kernel computes ``Σ_k x[t, k]·(u[n, k] - 8)``; activation row
+        ``t`` (bfloat16) holds 1 at one column ``a`` and 16 at another ``b`` (``columns``: which K columns;
+        all when None), so the output is ``(u_a - 8) + 16·(u_b - 8)``, an integer in -136..119: exact in
+        bfloat16 (every partial sum too), and ``+ 136`` gives back ``u_a + 16·u_b`` -- two codes per row,
+        under the ISA that packed it. An output that is not such an integer (a kernel that does not
+        compute what the probe assumes) reads back as code -1, which no plane holds. Returns
         ``u [n_local, len(columns)]``.
         """
         import torch
@@ -289,18 +292,31 @@ class PreparedInt4(PreparedLinear):
         cols = np.arange(k) if columns is None else np.asarray(columns, dtype=np.int64)
         ones = torch.zeros(k // self.group, n, 2, dtype=torch.bfloat16)
         ones[..., 0] = 1.0
-        out = []
-        for at in range(0, cols.size, 4 * ROW_CHUNK):
-            pick = torch.from_numpy(cols[at : at + 4 * ROW_CHUNK])
-            eye = torch.zeros(pick.numel(), k, dtype=torch.bfloat16)
-            eye[torch.arange(pick.numel()), pick] = 1.0
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group, ones)
-            out.append(y.T.to(torch.int64).numpy() + 8)
-        return np.concatenate(out, axis=1) if out else np.zeros((n, 0), dtype=np.int64)
+        out = torch.empty(cols.size, n, dtype=torch.int16)  # [position, n]; returned transposed
+        for at in range(0, cols.size, 8 * ROW_CHUNK):
+            stop = min(at + 8 * ROW_CHUNK, cols.size)
+            lo = torch.from_numpy(cols[at:stop:2])  # probed at weight 1
+            hi = torch.from_numpy(cols[at + 1 : stop : 2])  # at weight 16 (none for a last odd column)
+            x = torch.zeros(lo.numel(), k, dtype=torch.bfloat16)
+            x[torch.arange(lo.numel()), lo] = 1.0
+            x[torch.arange(hi.numel()), hi] = 16.0
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, ones)  # [rows, n]
+            v = y.to(torch.int16)
+            bad = (v.to(torch.bfloat16) != y) | (v < -136) | (v > 119)
+            v += 136
+            out[at:stop:2] = (v & 15).masked_fill_(bad, -1)
+            out[at + 1 : stop : 2] = (v >> 4).masked_fill_(bad, -1)[: hi.numel()]
+        found: I64 = out.numpy().T  # int16 codes (-1 marks an output the probe cannot read)
+        return found
 
     def code_check(self, weight: RankWeight) -> tuple[I64, I64] | None:
         """(codes the planes hold, by the registry's generic unpacking; codes read back from the layout)."""
         return int4_terms(weight, fast=False).u, self.probe_codes()
+
+    def read_back(self, weight: RankWeight) -> tuple[F32, tuple[I64, I64] | None]:
+        """The layout's decode and (expected, read-back) codes, the codes read back once for both."""
+        found = self.probe_codes()
+        return self._decode_from(found, 0, self.op.n_local), (int4_terms(weight, fast=False).u, found)
 
     def decode_rows(self, start: int, stop: int) -> F32:
         """Rows of ``(u - 8)·scale + zero`` with ``u`` read back from the packed bytes."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +26,7 @@ from shardport.registry.contracts.decode import decode_weight
 from shardport.registry.contracts.model import CELL_DIGEST_BYTES, CellWitness, DecodeWitness, cell_positions
 
 from .errors import ParityError
-from .prepared import PreparedLinear
+from .prepared import I64, PreparedLinear
 from .weight import RankWeight
 
 F32 = npt.NDArray[np.float32]
@@ -79,8 +79,14 @@ class L1Codes(_Frozen):
 
 
 class L2Decode(_Frozen):
-    """Reconstruction: layout decode vs reference decode, and the witness cells inside the slice."""
+    """Reconstruction: layout decode vs reference decode, and the witness cells inside the slice.
 
+    ``reconstruction``: False where only the witness comparison ran (a sampled ladder: the layout's
+    full decode was compared on the class's representative, see :class:`Ladder`); ``exact`` and
+    ``max_abs_error`` then say nothing (False and 0.0).
+    """
+
+    reconstruction: bool = True
     exact: bool
     max_abs_error: float
     tolerance: float
@@ -108,7 +114,13 @@ class L3Operator(_Frozen):
 
 
 class Ladder(_Frozen):
-    """L0-L3 of one rank's weight under one prepared kernel."""
+    """L0-L3 of one rank's weight under one prepared kernel.
+
+    ``scope``: ``full`` (every level on this weight) or ``sampled`` (L0, L1 and the L2 witness
+    comparison on this weight; the L2 reconstruction and L3 ran on ``represented_by``, the first weight
+    of the same ``ladder_class`` on the rank, so this weight is proved only together with that one's
+    ladder). ``ladder_class``: the class key the budget grouped operators by (None: no budget applied).
+    """
 
     weight: str
     kernel: str
@@ -117,10 +129,13 @@ class Ladder(_Frozen):
     l1: L1Codes
     l2: L2Decode
     l3: tuple[L3Operator, ...]
+    scope: Literal["full", "sampled"] = "full"
+    ladder_class: str | None = None
+    represented_by: str | None = None
 
     @property
     def passed(self) -> bool:
-        """Every level passed."""
+        """Every level run on this weight passed (a sampled one also needs its representative's)."""
         return self.l0.passed and self.l1.passed and self.l2.passed and all(x.passed for x in self.l3)
 
 
@@ -144,7 +159,10 @@ def level0(weight: RankWeight, manifest_digest: str, verified_tiles: int) -> L0B
 
 def level1(prepared: PreparedLinear, weight: RankWeight) -> L1Codes:
     """Compare the codes read back through the kernel with the planes' codes, element by element."""
-    pair = prepared.code_check(weight)
+    return _level1(prepared, weight, prepared.code_check(weight))
+
+
+def _level1(prepared: PreparedLinear, weight: RankWeight, pair: tuple[I64, I64] | None) -> L1Codes:
     representation = prepared.transformation
     if pair is None:
         return L1Codes(
@@ -158,18 +176,19 @@ def level1(prepared: PreparedLinear, weight: RankWeight) -> L1Codes:
         )
     expected, found = pair
     differ = expected != found
+    mismatches = int(np.count_nonzero(differ))
     first = None
-    if differ.any():
+    if mismatches:
         r, k = (int(i) for i in np.argwhere(differ)[0])
         first = f"row {weight.row_start + r} column {weight.col_start + k}: {expected[r, k]} -> {found[r, k]}"
     return L1Codes(
         applicable=True,
         codes_compared=int(expected.size),
-        mismatches=int(differ.sum()),
+        mismatches=mismatches,
         first_mismatch=first,
         representation=representation,
         max_reconstruction_error=prepared.conversion_error,
-        passed=not differ.any() and expected.shape == found.shape,
+        passed=not mismatches and expected.shape == found.shape,
     )
 
 
@@ -177,8 +196,31 @@ def _cell_digest(values: F32) -> bytes:
     return hashlib.sha256(np.ascontiguousarray(values, dtype="<f4").tobytes()).digest()[:CELL_DIGEST_BYTES]
 
 
-def _witness(weight: RankWeight, decoded: F32) -> tuple[str | None, int, bool]:
-    """Compare the witness cells (rows) inside the slice with ``decoded``; (kind, checked, all equal)."""
+def witness_rows(weight: RankWeight) -> list[int]:
+    """The slice's local rows the manifest's witness covers (cells or rows inside the slice), sorted."""
+    witness = weight.weight.witness
+    n0, k0 = weight.row_start, weight.col_start
+    n1, k1 = n0 + weight.n_local, k0 + weight.k_local
+    if isinstance(witness, CellWitness):
+        rows = {r for r, c0, c1 in cell_positions(witness) if n0 <= r < n1 and k0 <= c0 and c1 <= k1}
+    elif isinstance(witness, DecodeWitness):
+        rows = {r for r in witness.rows if n0 <= r < n1}
+    else:
+        rows = set()
+    return sorted(r - n0 for r in rows)
+
+
+def _witness(weight: RankWeight, decoded: F32, rows: list[int] | None = None) -> tuple[str | None, int, bool]:
+    """Compare the witness cells (rows) inside the slice with ``decoded``; (kind, checked, all equal).
+
+    ``decoded``: the slice's reference decode, all of it, or only its local ``rows`` (in that order).
+    """
+    at = {r: i for i, r in enumerate(rows)} if rows is not None else None
+
+    def row(local: int) -> F32:
+        out: F32 = decoded[local] if at is None else decoded[at[local]]
+        return out
+
     witness = weight.weight.witness
     n0, k0 = weight.row_start, weight.col_start
     n1, k1 = n0 + weight.n_local, k0 + weight.k_local
@@ -188,7 +230,7 @@ def _witness(weight: RankWeight, decoded: F32) -> tuple[str | None, int, bool]:
         for i, (r, c0, c1) in enumerate(cell_positions(witness)):
             if n0 <= r < n1 and k0 <= c0 and c1 <= k1:
                 stored = raw[i * CELL_DIGEST_BYTES : (i + 1) * CELL_DIGEST_BYTES]
-                ok &= _cell_digest(decoded[r - n0, c0 - k0 : c1 - k0]) == stored
+                ok &= _cell_digest(row(r - n0)[c0 - k0 : c1 - k0]) == stored
                 checked += 1
         return "cells", checked, ok
     if isinstance(witness, DecodeWitness):
@@ -197,7 +239,7 @@ def _witness(weight: RankWeight, decoded: F32) -> tuple[str | None, int, bool]:
         checked, ok = 0, True
         for i, r in enumerate(witness.rows):
             if n0 <= r < n1:
-                ok &= bool(np.array_equal(values[i, k0:k1], decoded[r - n0]))
+                ok &= bool(np.array_equal(values[i, k0:k1], row(r - n0)))
                 checked += 1
         return "rows", checked, ok
     return None, 0, True
@@ -216,9 +258,10 @@ def level2(
     """
     reference = decode_weight(weight.local_weight, weight.named_planes) if reference is None else reference
     mine = prepared.decode() if layout is None else layout
-    diff = np.abs(mine.astype(np.float64) - reference.astype(np.float64))
-    error = float(diff.max()) if diff.size else 0.0
     exact = bool(np.array_equal(mine, reference))
+    error = 0.0  # equal element by element: no difference to measure
+    if not exact and reference.size:
+        error = float(np.abs(mine.astype(np.float64) - reference.astype(np.float64)).max())
     kind, checked, witness_ok = _witness(weight, reference)
     return L2Decode(
         exact=exact,
@@ -245,11 +288,13 @@ def level3(
     tol_quant: float | None = None,
     reference: F32 | None = None,
     layout: F32 | None = None,
+    reference64: npt.NDArray[np.float64] | None = None,
 ) -> L3Operator:
     """Run the kernel on golden activations ``x [T, k_local]`` (binary32; cast to the op's dtype).
 
     ``float_weight``: the unquantized weight's slice ``[n_local, k_local]`` where one exists, with
-    ``tol_quant`` the quantization error the contract's bit width allows.
+    ``tol_quant`` the quantization error the contract's bit width allows. ``reference64``: the
+    reference decode already widened to float64 (a ladder widens it once for all its batches).
     """
     import torch
 
@@ -257,9 +302,11 @@ def level3(
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(getattr(torch, dtype))
     x64 = xt.double().numpy()  # the activations the kernel actually saw
     got = prepared(xt).double().numpy()
-    if reference is None:
-        reference = decode_weight(weight.local_weight, weight.named_planes)
-    y_ref = x64 @ reference.astype(np.float64).T
+    if reference64 is None:
+        if reference is None:
+            reference = decode_weight(weight.local_weight, weight.named_planes)
+        reference64 = reference.astype(np.float64)
+    y_ref = x64 @ reference64.T
     e_kernel = _relative(got, y_ref)
     tol_kernel = KERNEL_TOLERANCE.get(prepared.kernel.split("@")[0], {}).get(dtype, 0.0)
     e_conversion = 0.0
@@ -293,19 +340,23 @@ def ladder(
     activations: tuple[F32, ...],
     float_weight: F32 | None = None,
     tol_quant: float | None = None,
+    ladder_class: str | None = None,
 ) -> Ladder:
     """Run L0-L3 (L3 once per activation batch, e.g. decode T=1 and prefill T=64).
 
-    The reference decode and the layout's decode are made once and shared by L2 and L3.
+    The reference decode (widened to float64 once) and the layout's decode are made once and shared
+    by L2 and L3; a layout that reads its codes back through the kernel reads them once for L1 and L2
+    (:meth:`~.prepared.PreparedLinear.read_back`).
     """
     reference = decode_weight(weight.local_weight, weight.named_planes)
-    layout = prepared.decode()
+    layout, pair = prepared.read_back(weight)
+    reference64 = reference.astype(np.float64)
     return Ladder(
         weight=weight.where,
         kernel=prepared.kernel,
         transformation=prepared.transformation,
         l0=level0(weight, manifest_digest, verified_tiles),
-        l1=level1(prepared, weight),
+        l1=_level1(prepared, weight, pair),
         l2=level2(prepared, weight, reference=reference, layout=layout),
         l3=tuple(
             level3(
@@ -316,9 +367,56 @@ def ladder(
                 tol_quant=tol_quant,
                 reference=reference,
                 layout=layout,
+                reference64=reference64,
             )
             for x in activations
         ),
+        ladder_class=ladder_class,
+    )
+
+
+def ladder_sampled(
+    prepared: PreparedLinear,
+    weight: RankWeight,
+    *,
+    manifest_digest: str,
+    verified_tiles: int,
+    represented_by: str,
+    ladder_class: str | None = None,
+) -> Ladder:
+    """The sampled ladder of a weight whose class representative ran the full one (``represented_by``).
+
+    L0 in full; L1 in full (every code read back through the kernel against the planes' codes); L2 the
+    witness comparison only, on the reference decode of just the witnessed rows of the slice; no L3.
+    """
+    rows = witness_rows(weight)
+    decoded = (
+        decode_weight(weight.local_weight, weight.named_planes, rows)
+        if rows
+        else np.zeros((0, weight.k_local), dtype=np.float32)
+    )
+    kind, checked, witness_ok = _witness(weight, decoded, rows)
+    l2 = L2Decode(
+        reconstruction=False,
+        exact=False,
+        max_abs_error=0.0,
+        tolerance=prepared.conversion_error,
+        witness_kind=kind,
+        witness_checked=checked,
+        witness_passed=witness_ok,
+        passed=witness_ok,
+    )
+    return Ladder(
+        weight=weight.where,
+        kernel=prepared.kernel,
+        transformation=prepared.transformation,
+        l0=level0(weight, manifest_digest, verified_tiles),
+        l1=level1(prepared, weight),
+        l2=l2,
+        l3=(),
+        scope="sampled",
+        ladder_class=ladder_class,
+        represented_by=represented_by,
     )
 
 

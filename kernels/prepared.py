@@ -113,3 +113,10 @@ class PreparedLinear(abc.ABC):
         Both ``[n_local, k_local]`` in the kernel's code domain; None for layouts without codes.
         """
         return None
+
+    def read_back(self, weight: RankWeight) -> tuple[F32, tuple[I64, I64] | None]:
+        """:meth:`decode` and :meth:`code_check` together (parity L1 and L2 of one ladder).
+
+        A layout whose decode reads its codes back through the kernel overrides this to read them once.
+        """
+        return self.decode(), self.code_check(weight)

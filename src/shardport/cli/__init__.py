@@ -72,4 +72,3 @@ def run(argv: Sequence[str] | None = None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``registry`` (the console script)."""
     return run(argv)
-

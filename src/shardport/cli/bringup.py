@@ -53,6 +53,14 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "--prompt", help="the prompt as text, encoded with the checkpoint's tokenizer (verified at push)"
     )
     p.add_argument("--generate", type=int, default=4, metavar="K", help="greedy tokens to decode")
+    p.add_argument(
+        "--ladder",
+        choices=["full", "sample", "off"],
+        default="sample",
+        help="parity L0-L3 on the ranks: full (every level on every weight); sample (default: L0, L1 and "
+        "the witness rows on every weight, L2 reconstruction and L3 on one weight per kernel class); off "
+        "(none; the evidence says so)",
+    )
     p.add_argument("--logits-out", type=Path, help="write float32 prompt logits [T, vocab] (safetensors)")
     p.add_argument("--report", type=Path, help="write the HTML evidence report")
     p.add_argument("--no-evidence", action="store_true", help="do not store the signed evidence")
@@ -84,6 +92,7 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
         s3_endpoint=getattr(args, "s3_endpoint", None),
         address=args.address,
         retries=args.retries,
+        ladder=getattr(args, "ladder", "sample"),
     )
     progress = None
     if not json_mode and sys.stderr.isatty():
@@ -116,7 +125,7 @@ def render(result: Any) -> str:
         lines.append(f"  tag {result['tag']['name']} version {result['tag']['version']}")
     lines.append(f"  generated {result['generated']}")
     for row in result["parity"]:
-        mark = "pass" if row["passed"] else "FAIL"
+        mark = "not run" if row["passed"] is None else "pass" if row["passed"] else "FAIL"
         lines.append(f"  {row['level']} {mark}  {row['name']}: {row['value']} (tolerance {row['tolerance']})")
     for rank, stages in sorted(result["timeline"].items(), key=lambda kv: int(kv[0])):
         total = sum(stages.values())
