@@ -212,6 +212,24 @@ class Rank:
             if joined and dist.is_initialized():
                 dist.destroy_process_group()
 
+    def _prepared_report(self) -> dict[str, Any]:
+        """The report's fields fixed once the rank ran: device, timeline, ledgers, dispatch, ladders."""
+        return {
+            "rank": self.spec.rank,
+            "timeline": dict(self.timeline),
+            "device": str(self.device),
+            "backend": self.device.backend,
+            "cuda_visible": list(self.cuda_visible),
+            "ledger": dict(self.ledger),
+            "read_amplification": float(self.loaded.ledger.read_amplification),
+            "tiles_verified": int(self.loaded.ledger.tiles_verified),
+            "witness": self.loaded.witness_json(),
+            "dispatch": [t.model_dump(mode="json") for t in self.ops.traces],
+            "ladders": [lad.model_dump(mode="json") for lad in self.ops.ladders],
+            "ladder_mode": self.ladder_mode,
+            "full_dequant_persistent": self.ops.persistent_full_dequant(),
+        }
+
     def _run(self) -> dict[str, Any]:
         import torch
 
@@ -273,21 +291,9 @@ class Rank:
         self.ledger["device_resident"], self.ledger["device_peak"] = device_memory(self.device)
         reports = mesh.last and at.tp_rank == 0 and at.ep_rank == 0
         return {
-            "rank": spec.rank,
+            **self._prepared_report(),
             "coords": {"tp": at.tp_rank, "ep": at.ep_rank, "pp": at.pp_stage},
-            "timeline": dict(self.timeline),
-            "device": str(self.device),
-            "backend": self.device.backend,
-            "cuda_visible": list(self.cuda_visible),
             "decode_seconds": decode_s,
-            "ledger": dict(self.ledger),
-            "read_amplification": float(self.loaded.ledger.read_amplification),
-            "tiles_verified": int(self.loaded.ledger.tiles_verified),
-            "witness": self.loaded.witness_json(),
-            "dispatch": [t.model_dump(mode="json") for t in self.ops.traces],
-            "ladders": [lad.model_dump(mode="json") for lad in self.ops.ladders],
-            "ladder_mode": self.ladder_mode,
-            "full_dequant_persistent": self.ops.persistent_full_dequant(),
             "cache": checked.model_dump(mode="json"),
             "tokens": list(tokens),
             "prompt_logits": np.ascontiguousarray(prompt_logits.numpy()) if reports else None,
