@@ -65,33 +65,54 @@ class FloatLedger:
         self.live -= size
 
 
+DECODE_CHUNK_BYTES = 16 * 2**20
+"""Float32 bytes of rows decoded per call: the reference decoders' int64 and float temporaries stay a
+few times this, not a few times the weight (a 32000 x 2048 Q8_0 embedding would need ~1 GiB at once)."""
+
+
 class _Decoded(Mapping[str, torch.Tensor]):
-    """One stage's weights, decoded to float32 on each lookup (nothing cached): ``name -> [N, K]``."""
+    """One stage's weights, decoded to float32 on each lookup (nothing cached): ``name -> [N, K]``.
+
+    A weight is decoded in chunks of rows of at most ``chunk_bytes`` float32 bytes into its result
+    (the decoders are row-wise: the same values as one call).
+    """
 
     def __init__(
         self,
         planes: Mapping[str, Mapping[str, Any]],
         weights: Mapping[str, LogicalWeight],
         ledger: FloatLedger,
+        chunk_bytes: int = DECODE_CHUNK_BYTES,
     ) -> None:
-        self.planes, self.weights, self.ledger = planes, weights, ledger
+        self.planes, self.weights, self.ledger, self.chunk_bytes = planes, weights, ledger, chunk_bytes
 
-    def rows(self, name: str, rows: Sequence[int]) -> torch.Tensor:
-        """Only ``rows`` of weight ``name``, decoded."""
+    def _decode(self, name: str, rows: Sequence[int] | None) -> torch.Tensor:
         from shardport.registry.contracts.decode import decode_weight
 
+        weight, planes = self.weights[name], self.planes[name]
+        shape = weight.shape
+        wanted = range(shape.rows) if rows is None else list(rows)
+        step = max(1, self.chunk_bytes // (4 * shape.columns))
+        if len(wanted) <= step:
+            out = np.ascontiguousarray(decode_weight(weight, planes, rows), dtype=np.float32)
+        else:
+            out = np.empty((len(wanted), shape.columns), dtype=np.float32)
+            for at in range(0, len(wanted), step):
+                out[at : at + step] = decode_weight(weight, planes, wanted[at : at + step])
+            if rows is None:
+                out = out.reshape(shape.extents)
+        return torch.from_numpy(self.ledger.track(out))
+
+    def rows(self, name: str, rows: Sequence[int]) -> torch.Tensor:
+        """Only ``rows`` of weight ``name``, decoded: ``[len(rows), K]``."""
         if name not in self.planes:
             raise GraphWeightError(f"tensor {name}: the model needs it and the checkpoint has none")
-        decoded = decode_weight(self.weights[name], self.planes[name], list(rows))
-        return torch.from_numpy(self.ledger.track(np.ascontiguousarray(decoded, dtype=np.float32)))
+        return self._decode(name, rows)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.planes:
             raise KeyError(name)
-        from shardport.registry.contracts.decode import decode_weight
-
-        decoded = decode_weight(self.weights[name], self.planes[name])
-        return torch.from_numpy(self.ledger.track(np.ascontiguousarray(decoded, dtype=np.float32)))
+        return self._decode(name, None)
 
     def __contains__(self, name: object) -> bool:
         return name in self.planes
@@ -117,7 +138,12 @@ def _stage_planes(session: Session, resolved: Resolved, layers: int, stage: int)
 
 
 def stages(
-    session: Session, resolved: Resolved, contract: GraphContract, ids: Sequence[int], ledger: FloatLedger
+    session: Session,
+    resolved: Resolved,
+    contract: GraphContract,
+    ids: Sequence[int],
+    ledger: FloatLedger,
+    chunk_bytes: int = DECODE_CHUNK_BYTES,
 ) -> Iterator[RankWeights]:
     """The reference's stages, each decoded only when the previous one is done.
 
@@ -128,7 +154,9 @@ def stages(
     embed, norm, head = end_names(contract)
     split, last = single_split(contract), contract.layers - 1
     for stage in range(contract.layers):
-        decoded = _Decoded(_stage_planes(session, resolved, contract.layers, stage), weights, ledger)
+        planes = _stage_planes(session, resolved, contract.layers, stage)
+        decoded = _Decoded(planes, weights, ledger, chunk_bytes)
+        del planes
         if stage == 0:
             held = sorted(set(ids))
             yield RankWeights(layers=(), embed=row_lookup(held, decoded.rows(embed, held)))
@@ -150,13 +178,14 @@ def streamed_reference(
     prompt: Sequence[int],
     tokens: Sequence[int],
     ledger: FloatLedger | None = None,
+    chunk_bytes: int = DECODE_CHUNK_BYTES,
 ) -> Generation:
     """The float32 reference of a run that generated ``tokens``, one stage's weights in memory at a time.
 
     Its prompt logits and, at each decode position, its argmax and logits given the prompt and the
     run's tokens before it (:func:`~.graph.staged.teacher_forced`). ``ledger``: counts the decoded
-    float bytes (alive, peak).
+    float bytes (alive, peak); ``chunk_bytes``: rows decoded per call (:data:`DECODE_CHUNK_BYTES`).
     """
     ids = [*prompt, *tokens[:-1]]
-    weights = stages(session, resolved, contract, ids, ledger or FloatLedger())
+    weights = stages(session, resolved, contract, ids, ledger or FloatLedger(), chunk_bytes)
     return teacher_forced(contract, weights, prompt, tokens)
