@@ -8,7 +8,7 @@ reference in a fresh process: ``whole`` — the driver's reference before stream
 checkpoint loaded at tp 1, every weight decoded to float32, ``reference_model(...).generate``) — and
 ``streamed`` (:func:`shardport.deploy.reference_stream.streamed_reference`, teacher-forced on the
 whole reference's tokens, or on fixed tokens with ``--only streamed``). Per run: seconds, the
-process's peak RSS (``ru_maxrss``) and its RSS before the reference (imports, store open), and for the
+process's peak RSS (``VmHWM``) and its RSS before the reference (imports, store open), and for the
 streamed one the float ledger's peak. Prints one JSON document (``--out`` writes it too).
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -31,10 +30,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 PROMPT = (1, 17, 42, 300, 7)
 
 
-def _rss_mib() -> float:
+def _status_mib(field: str) -> float:
+    """``VmRSS`` (now) or ``VmHWM`` (this process's peak) from /proc/self/status, in MiB.
+
+    Not ``ru_maxrss``: Linux carries it across fork and exec, so a child would report at least the
+    peak of the parent that built the checkpoint.
+    """
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
 
@@ -52,8 +56,11 @@ def _child(store: str, ref: str, which: str, steps: int, tokens: list[int] | Non
     session = Session.open(store)
     resolved = resolve(session, parse_ref(ref))
     contract = contract_of(resolved.manifest)
-    before = _rss_mib()
-    out: dict[str, Any] = {"which": which, "rss_before_mib": round(before, 1)}
+    out: dict[str, Any] = {
+        "which": which,
+        "rss_before_mib": round(_status_mib("VmRSS"), 1),
+        "peak_rss_before_mib": round(_status_mib("VmHWM"), 1),
+    }
     t = time.perf_counter()
     if which == "whole":
         from shardport.deploy.graph.checkpoint import float_model
@@ -82,7 +89,7 @@ def _child(store: str, ref: str, which: str, steps: int, tokens: list[int] | Non
         out["float_ledger_peak_mib"] = round(ledger.peak / 2**20, 1)
         out["float_decoded_mib"] = round(ledger.decoded / 2**20, 1)
     out["seconds"] = round(time.perf_counter() - t, 2)
-    out["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    out["peak_rss_mib"] = round(_status_mib("VmHWM"), 1)
     out["tokens"] = list(gen.tokens)
     out["prompt_logits"] = gen.prompt_logits.tolist()
     out["token_logits"] = gen.token_logits.tolist()

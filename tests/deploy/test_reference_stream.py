@@ -165,3 +165,23 @@ def test_row_lookup_holds_only_its_rows() -> None:
         lookup(torch.tensor([0, 4, 3]))
     with pytest.raises(GraphWeightError, match="sorted distinct ids"):
         row_lookup([4, 1], table[[4, 1]])
+
+
+def test_a_loaded_stage_is_freed_as_soon_as_it_is_dropped(home: Path, tmp_path: Path) -> None:
+    """No reference cycle keeps a stage's tensors (the tile index parse once kept every caller's frame)."""
+    import gc
+    import weakref
+
+    from shardport.deploy.reference_stream import _stage_planes
+
+    session, resolved, contract = _pushed(home, tmp_path, "gptq")
+    gc.collect()
+    gc.disable()
+    try:
+        planes = _stage_planes(session, resolved, contract.layers, 1)
+        arrays = [weakref.ref(a) for p in planes.values() for a in p.values()]
+        assert len(arrays) > 10 and all(a() is not None for a in arrays)
+        del planes
+        assert [a for a in arrays if a() is not None] == []
+    finally:
+        gc.enable()
