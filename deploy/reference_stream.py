@@ -103,8 +103,8 @@ class _Decoded(Mapping[str, torch.Tensor]):
                 out = out.reshape(shape.extents)
         return torch.from_numpy(self.ledger.track(out))
 
-    def rows(self, name: str, rows: Sequence[int]) -> torch.Tensor:
-        """Only ``rows`` of weight ``name``, decoded: ``[len(rows), K]``."""
+    def need(self, name: str, rows: Sequence[int] | None = None) -> torch.Tensor:
+        """Weight ``name`` (only ``rows`` of it: ``[len(rows), K]``), decoded; a typed error if absent."""
         if name not in self.planes:
             raise GraphWeightError(f"tensor {name}: the model needs it and the checkpoint has none")
         return self._decode(name, rows)
@@ -159,15 +159,14 @@ def stages(
         del planes
         if stage == 0:
             held = sorted(set(ids))
-            yield RankWeights(layers=(), embed=row_lookup(held, decoded.rows(embed, held)))
+            yield RankWeights(layers=(), embed=row_lookup(held, decoded.need(embed, held)))
         layer = shard_layer(float_layer(contract, decoded, stage), stage, contract, split, 0)
         yield RankWeights(layers=(layer,))
         del layer
         if stage == last:
-            if norm not in decoded or (head or embed) not in decoded:
-                missing = norm if norm not in decoded else head or embed
-                raise GraphWeightError(f"tensor {missing}: the model needs it and the checkpoint has none")
-            yield RankWeights(layers=(), norm=decoded[norm], head=float_linear(decoded[head or embed]))
+            yield RankWeights(
+                layers=(), norm=decoded.need(norm), head=float_linear(decoded.need(head or embed))
+            )
         del decoded  # this stage's quantized planes, before the next stage is loaded
 
 
