@@ -134,29 +134,16 @@ def check_plan(resolved: Resolved, request: UpRequest) -> Any:
 
 
 def reference_generation(
-    session: Session, resolved: Resolved, contract: Any, prompt: Sequence[int], steps: int
+    session: Session, resolved: Resolved, contract: Any, prompt: Sequence[int], tokens: Sequence[int]
 ) -> Any:
-    """The float32 reference: every weight decoded by the registry's reference decoder, one process."""
-    import torch
+    """The float32 reference of a run that generated ``tokens`` (:mod:`.reference_stream`).
 
-    from shardport.loader import load_rank
-    from shardport.placement import Topology
-    from shardport.registry.contracts.decode import decode_weight
+    Every weight decoded by the registry's reference decoder, one layer at a time, teacher-forced on
+    the run's ``tokens``: the reference's argmax at each decode position, and its logits there.
+    """
+    from .reference_stream import streamed_reference
 
-    from .graph.checkpoint import float_model
-    from .graph.reference import reference_model
-
-    whole = load_rank(session, resolved, Topology(tp=1), 0)
-    planes: dict[str, dict[str, Any]] = {}
-    for t in whole.tensors:
-        if t.weight is not None:
-            planes.setdefault(t.weight, {})[t.tensor] = t.array
-    weights = {w.name: w for w in resolved.manifest.weights or []}
-    tensors = {
-        name: torch.from_numpy(np.ascontiguousarray(decode_weight(weights[name], p)))
-        for name, p in planes.items()
-    }
-    return reference_model(float_model(contract, tensors)).generate(list(prompt), steps)
+    return streamed_reference(session, resolved, contract, prompt, tokens)
 
 
 def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
@@ -297,7 +284,7 @@ def _check(
         tuple(reporter["tokens"]),
         torch.from_numpy(np.array(reporter["token_logits"])),
     )
-    reference = reference_generation(session, resolved, contract, request.tokens, request.steps)
+    reference = reference_generation(session, resolved, contract, request.tokens, run.tokens)
     tol = tolerance(reports, contract.layers, float(reference.prompt_logits.abs().max()))
     parity = compare(run, reference, tol["value"]).model_dump(mode="json")
     parity["tolerance_derivation"] = tol

@@ -76,27 +76,38 @@ class _Names:
         )
 
 
+def float_layer(contract: GraphContract, tensors: Mapping[str, torch.Tensor], index: int) -> FloatLayer:
+    """Layer ``index`` of the float model of ``contract``: only its own tensors are looked up."""
+    n = _Names(contract, tensors)
+    q, k, v, o = (n.layer(index, op) for op in ("q", "k", "v", "o"))
+    assert q is not None and k is not None and v is not None and o is not None
+    norms = n.layer(index, "input_norm"), n.layer(index, "post_norm")
+    assert norms[0] is not None and norms[1] is not None
+    bias = {
+        f"{op}_bias": n.layer(index, op, "bias", optional=not contract.qkv_bias) for op in ("q", "k", "v")
+    }
+    if contract.moe:
+        router = n.layer(index, "router")
+        experts, mlp = n.experts(index, contract.experts), None
+    else:
+        gate, up, down = (n.layer(index, op) for op in ("gate", "up", "down"))
+        assert gate is not None and up is not None and down is not None
+        router, experts, mlp = None, (), FloatMlp(gate, up, down)
+    return FloatLayer(q, k, v, o, norms[0], norms[1], mlp, router, experts, **bias)
+
+
+def end_names(contract: GraphContract) -> tuple[str, str, str | None]:
+    """The embedding's, final norm's and output head's tensor names (head ``None``: tied embeddings)."""
+    gguf = contract.source == "gguf"
+    embed = "token_embd.weight" if gguf else "model.embed_tokens.weight"
+    norm = "output_norm.weight" if gguf else "model.norm.weight"
+    head = None if contract.tied_embeddings else ("output.weight" if gguf else "lm_head.weight")
+    return embed, norm, head
+
+
 def float_model(contract: GraphContract, tensors: Mapping[str, torch.Tensor]) -> FloatModel:
     """The float model of ``contract`` from ``tensors`` (dequantized or float checkpoint tensors)."""
     n = _Names(contract, tensors)
-    layers = []
-    for i in range(contract.layers):
-        q, k, v, o = (n.layer(i, op) for op in ("q", "k", "v", "o"))
-        assert q is not None and k is not None and v is not None and o is not None
-        norms = n.layer(i, "input_norm"), n.layer(i, "post_norm")
-        assert norms[0] is not None and norms[1] is not None
-        bias = {
-            f"{op}_bias": n.layer(i, op, "bias", optional=not contract.qkv_bias) for op in ("q", "k", "v")
-        }
-        if contract.moe:
-            router = n.layer(i, "router")
-            experts, mlp = n.experts(i, contract.experts), None
-        else:
-            gate, up, down = (n.layer(i, op) for op in ("gate", "up", "down"))
-            assert gate is not None and up is not None and down is not None
-            router, experts, mlp = None, (), FloatMlp(gate, up, down)
-        layers.append(FloatLayer(q, k, v, o, norms[0], norms[1], mlp, router, experts, **bias))
-    embed = n.need("token_embd.weight" if n.gguf else "model.embed_tokens.weight")
-    norm = n.need("output_norm.weight" if n.gguf else "model.norm.weight")
-    head = None if contract.tied_embeddings else n.need("output.weight" if n.gguf else "lm_head.weight")
-    return FloatModel(contract, embed, tuple(layers), norm, head)
+    layers = tuple(float_layer(contract, tensors, i) for i in range(contract.layers))
+    embed, norm, head = end_names(contract)
+    return FloatModel(contract, n.need(embed), layers, n.need(norm), None if head is None else n.need(head))

@@ -166,6 +166,46 @@ def _mlp(m: FloatMlp, cols: Range, linear: Callable[[torch.Tensor], Linear]) -> 
     return Mlp(linear(m.gate[a:b]), linear(m.up[a:b]), linear(m.down[:, a:b]))
 
 
+def single_split(contract: GraphContract) -> TpSplit:
+    """The split of a tp group of one: every head, column and vocabulary row on rank 0."""
+    c = contract
+    return TpSplit(((0, c.heads),), ((0, c.kv_heads),), ((0, c.intermediate),), ((0, c.vocab),))
+
+
+def shard_layer(
+    f: FloatLayer,
+    index: int,
+    contract: GraphContract,
+    split: TpSplit,
+    tp_rank: int,
+    *,
+    experts: Sequence[int] | None = None,
+    linear: Callable[[torch.Tensor], Linear] = float_linear,
+) -> Layer:
+    """Rank ``tp_rank``'s operators of one float layer (``index`` in the model), its ep rank's ``experts``."""
+    d = contract.head_dim
+    (qa, qb), (ka, kb) = split.q_heads[tp_rank], split.kv_heads[tp_rank]
+    cols = split.intermediate[tp_rank]
+    owned = range(contract.experts) if experts is None else experts
+    q_rows, kv_rows = slice(qa * d, qb * d), slice(ka * d, kb * d)
+    attention = Attention(
+        q=linear(f.q[q_rows]),
+        k=linear(f.k[kv_rows]),
+        v=linear(f.v[kv_rows]),
+        o=linear(f.o[:, q_rows]),
+        q_bias=None if f.q_bias is None else f.q_bias[q_rows],
+        k_bias=None if f.k_bias is None else f.k_bias[kv_rows],
+        v_bias=None if f.v_bias is None else f.v_bias[kv_rows],
+    )
+    mlp: Mlp | Experts
+    if f.router is not None:
+        mlp = Experts(linear(f.router), {e: _mlp(f.experts[e], cols, linear) for e in owned})
+    else:
+        assert f.mlp is not None
+        mlp = _mlp(f.mlp, cols, linear)
+    return Layer(index, f.input_norm, attention, f.post_norm, mlp)
+
+
 def shard(
     model: FloatModel,
     split: TpSplit,
@@ -179,33 +219,15 @@ def shard(
     lookup: Callable[[torch.Tensor], Lookup] = float_lookup,
 ) -> RankWeights:
     """Rank ``tp_rank``'s operators for the ``layers`` of its stage and the ``experts`` its ep rank owns."""
-    c, d = model.contract, model.contract.head_dim
-    (qa, qb), (ka, kb) = split.q_heads[tp_rank], split.kv_heads[tp_rank]
-    cols, (v0, v1) = split.intermediate[tp_rank], split.vocab[tp_rank]
-    owned = range(c.experts) if experts is None else experts
-    out = []
-    for index in layers if layers is not None else range(c.layers):
-        f = model.layers[index]
-        q_rows, kv_rows = slice(qa * d, qb * d), slice(ka * d, kb * d)
-        attention = Attention(
-            q=linear(f.q[q_rows]),
-            k=linear(f.k[kv_rows]),
-            v=linear(f.v[kv_rows]),
-            o=linear(f.o[:, q_rows]),
-            q_bias=None if f.q_bias is None else f.q_bias[q_rows],
-            k_bias=None if f.k_bias is None else f.k_bias[kv_rows],
-            v_bias=None if f.v_bias is None else f.v_bias[kv_rows],
-        )
-        mlp: Mlp | Experts
-        if f.router is not None:
-            mlp = Experts(linear(f.router), {e: _mlp(f.experts[e], cols, linear) for e in owned})
-        else:
-            assert f.mlp is not None
-            mlp = _mlp(f.mlp, cols, linear)
-        out.append(Layer(index, f.input_norm, attention, f.post_norm, mlp))
+    c = model.contract
+    v0, v1 = split.vocab[tp_rank]
+    out = tuple(
+        shard_layer(model.layers[index], index, c, split, tp_rank, experts=experts, linear=linear)
+        for index in (layers if layers is not None else range(c.layers))
+    )
     head = model.embed if model.head is None else model.head
     return RankWeights(
-        layers=tuple(out),
+        layers=out,
         embed=lookup(model.embed[v0:v1]) if first else None,
         norm=model.norm if last else None,
         head=linear(head[v0:v1]) if last else None,
@@ -215,8 +237,7 @@ def shard(
 def reference_model(model: FloatModel) -> RankModel:
     """The whole model in this process (tp = ep = pp = 1), float32: the L4 reference."""
     c = model.contract
-    split = TpSplit(((0, c.heads),), ((0, c.kv_heads),), ((0, c.intermediate),), ((0, c.vocab),))
-    return RankModel(c, single_layout(c), shard(model, split, 0), Mesh.local())
+    return RankModel(c, single_layout(c), shard(model, single_split(c), 0), Mesh.local())
 
 
 class _Record(BaseModel):
@@ -230,7 +251,13 @@ class Parity(_Record):
     max_abs_diff: float
     top1_agree: tuple[bool, ...]
     tokens: tuple[int, ...]
+    """The run's greedy tokens."""
     reference_tokens: tuple[int, ...]
+    """The reference's argmax at each decode position. The driver's reference is teacher-forced (one
+    pass over the prompt and the run's tokens, :func:`~.staged.teacher_forced`): equal to ``tokens``
+    exactly when the reference's greedy decode would have chosen the same tokens; after a first
+    mismatch at step j the later entries are its argmax given the run's tokens, not its own greedy
+    continuation."""
     decode_max_abs_diff: float
     tolerance: float
 

@@ -222,8 +222,8 @@ class TileIndex(BaseModel):
             index = cls.model_validate_json(data)
             if {"version", "hash"} <= index.model_fields_set and index.version == 1:  # stated, not defaulted
                 return index
-        except ValidationError as exc:
-            failure = exc
+        except ValidationError as exc:  # kept without its traceback: exc -> frame -> exc would be a cycle
+            failure = exc.with_traceback(None)  # holding every caller's locals (a rank's tensors) until a gc
         try:
             doc = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
