@@ -85,6 +85,22 @@ def _rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def _peak_rss() -> int:
+    """The process's peak resident bytes (``VmHWM``; 0 where ``/proc`` has none).
+
+    Not ``ru_maxrss``: Linux carries that across ``fork``/``exec`` from the parent, so a worker started
+    by a big process would report the parent's peak; ``VmHWM`` belongs to this process's own memory.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 class Rank:
     """One rank's state between :meth:`prepare` and :meth:`run`."""
 
@@ -288,6 +304,7 @@ class Rank:
         self.ledger["kv_cache"] = int(kv_bytes)
         self.ledger["host_resident"] = rss
         self.ledger["host_resident_growth"] = max(0, rss - self.rss_start)
+        self.ledger["host_peak"] = _peak_rss()
         self.ledger["device_resident"], self.ledger["device_peak"] = device_memory(self.device)
         reports = mesh.last and at.tp_rank == 0 and at.ep_rank == 0
         return {
