@@ -12,12 +12,15 @@ path and the kernels see) and pushed to a local store. Then, one run each:
   Time to first token = launch -> last rank's "prepare done" + max over ranks of (warm-up + first token)
   from the ranks' timelines; the CLI's wall time to exit (which adds decode, the driver's float32
   reference check and the signed evidence) is reported too. Peak host memory per rank: the ranks'
-  ``host_resident`` (RSS after generation; the loader's staging is freed before it, see the ledger), and
+  ``host_peak`` (each process's own high-water mark, ``VmHWM``; ``host_resident``, the RSS after
+  generation, is reported beside it), and
   the CLI driver's own peak (``/usr/bin/time -f %M``; it holds the float32 reference).
 * (a) the naive baseline: 4 processes at once, each reading the whole checkpoint (``gguf.GGUFReader``),
   dequantizing every tensor (``gguf.quants.dequantize``), narrowing to its tp slice and running the
   prompt through a torch llama forward with gloo all-reduces on 127.0.0.1: time to first token (launch
-  -> the last rank's logits) and each process's peak RSS (``ru_maxrss``).
+  -> the last rank's logits) and each process's peak RSS (``VmHWM`` from
+  ``/proc/self/status``; not ``ru_maxrss``, which Linux carries over from the parent across
+  ``fork``/``exec``, so a child of this benchmark would report at least the benchmark's own peak).
 * (b) transformers loading the same GGUF (``from_pretrained(gguf_file=…)``) and one forward, if it runs
   in this environment; otherwise the reason is recorded.
 * decode tokens/s at tp 1, 2 and 4 (``registry up --generate K``; rank 0's decode seconds from the
@@ -189,7 +192,8 @@ def run_up(env: dict[str, str], store: str, ref: str, tp: int, generate: int) ->
         "timeline": timeline,
         "ledger": doc["ledger"],
         "memory": doc["memory"],
-        "peak_rank_host_bytes": max(int(m.get("host_resident", 0)) for m in doc["memory"].values()),
+        "peak_rank_host_bytes": max(int(m.get("host_peak", 0)) for m in doc["memory"].values()),
+        "rank_host_resident_after_bytes": max(int(m.get("host_resident", 0)) for m in doc["memory"].values()),
         "driver_peak_rss_bytes": driver_kib * 1024,
         "read_amplification": doc["read_amplification"],
         "decode_seconds": decode,
@@ -198,7 +202,18 @@ def run_up(env: dict[str, str], store: str, ref: str, tp: int, generate: int) ->
     }
 
 
-UP_LIB = r"""
+#: Prepended to the child scripts: a process's own peak RSS (``VmHWM``; ``ru_maxrss`` would carry the
+#: parent's peak across fork/exec).
+HWM = r"""
+def hwm():
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM"))
+"""
+
+
+UP_LIB = (
+    HWM
+    + r"""
 import json, resource, sys, time
 launch, store, ref = float(sys.argv[1]), sys.argv[2], sys.argv[3]
 tp, generate, ladder = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]  # full | sample | off
@@ -213,9 +228,10 @@ doc = result.to_json()
 doc["decode_seconds"] = result.predicate.get("decode_seconds")
 doc["events"] = events
 doc["seconds_wall"] = time.time() - launch
-doc["driver_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+doc["driver_peak_rss_bytes"] = hwm()
 print(json.dumps(doc))
 """
+)
 
 
 def run_up_lib(
@@ -260,7 +276,8 @@ def run_up_lib(
         "timeline": timeline,
         "memory": doc["memory"],
         "ledger": doc["ledger"],
-        "peak_rank_host_bytes": max(int(m.get("host_resident", 0)) for m in doc["memory"].values()),
+        "peak_rank_host_bytes": max(int(m.get("host_peak", 0)) for m in doc["memory"].values()),
+        "rank_host_resident_after_bytes": max(int(m.get("host_resident", 0)) for m in doc["memory"].values()),
         "driver_peak_rss_bytes": doc["driver_peak_rss_bytes"],
         "decode_seconds": decode,
         "decode_tokens_per_s": (generate - 1) / float(decode["0"]) if decode and decode.get("0") else None,
@@ -269,7 +286,9 @@ def run_up_lib(
 
 # --- (a) the naive per-rank load -------------------------------------------------------------------
 
-NAIVE = r"""
+NAIVE = (
+    HWM
+    + r"""
 import os, resource, sys, time, json
 launch, rank, world = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 path, port = sys.argv[4], sys.argv[5]
@@ -341,9 +360,10 @@ with torch.no_grad():
 t_first = time.time()
 print(json.dumps({"rank": rank, "seconds_import_and_group": t_import, "seconds_read_dequant_narrow": t_load,
     "seconds_forward": t_first - t1, "seconds_to_first_token": t_first - launch, "token": token,
-    "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    "peak_rss_bytes": hwm()}))
 dist.destroy_process_group()
 """
+)
 
 
 def free_port() -> int:
@@ -381,7 +401,9 @@ def run_naive(path: Path, world: int) -> dict[str, Any]:
 
 # --- (b) transformers ------------------------------------------------------------------------------
 
-HF = r"""
+HF = (
+    HWM
+    + r"""
 import sys, time, json, resource
 launch = float(sys.argv[1])
 import torch
@@ -393,8 +415,9 @@ with torch.no_grad():
     logits = m(torch.tensor([[1, 17, 42, 300, 7]])).logits
 token = int(logits[0, -1].argmax())
 print(json.dumps({"seconds_to_first_token": time.time() - launch, "token": token,
-    "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    "peak_rss_bytes": hwm()}))
 """
+)
 
 
 def run_transformers(folder: Path, timeout: float) -> dict[str, Any]:
