@@ -12,6 +12,15 @@ core of the project's one coalescer), bridging the gaps between them smallest fi
 always merge, so the adjacent tiles of a tiled tensor that one batch reads become one request.
 Everything bridged in a batch stays within ``gap_budget x`` the batch's band bytes, so bridging alone
 never raises read amplification by more than ``gap_budget``.
+
+Where a request has a price (``request_bytes`` > 0: the bytes one request costs in time, about a
+megabyte on S3, :attr:`~shardport.registry.store.protocol.ReadProfile.request_bytes`) the plan also
+minimises ``requests x request_bytes + bytes read``: a gap the budget leaves is still bridged when it
+is smaller than ``request_bytes`` (reading it costs less than the request it saves), smallest first, as
+long as the batch's bytes read stay within ``max_amplification x`` its band bytes. That is what keeps a
+rank that needs part of every row of a row-major tensor (a K-split of a GGUF block plane, an N-split of
+a GPTQ plane) from issuing one GET per matrix row. With ``request_bytes == 0`` (local stores, where a
+run costs a ``preadv`` iovec) plans are exactly the budget's.
 """
 
 from __future__ import annotations
@@ -106,9 +115,28 @@ def _interleaved(
     return [(gap, k) for gap, k in narrow if k not in moved]
 
 
-def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> FetchPlan:
-    """Decide spans and row-by-row reads for ``bands`` (see the module docstring)."""
-    allowance = gap_budget * sum(b.nbytes for b in bands) if gap_budget else 0.0
+def bridge_factor(gap_budget: float, request_bytes: int = 0, max_amplification: float = 1.0) -> float:
+    """The most bytes a plan of :func:`plan_fetch` reads per band byte (its bands' own and bridged gaps)."""
+    return max(1.0 + gap_budget, max_amplification if request_bytes > 0 else 1.0)
+
+
+def plan_fetch(
+    bands: Sequence[Band],
+    *,
+    max_gap: int,
+    gap_budget: float,
+    request_bytes: int = 0,
+    max_amplification: float = 1.0,
+) -> FetchPlan:
+    """Decide spans and row-by-row reads for ``bands`` (see the module docstring).
+
+    Bytes read stay within ``bridge_factor(gap_budget, request_bytes, max_amplification)`` x the band
+    bytes; no gap over ``max_gap`` is bridged.
+    """
+    nbytes = sum(b.nbytes for b in bands)
+    allowance = gap_budget * nbytes if gap_budget else 0.0  # the budget's share
+    total_allowance = max(gap_budget, max_amplification - 1.0 if request_bytes > 0 else 0.0) * nbytes
+    priced_gap = min(max_gap, request_bytes - 1)  # bridging a smaller gap costs less than a request
     spannable: list[int] = []
     narrow: list[tuple[int, int]] = []
     for k, b in enumerate(bands):
@@ -122,8 +150,12 @@ def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> Fet
         narrow = _interleaved(bands, narrow, spannable)
         for gap, k in sorted(narrow):
             cost = gap * (bands[k].runs - 1)
-            if gap <= max_gap and cost <= allowance:
+            if gap <= max_gap and cost <= min(allowance, total_allowance):
                 allowance -= cost
+                total_allowance -= cost
+                spannable.append(k)
+            elif gap <= priced_gap and cost <= total_allowance:  # saves (runs - 1) requests
+                total_allowance -= cost
                 spannable.append(k)
             else:
                 rows_only.append(k)
@@ -133,7 +165,11 @@ def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> Fet
     if spannable:
         pieces = [(b.file, b.origin, b.origin + b.extent) for b in (bands[k] for k in spannable)]
         ranges, owner, _ = merge_spans(pieces, 0)  # touching pieces always merge; gaps bridged if affordable
-        threshold = _threshold(ranges, max_gap, allowance) if len(ranges) > 1 and max_gap > 0 else 0
+        threshold = 0
+        if len(ranges) > 1 and max_gap > 0:
+            threshold = _threshold(ranges, max_gap, min(allowance, total_allowance))
+            if priced_gap > threshold:
+                threshold = max(threshold, _threshold(ranges, priced_gap, total_allowance))
         if threshold:
             ranges, owner, _ = merge_spans(pieces, threshold)
         members: list[list[tuple[int, int]]] = [[] for _ in ranges]

@@ -60,13 +60,18 @@ class ReadProfile:
     ``depth``: batches in flight by default; ``direct_io``: cold spans may be read with ``O_DIRECT``
     (the backend has local files); ``file_handles``: :meth:`Store.open_local` gives descriptors (the
     store has a :attr:`~Store.local_root`), so readers ``preadv``/map them rather than calling
-    :meth:`Store.read_ranges`.
+    :meth:`Store.read_ranges`; ``request_bytes``: what one request costs, in bytes of transfer (its
+    latency x the throughput; 0 where a read costs next to nothing, as locally): the fetch planner bridges
+    a gap of fewer bytes when that saves a request, reading at most ``max_amplification`` x the bytes it
+    needs per batch (:func:`shardport.loader.ranges.plan_fetch`).
     """
 
     max_gap: int
     depth: int
     direct_io: bool
     file_handles: bool
+    request_bytes: int = 0
+    max_amplification: float = 1.0
 
 
 @contextlib.contextmanager
