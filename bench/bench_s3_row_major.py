@@ -33,7 +33,7 @@ from bench_range_reads import cli, in_scratch
 from bringup_artifacts import WIDE, gguf_mix, quantized_llama
 from servers import start_seaweedfs
 
-from shardport.loader import ReadOptions, RankTensors, load_rank
+from shardport.loader import RankTensors, ReadOptions, load_rank
 from shardport.placement import Topology
 from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.session import Session
@@ -92,7 +92,7 @@ def run(tmp: Path, layers: int, repeat: int) -> dict[str, Any]:
                 ("tiled", f"wide/{name}:tiled", None),
             ):
                 seconds, loaded = best(
-                    lambda ref=ref, options=options: load_rank(
+                    lambda ref=ref, options=options, topology=topology: load_rank(
                         there, parse_ref(ref), topology, 1, options=options
                     ),
                     repeat,
