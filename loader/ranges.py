@@ -15,12 +15,16 @@ never raises read amplification by more than ``gap_budget``.
 
 Where a request has a price (``request_bytes`` > 0: the bytes one request costs in time, about a
 megabyte on S3, :attr:`~shardport.registry.store.protocol.ReadProfile.request_bytes`) the plan also
-minimises ``requests x request_bytes + bytes read``: a gap the budget leaves is still bridged when it
-is smaller than ``request_bytes`` (reading it costs less than the request it saves), smallest first, as
-long as the batch's bytes read stay within ``max_amplification x`` its band bytes. That is what keeps a
-rank that needs part of every row of a row-major tensor (a K-split of a GGUF block plane, an N-split of
-a GPTQ plane) from issuing one GET per matrix row. With ``request_bytes == 0`` (local stores, where a
-run costs a ``preadv`` iovec) plans are exactly the budget's.
+weighs requests against bytes (it minimises ``requests x request_bytes + bytes read``) where requests
+grow with a tensor's rows: a narrow band of a row-major tensor the budget leaves to be read run by run
+(a rank's part of every matrix row: a K-split of a GGUF block plane, an N-split of a GPTQ plane) is read
+as one range when its gap is under ``request_bytes`` (each gap read costs less than the request it
+saves), smallest gaps first, while the batch's bytes read stay within ``max_amplification x`` its band
+bytes. Otherwise such a rank issues one GET per matrix row. Tiled bands (runs are tile rows, at most
+the grid's rows; in a real checkpoint their gaps are whole tiles of about ``tile_target``) and gaps
+between ranges (one request each) stay the budget's, so row splits and tiled reads keep their
+amplification. With ``request_bytes == 0`` (local stores, where a run costs a ``preadv`` iovec) plans
+are exactly the budget's.
 """
 
 from __future__ import annotations
@@ -154,7 +158,8 @@ def plan_fetch(
                 allowance -= cost
                 total_allowance -= cost
                 spannable.append(k)
-            elif gap <= priced_gap and cost <= total_allowance:  # saves (runs - 1) requests
+            elif gap <= priced_gap and not bands[k].tile_width and cost <= total_allowance:
+                # reading the gaps costs less than the (runs - 1) requests it saves
                 total_allowance -= cost
                 spannable.append(k)
             else:
@@ -168,8 +173,6 @@ def plan_fetch(
         threshold = 0
         if len(ranges) > 1 and max_gap > 0:
             threshold = _threshold(ranges, max_gap, min(allowance, total_allowance))
-            if priced_gap > threshold:
-                threshold = max(threshold, _threshold(ranges, priced_gap, total_allowance))
         if threshold:
             ranges, owner, _ = merge_spans(pieces, threshold)
         members: list[list[tuple[int, int]]] = [[] for _ in ranges]

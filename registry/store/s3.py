@@ -34,12 +34,12 @@ S3_REQUEST_BYTES = 1 << 20
 after 10-30 ms at ~100 MB/s per connection, 1-3 MB. 1 MiB is the conservative end: a gap under it is
 always cheaper read than asked around."""
 S3_MAX_AMPLIFICATION = 3.0
-"""The most bytes a batch reads per byte it needs when bridging gaps to save GETs (a rank reads at most
-3x its share, and holds responses of at most 3 x ``batch_bytes`` per batch in flight). A rank's part of
-every row of a row-major tensor costs up to ``tp - 1`` gaps per run, so at tp 4 a batch of nothing but
-such parts cannot all be bridged; real batches mix them with whole-row (N-split) parts. Measured on the
-hidden-576 GGUF mix / GPTQ g32 at tp 4 from SeaweedFS (``bench/bench_s3_row_major.py``): factor 2 left
-588 / 162 GETs a rank, 3 left 8 / 6 (unpriced: 2,318 / 988)."""
+"""The most bytes a batch reads per byte it needs when bridging the gaps between a row-major tensor's
+rows to save GETs (so a rank reads at most 3x its share, and a batch in flight holds responses of at
+most 3 x ``batch_bytes``). A rank's part of every row at tp 4 costs up to 3 gap bytes per byte, so a
+batch of nothing but such parts is only partly bridged; real batches mix them with whole-row parts.
+Measured on the hidden-576 GGUF mix / GPTQ g32 at tp 4 from SeaweedFS (``bench/bench_s3_row_major.py``,
+rank 1): unpriced 2,318 / 988 GETs a rank; factor 2: 592 / 187; factor 3: 16 / 45 (tiled: 18 / 54)."""
 S3_PROFILE = ReadProfile(
     max_gap=S3_MAX_GAP,
     depth=4,
