@@ -16,15 +16,17 @@ never raises read amplification by more than ``gap_budget``.
 Where a request has a price (``request_bytes`` > 0: the bytes one request costs in time, about a
 megabyte on S3, :attr:`~shardport.registry.store.protocol.ReadProfile.request_bytes`) the plan also
 weighs requests against bytes (it minimises ``requests x request_bytes + bytes read``) where requests
-grow with a tensor's rows: a narrow band of a row-major tensor the budget leaves to be read run by run
-(a rank's part of every matrix row: a K-split of a GGUF block plane, an N-split of a GPTQ plane) is read
-as one range when its gap is under ``request_bytes`` (each gap read costs less than the request it
-saves), smallest gaps first, while the batch's bytes read stay within ``max_amplification x`` its band
-bytes. Otherwise such a rank issues one GET per matrix row. Tiled bands (runs are tile rows, at most
-the grid's rows; in a real checkpoint their gaps are whole tiles of about ``tile_target``) and gaps
-between ranges (one request each) stay the budget's, so row splits and tiled reads keep their
-amplification. With ``request_bytes == 0`` (local stores, where a run costs a ``preadv`` iovec) plans
-are exactly the budget's.
+grow with a tensor's rows: a narrow band of a row-major tensor that the budget leaves to be read run by
+run (a rank's part of every matrix row: a K-split of a GGUF block plane, an N-split of a GPTQ plane) is
+read as one range when its gap is under ``request_bytes`` (each gap read costs less than the request it
+saves) and its extent is at most ``max_amplification x`` its bytes (:func:`priced`; about tp ≤
+``max_amplification`` for an even split). Otherwise such a rank issues one GET per matrix row. A band
+spans at most ``batch_bytes`` of whole matrix rows (or one tile row) and :mod:`.schedule` packs such
+bands into batches by extent, so the responses a batch holds stay within ``batch_bytes``. Tiled bands
+(runs are tile rows, at most the grid's rows; in a real checkpoint their gaps are whole tiles of about
+``tile_target``) and gaps between ranges (one request each) stay the budget's, so row splits and tiled
+reads keep their amplification. With ``request_bytes == 0`` (local stores, where a run costs a
+``preadv`` iovec) plans are exactly the budget's.
 """
 
 from __future__ import annotations
@@ -121,7 +123,19 @@ def _interleaved(
 
 def bridge_factor(gap_budget: float, request_bytes: int = 0, max_amplification: float = 1.0) -> float:
     """The most bytes a plan of :func:`plan_fetch` reads per band byte (its bands' own and bridged gaps)."""
-    return max(1.0 + gap_budget, max_amplification if request_bytes > 0 else 1.0)
+    return (max(1.0, max_amplification) if request_bytes > 0 else 1.0) + gap_budget
+
+
+def priced(band: Band, *, max_gap: int, request_bytes: int, max_amplification: float) -> bool:
+    """Whether ``band``'s runs are one range because requests have a price (see the module docstring).
+
+    A narrow band of a row-major tensor whose gap is under ``request_bytes`` (and ``max_gap``), read
+    whole: at most ``max_amplification x`` its bytes.
+    """
+    if request_bytes <= 0 or band.tile_width or band.contiguous or band.nbytes <= 0:
+        return False
+    gap = band.stride - band.run_bytes
+    return gap < request_bytes and gap <= max_gap and band.extent <= max_amplification * band.nbytes
 
 
 def plan_fetch(
@@ -137,10 +151,7 @@ def plan_fetch(
     Bytes read stay within ``bridge_factor(gap_budget, request_bytes, max_amplification)`` x the band
     bytes; no gap over ``max_gap`` is bridged.
     """
-    nbytes = sum(b.nbytes for b in bands)
-    allowance = gap_budget * nbytes if gap_budget else 0.0  # the budget's share
-    total_allowance = max(gap_budget, max_amplification - 1.0 if request_bytes > 0 else 0.0) * nbytes
-    priced_gap = min(max_gap, request_bytes - 1)  # bridging a smaller gap costs less than a request
+    allowance = gap_budget * sum(b.nbytes for b in bands) if gap_budget else 0.0
     spannable: list[int] = []
     narrow: list[tuple[int, int]] = []
     for k, b in enumerate(bands):
@@ -154,13 +165,12 @@ def plan_fetch(
         narrow = _interleaved(bands, narrow, spannable)
         for gap, k in sorted(narrow):
             cost = gap * (bands[k].runs - 1)
-            if gap <= max_gap and cost <= min(allowance, total_allowance):
+            if gap <= max_gap and cost <= allowance:
                 allowance -= cost
-                total_allowance -= cost
                 spannable.append(k)
-            elif gap <= priced_gap and not bands[k].tile_width and cost <= total_allowance:
-                # reading the gaps costs less than the (runs - 1) requests it saves
-                total_allowance -= cost
+            elif priced(
+                bands[k], max_gap=max_gap, request_bytes=request_bytes, max_amplification=max_amplification
+            ):  # reading the gaps costs less than the (runs - 1) requests it saves
                 spannable.append(k)
             else:
                 rows_only.append(k)
@@ -170,9 +180,7 @@ def plan_fetch(
     if spannable:
         pieces = [(b.file, b.origin, b.origin + b.extent) for b in (bands[k] for k in spannable)]
         ranges, owner, _ = merge_spans(pieces, 0)  # touching pieces always merge; gaps bridged if affordable
-        threshold = 0
-        if len(ranges) > 1 and max_gap > 0:
-            threshold = _threshold(ranges, max_gap, min(allowance, total_allowance))
+        threshold = _threshold(ranges, max_gap, allowance) if len(ranges) > 1 and max_gap > 0 else 0
         if threshold:
             ranges, owner, _ = merge_spans(pieces, threshold)
         members: list[list[tuple[int, int]]] = [[] for _ in ranges]

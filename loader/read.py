@@ -52,8 +52,8 @@ more each), a scratch buffer
 of the largest tile and, locally, for tiled tensors, a bounce buffer (at most a batch's band bytes
 plus its bridged gaps: ``ReadSchedule.bounce_bytes``, plus a page for O_DIRECT's whole pages); plus a
 64 KiB sink for bridged gaps locally. On
-S3 each batch in flight also holds its responses (at most ``batch_bytes`` x the larger of ``1 +
-gap_budget`` and ``max_amplification``, what bridging to save requests may read). The
+S3 each batch in flight also holds its responses (at most ``batch_bytes x (1 + gap_budget)``; a band
+whose rows are read as one range to save requests counts its extent in the batch). The
 ledger states the bound and the peak held.
 """
 
@@ -90,8 +90,9 @@ class ReadOptions:
     hands its turn to the next batch while one of them verifies it) None picks the CPU count, 0 makes
     each batch keep its turn to the end;
     ``max_gap`` None picks the store's ``profile.max_gap`` (4 KiB locally, 1 MiB on S3);
-    ``request_bytes`` and ``max_amplification`` None pick the store's (0 locally; 1 MiB and 3 on S3: a gap
-    under a request's cost is bridged while a batch reads at most 3x its bytes, :mod:`.ranges`);
+    ``request_bytes`` and ``max_amplification`` None pick the store's (0 locally; 1 MiB and 8 on S3: a
+    row-major tensor's rows whose gaps cost less than a request are read as one range of at most 8x the
+    bytes needed, :mod:`.ranges`);
     ``concurrency``: S3 requests in flight over all workers; ``record_ranges`` keeps the ranges read in the
     ledger;
     ``page_cache`` lets a local band whose bytes are all cached be copied from a mapping (False: always

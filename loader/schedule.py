@@ -15,9 +15,11 @@ tile row's bytes apart; the loader de-tiles them into the band's rows. The fetch
 that touch, so a rank's whole tile rows are one read.
 
 Bands are ordered by file offset and packed into :class:`Batch` es of at most ``batch_bytes`` band
-bytes, each with its :class:`~.ranges.FetchPlan`. A staged band gets a *slot* in its batch's
-page-aligned staging buffer (a contiguous band of at least :data:`~.bands.DIRECT_MIN` at its offset
-within its first file page, so O_DIRECT can read its whole pages there: a page more per such band).
+bytes (a band whose rows the fetch plan reads as one range because requests have a price counts its
+extent, :func:`~.ranges.priced`), each with its :class:`~.ranges.FetchPlan`. A staged band gets a
+*slot* in its batch's page-aligned staging buffer (a contiguous band of at least
+:data:`~.bands.DIRECT_MIN` at its offset within its first file page, so O_DIRECT can read its whole
+pages there: a page more per such band).
 The schedule also carries each slice's result-array shift (:func:`~.bands.direct_shifts`).
 """
 
@@ -33,7 +35,7 @@ from shardport.registry.tiles.model import TileIndex
 
 from .banding import check_tensor, plan_bands
 from .bands import DIRECT_MIN, PAGE, Band, Part, direct_shifts
-from .ranges import FetchPlan, bridge_factor, plan_fetch
+from .ranges import FetchPlan, bridge_factor, plan_fetch, priced
 
 __all__ = [
     "DIRECT_MIN",
@@ -168,6 +170,16 @@ class _Gaps:
             max_amplification=self.max_amplification,
         )
 
+    def weight(self, band: Band) -> int:
+        """The bytes ``band`` counts for in its batch: its extent where its rows are one range."""
+        whole = priced(
+            band,
+            max_gap=self.max_gap,
+            request_bytes=self.request_bytes,
+            max_amplification=self.max_amplification,
+        )
+        return band.extent if whole else band.nbytes
+
     @property
     def factor(self) -> float:
         """The most bytes a plan reads per band byte."""
@@ -200,11 +212,12 @@ def _schedule(
     size = largest = 0
     for band in plan_bands(slices, tensors, by_path, index, batch_bytes):
         largest = max(largest, min(band.rows, band.row_block) * min(band.col_block, band.row_bytes))
-        if group and size + band.nbytes > batch_bytes:
+        weight = gaps.weight(band)  # a band read whole (priced requests) holds its extent in memory
+        if group and size + weight > batch_bytes:
             batches.append(_batch(group, gaps))
             group, size = [], 0
         group.append(band)
-        size += band.nbytes
+        size += weight
     if group:
         batches.append(_batch(group, gaps))
     blobs = {band.file: by_path[band.file].digest for b in batches for band in b.bands}

@@ -33,13 +33,10 @@ S3_REQUEST_BYTES = 1 << 20
 3.6-4.6 ms more than its bytes at ~600 MB/s (1 vs 4 MiB GETs), 2.2-2.8 MB; AWS S3's first byte comes
 after 10-30 ms at ~100 MB/s per connection, 1-3 MB. 1 MiB is the conservative end: a gap under it is
 always cheaper read than asked around."""
-S3_MAX_AMPLIFICATION = 3.0
-"""The most bytes a batch reads per byte it needs when bridging the gaps between a row-major tensor's
-rows to save GETs (so a rank reads at most 3x its share, and a batch in flight holds responses of at
-most 3 x ``batch_bytes``). A rank's part of every row at tp 4 costs up to 3 gap bytes per byte, so a
-batch of nothing but such parts is only partly bridged; real batches mix them with whole-row parts.
-Measured on the hidden-576 GGUF mix / GPTQ g32 at tp 4 from SeaweedFS (``bench/bench_s3_row_major.py``,
-rank 1): unpriced 2,318 / 988 GETs a rank; factor 2: 592 / 187; factor 3: 16 / 45 (tiled: 18 / 54)."""
+S3_MAX_AMPLIFICATION = 8.0
+"""The most bytes a row-major band may read per byte it needs when its rows are read as one range to
+save GETs (:func:`shardport.loader.ranges.priced`): a rank's part of every matrix row is read whole up
+to tp 8 (about 8x its bytes), never a wider tensor's thin column."""
 S3_PROFILE = ReadProfile(
     max_gap=S3_MAX_GAP,
     depth=4,
