@@ -718,7 +718,8 @@ def seaweed(
                 out["runai_rank0"]["verified_speedup"] = out["ranks"][0]["verified_gbps"] / (
                     assigned / t_ra / 1e9
                 )
-        # a column split of row-major tensors: one rank alone costs a GET per row; the node reads whole rows
+        # a column split of row-major tensors: one rank alone reads its rows whole (S3 prices requests:
+        # gaps read, not a GET per row; ReadProfile.request_bytes); the node reads whole rows
         few = entries[:4]
         one = rank_slices(few, tp, 0, "col")[:1]
         t_col, col = best(lambda: load(one), 1)

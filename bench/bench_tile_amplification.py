@@ -11,8 +11,8 @@ amplification — or the planner's refusal for a tp it cannot split this model a
 amplification the previous grid (no split points; small tensors one tile) would give every rank is
 computed from the same plans (whole tiles touched / assigned). Last, the tile index blob's size as a
 share of the checkpoint. With ``--s3``, the same pushed to a SeaweedFS S3 server on 127.0.0.1, converted
-to the tiled layout (on S3 a column split of row-major rows is one GET per row), and every rank and node
-of each accepted tp pulled from there.
+to the tiled layout (on S3 a column split of row-major rows reads its gaps, or costs a GET per row
+unpriced), and every rank and node of each accepted tp pulled from there.
 
 The planner refuses 9 heads / 3 kv heads at tp 4 and 8 (a rank would hold part of a kv group). So the
 same is measured for tp 2, 4 and 8 on a variant with the same hidden, intermediate, vocab and types but

@@ -12,6 +12,21 @@ core of the project's one coalescer), bridging the gaps between them smallest fi
 always merge, so the adjacent tiles of a tiled tensor that one batch reads become one request.
 Everything bridged in a batch stays within ``gap_budget x`` the batch's band bytes, so bridging alone
 never raises read amplification by more than ``gap_budget``.
+
+Where a request has a price (``request_bytes`` > 0: the bytes one request costs in time, about a
+megabyte on S3, :attr:`~shardport.registry.store.protocol.ReadProfile.request_bytes`) the plan also
+weighs requests against bytes (it minimises ``requests x request_bytes + bytes read``) where requests
+grow with a tensor's rows: a narrow band of a row-major tensor that the budget leaves to be read run by
+run (a rank's part of every matrix row: a K-split of a GGUF block plane, an N-split of a GPTQ plane) is
+read as one range when its gap is under ``request_bytes`` (each gap read costs less than the request it
+saves) and its extent is at most ``max_amplification x`` its bytes (:func:`priced`; about tp ≤
+``max_amplification`` for an even split). Otherwise such a rank issues one GET per matrix row. A band
+spans at most ``batch_bytes`` of whole matrix rows (or one tile row) and :mod:`.schedule` packs such
+bands into batches by extent, so the responses a batch holds stay within ``batch_bytes``. Tiled bands
+(runs are tile rows, at most the grid's rows; in a real checkpoint their gaps are whole tiles of about
+``tile_target``) and gaps between ranges (one request each) stay the budget's, so row splits and tiled
+reads keep their amplification. With ``request_bytes == 0`` (local stores, where a run costs a
+``preadv`` iovec) plans are exactly the budget's.
 """
 
 from __future__ import annotations
@@ -106,8 +121,36 @@ def _interleaved(
     return [(gap, k) for gap, k in narrow if k not in moved]
 
 
-def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> FetchPlan:
-    """Decide spans and row-by-row reads for ``bands`` (see the module docstring)."""
+def bridge_factor(gap_budget: float, request_bytes: int = 0, max_amplification: float = 1.0) -> float:
+    """The most bytes a plan of :func:`plan_fetch` reads per band byte (its bands' own and bridged gaps)."""
+    return (max(1.0, max_amplification) if request_bytes > 0 else 1.0) + gap_budget
+
+
+def priced(band: Band, *, max_gap: int, request_bytes: int, max_amplification: float) -> bool:
+    """Whether ``band``'s runs are one range because requests have a price (see the module docstring).
+
+    A narrow band of a row-major tensor whose gap is under ``request_bytes`` (and ``max_gap``), read
+    whole: at most ``max_amplification x`` its bytes.
+    """
+    if request_bytes <= 0 or band.tile_width or band.contiguous or band.nbytes <= 0:
+        return False
+    gap = band.stride - band.run_bytes
+    return gap < request_bytes and gap <= max_gap and band.extent <= max_amplification * band.nbytes
+
+
+def plan_fetch(
+    bands: Sequence[Band],
+    *,
+    max_gap: int,
+    gap_budget: float,
+    request_bytes: int = 0,
+    max_amplification: float = 1.0,
+) -> FetchPlan:
+    """Decide spans and row-by-row reads for ``bands`` (see the module docstring).
+
+    Bytes read stay within ``bridge_factor(gap_budget, request_bytes, max_amplification)`` x the band
+    bytes; no gap over ``max_gap`` is bridged.
+    """
     allowance = gap_budget * sum(b.nbytes for b in bands) if gap_budget else 0.0
     spannable: list[int] = []
     narrow: list[tuple[int, int]] = []
@@ -124,6 +167,10 @@ def plan_fetch(bands: Sequence[Band], *, max_gap: int, gap_budget: float) -> Fet
             cost = gap * (bands[k].runs - 1)
             if gap <= max_gap and cost <= allowance:
                 allowance -= cost
+                spannable.append(k)
+            elif priced(
+                bands[k], max_gap=max_gap, request_bytes=request_bytes, max_amplification=max_amplification
+            ):  # reading the gaps costs less than the (runs - 1) requests it saves
                 spannable.append(k)
             else:
                 rows_only.append(k)

@@ -52,7 +52,8 @@ more each), a scratch buffer
 of the largest tile and, locally, for tiled tensors, a bounce buffer (at most a batch's band bytes
 plus its bridged gaps: ``ReadSchedule.bounce_bytes``, plus a page for O_DIRECT's whole pages); plus a
 64 KiB sink for bridged gaps locally. On
-S3 each batch in flight also holds its responses (at most ``batch_bytes x (1 + gap_budget)``). The
+S3 each batch in flight also holds its responses (at most ``batch_bytes x (1 + gap_budget)``; a band
+whose rows are read as one range to save requests counts its extent in the batch). The
 ledger states the bound and the peak held.
 """
 
@@ -88,8 +89,12 @@ class ReadOptions:
     locally, 4 on S3); ``verify_workers`` (spare workers: a batch whose fetch waited on the storage
     hands its turn to the next batch while one of them verifies it) None picks the CPU count, 0 makes
     each batch keep its turn to the end;
-    ``max_gap`` None picks the store's ``profile.max_gap`` (4 KiB locally, 1 MiB on S3); ``concurrency``: S3
-    requests in flight over all workers; ``record_ranges`` keeps the ranges read in the ledger;
+    ``max_gap`` None picks the store's ``profile.max_gap`` (4 KiB locally, 1 MiB on S3);
+    ``request_bytes`` and ``max_amplification`` None pick the store's (0 locally; 1 MiB and 8 on S3: a
+    row-major tensor's rows whose gaps cost less than a request are read as one range of at most 8x the
+    bytes needed, :mod:`.ranges`);
+    ``concurrency``: S3 requests in flight over all workers; ``record_ranges`` keeps the ranges read in the
+    ledger;
     ``page_cache`` lets a local band whose bytes are all cached be copied from a mapping (False: always
     ``preadv``); ``direct_io`` reads a local span whose pages are (almost) all uncached with ``O_DIRECT``,
     straight into the result arrays (:data:`~.bands.DIRECT_MIN` and up; False: always through the page
@@ -105,6 +110,8 @@ class ReadOptions:
     verify_workers: int | None = None
     max_gap: int | None = None
     gap_budget: float = 0.02
+    request_bytes: int | None = None
+    max_amplification: float | None = None
     concurrency: int = 16
     record_ranges: bool = True
     page_cache: bool = True
@@ -133,7 +140,10 @@ def read_slices(
     """Read and verify ``slices`` from ``store`` (see the module docstring); raise on any mismatch."""
     opts = options or ReadOptions()
     start = time.perf_counter()
-    max_gap = opts.max_gap if opts.max_gap is not None else store.profile.max_gap
+    profile = store.profile
+    max_gap = opts.max_gap if opts.max_gap is not None else profile.max_gap
+    request_bytes = opts.request_bytes if opts.request_bytes is not None else profile.request_bytes
+    amplification = profile.max_amplification if opts.max_amplification is None else opts.max_amplification
     schedule = schedule_reads(
         slices,
         tensors,
@@ -142,6 +152,8 @@ def read_slices(
         batch_bytes=opts.batch_bytes,
         max_gap=max_gap,
         gap_budget=opts.gap_budget,
+        request_bytes=request_bytes,
+        max_amplification=amplification,
     )
     planned = time.perf_counter()
     direct = opts.direct_io and store.profile.direct_io
@@ -168,6 +180,8 @@ def read_slices(
         map_limit=opts.batch_bytes,
         max_gap=max_gap,
         gap_budget=opts.gap_budget,
+        request_bytes=request_bytes,
+        max_amplification=amplification,
     )
     try:
         runner.run()

@@ -119,10 +119,13 @@ class _Runner:
         map_limit: int = 16 << 20,
         max_gap: int = 0,
         gap_budget: float = 0.0,
+        request_bytes: int = 0,
+        max_amplification: float = 1.0,
     ) -> None:
         self.schedule, self.index, self.outputs, self.source = schedule, index, outputs, source
         self.page_cache, self.map_limit, self.announce = page_cache, map_limit, announce
         self.max_gap, self.gap_budget = max_gap, gap_budget
+        self.request_bytes, self.max_amplification = request_bytes, max_amplification
         self.cached_batches = self.cached_bytes = 0
         self.flat = [out.reshape(-1).data for out in outputs]
         self.depth = depth
@@ -312,7 +315,13 @@ class _Runner:
         """
         fetch = batch.fetch
         if len(cold) < len(batch.bands):
-            fetch = plan_fetch(checked.bands, max_gap=self.max_gap, gap_budget=self.gap_budget)
+            fetch = plan_fetch(
+                checked.bands,
+                max_gap=self.max_gap,
+                gap_budget=self.gap_budget,
+                request_bytes=self.request_bytes,
+                max_amplification=self.max_amplification,
+            )
             with self.lock:
                 self.replanned[number] = (fetch, cold)
         return self.source.fetch(fetch, checked.bands, [dests[n] for n in cold], checked)

@@ -15,9 +15,11 @@ tile row's bytes apart; the loader de-tiles them into the band's rows. The fetch
 that touch, so a rank's whole tile rows are one read.
 
 Bands are ordered by file offset and packed into :class:`Batch` es of at most ``batch_bytes`` band
-bytes, each with its :class:`~.ranges.FetchPlan`. A staged band gets a *slot* in its batch's
-page-aligned staging buffer (a contiguous band of at least :data:`~.bands.DIRECT_MIN` at its offset
-within its first file page, so O_DIRECT can read its whole pages there: a page more per such band).
+bytes (a band whose rows the fetch plan reads as one range because requests have a price counts its
+extent, :func:`~.ranges.priced`), each with its :class:`~.ranges.FetchPlan`. A staged band gets a
+*slot* in its batch's page-aligned staging buffer (a contiguous band of at least
+:data:`~.bands.DIRECT_MIN` at its offset within its first file page, so O_DIRECT can read its whole
+pages there: a page more per such band).
 The schedule also carries each slice's result-array shift (:func:`~.bands.direct_shifts`).
 """
 
@@ -33,7 +35,7 @@ from shardport.registry.tiles.model import TileIndex
 
 from .banding import check_tensor, plan_bands
 from .bands import DIRECT_MIN, PAGE, Band, Part, direct_shifts
-from .ranges import FetchPlan, plan_fetch
+from .ranges import FetchPlan, bridge_factor, plan_fetch, priced
 
 __all__ = [
     "DIRECT_MIN",
@@ -134,14 +136,54 @@ def schedule_reads(
     batch_bytes: int = 16 << 20,
     max_gap: int = 0,
     gap_budget: float = 0.0,
+    request_bytes: int = 0,
+    max_amplification: float = 1.0,
 ) -> ReadSchedule:
     """Plan the reads for ``slices`` (see the module docstring). Raises the loader's named errors.
+
+    ``max_gap``, ``gap_budget``, ``request_bytes`` and ``max_amplification`` are the fetch planner's
+    (:func:`~.ranges.plan_fetch`).
 
     The cyclic garbage collector is paused meanwhile: planning builds thousands of small acyclic
     records, and the collections they triggered (each walking every live object) doubled its time.
     """
     with _paused_gc():
-        return _schedule(slices, tensors, files, index, batch_bytes, max_gap, gap_budget)
+        gaps = _Gaps(max_gap, gap_budget, request_bytes, max_amplification)
+        return _schedule(slices, tensors, files, index, batch_bytes, gaps)
+
+
+@dataclass(frozen=True, slots=True)
+class _Gaps:
+    """The fetch planner's knobs (:func:`~.ranges.plan_fetch`)."""
+
+    max_gap: int
+    gap_budget: float
+    request_bytes: int
+    max_amplification: float
+
+    def plan(self, bands: Sequence[Band]) -> FetchPlan:
+        return plan_fetch(
+            bands,
+            max_gap=self.max_gap,
+            gap_budget=self.gap_budget,
+            request_bytes=self.request_bytes,
+            max_amplification=self.max_amplification,
+        )
+
+    def weight(self, band: Band) -> int:
+        """The bytes ``band`` counts for in its batch: its extent where its rows are one range."""
+        whole = priced(
+            band,
+            max_gap=self.max_gap,
+            request_bytes=self.request_bytes,
+            max_amplification=self.max_amplification,
+        )
+        return band.extent if whole else band.nbytes
+
+    @property
+    def factor(self) -> float:
+        """The most bytes a plan reads per band byte."""
+        return bridge_factor(self.gap_budget, self.request_bytes, self.max_amplification)
 
 
 @contextlib.contextmanager
@@ -162,8 +204,7 @@ def _schedule(
     files: Iterable[FileEntry],
     index: TileIndex,
     batch_bytes: int,
-    max_gap: int,
-    gap_budget: float,
+    gaps: _Gaps,
 ) -> ReadSchedule:
     by_path = {f.path: f for f in files}
     batches: list[Batch] = []
@@ -171,27 +212,28 @@ def _schedule(
     size = largest = 0
     for band in plan_bands(slices, tensors, by_path, index, batch_bytes):
         largest = max(largest, min(band.rows, band.row_block) * min(band.col_block, band.row_bytes))
-        if group and size + band.nbytes > batch_bytes:
-            batches.append(_batch(group, max_gap, gap_budget))
+        weight = gaps.weight(band)  # a band read whole (priced requests) holds its extent in memory
+        if group and size + weight > batch_bytes:
+            batches.append(_batch(group, gaps))
             group, size = [], 0
         group.append(band)
-        size += band.nbytes
+        size += weight
     if group:
-        batches.append(_batch(group, max_gap, gap_budget))
+        batches.append(_batch(group, gaps))
     blobs = {band.file: by_path[band.file].digest for b in batches for band in b.bands}
     slot = max((b.staging_bytes for b in batches), default=0)
     # A local read takes a span holding a tiled band whole into a bounce buffer (a narrow tiled band run
     # by run). The loader may re-plan part of a batch (bands not in the page cache): any span of any
-    # subset stays within the batch's band bytes plus what the gap budget lets it bridge.
+    # subset stays within the batch's band bytes times the planner's factor (1 + the gap budget locally).
     bounce = 0
     for b in batches:
         if any(band.tile_width for band in b.bands):
-            bounce = max(bounce, int(sum(band.nbytes for band in b.bands) * (1 + gap_budget)))
+            bounce = max(bounce, int(sum(band.nbytes for band in b.bands) * gaps.factor))
     shifts = direct_shifts(band for b in batches for band in b.bands)
     return ReadSchedule(tuple(slices), tuple(batches), blobs, slot, largest, bounce, shifts)
 
 
-def _batch(bands: list[Band], max_gap: int, gap_budget: float) -> Batch:
+def _batch(bands: list[Band], gaps: _Gaps) -> Batch:
     slots, at = [], 0
     for band in bands:
         if band.direct >= 0:
@@ -202,5 +244,5 @@ def _batch(bands: list[Band], max_gap: int, gap_budget: float) -> Batch:
         at = _round_page(at) + (band.offset % PAGE if band.contiguous and band.nbytes >= DIRECT_MIN else 0)
         slots.append(at)
         at += band.nbytes
-    fetch = plan_fetch(bands, max_gap=max_gap, gap_budget=gap_budget)
+    fetch = gaps.plan(bands)
     return Batch(tuple(bands), tuple(slots), _round_page(at), fetch)

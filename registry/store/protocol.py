@@ -60,13 +60,19 @@ class ReadProfile:
     ``depth``: batches in flight by default; ``direct_io``: cold spans may be read with ``O_DIRECT``
     (the backend has local files); ``file_handles``: :meth:`Store.open_local` gives descriptors (the
     store has a :attr:`~Store.local_root`), so readers ``preadv``/map them rather than calling
-    :meth:`Store.read_ranges`.
+    :meth:`Store.read_ranges`; ``request_bytes``: what one request costs, in bytes of transfer (its
+    latency x the throughput; 0 where a read costs next to nothing, as locally): the fetch planner reads
+    a row-major tensor's rows as one range when the gaps between the pieces it needs are smaller, as
+    long as that range is at most ``max_amplification`` x those pieces' bytes
+    (:func:`shardport.loader.ranges.priced`).
     """
 
     max_gap: int
     depth: int
     direct_io: bool
     file_handles: bool
+    request_bytes: int = 0
+    max_amplification: float = 1.0
 
 
 @contextlib.contextmanager

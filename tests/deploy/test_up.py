@@ -27,6 +27,7 @@ from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.evidence import read_evidence
 from shardport.registry.session import Session
 from shardport.registry.store.keys import blob_key
+from shardport.registry.store.s3 import S3_PROFILE
 from shardport.registry.trust.resolve import resolve
 
 PROMPT = (1, 5, 300, 7, 396)
@@ -163,7 +164,9 @@ def test_up_from_seaweedfs_s3(home: Path, tmp_path: Path, seaweed_store_url: str
     )
     assert code == 0, doc
     _all_pass(doc["parity"])
-    assert all(float(a) <= 1.05 for a in doc["read_amplification"].values())
+    # a rank's N-split of every GPTQ [K/8, N] row is read whole on S3 (requests priced), gaps and all
+    bound = S3_PROFILE.max_amplification + 0.02
+    assert all(1.0 <= float(a) <= bound for a in doc["read_amplification"].values())
     assert ok(seaweed_store_url, "verify", "llama/gptq:v1")["evidence_verified"] == 1
 
 

@@ -56,6 +56,7 @@ from shardport.placement.errors import UnsplittableError
 from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.evidence import read_evidence
 from shardport.registry.session import Session
+from shardport.registry.store.s3 import S3_PROFILE
 from shardport.registry.trust.resolve import resolve
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -308,8 +309,8 @@ def test_mixture_of_experts_at_ep2_tp2(pushed: Pusher, ray_ranks: Any) -> None:
 @pytest.mark.parametrize("name", ["gguf-tiny", "gptq32"])
 def test_up_from_seaweedfs_s3(pushed_s3: Pusher, ray_ranks: Any, name: str) -> None:
     """GGUF mix (hidden 192) at tp 3 as llama.cpp stores it; GPTQ g32 (hidden 576) at tp 4 converted to
-    the tiled layout (row-major column pieces cost one GET per matrix row on S3: ~2,300 requests a rank
-    for the GGUF mix at hidden 576, 18 tiled)."""
+    the tiled layout (row-major column pieces are read whole on S3, gaps included, since a request costs
+    more: 16 requests a rank for the GGUF mix at hidden 576, 2,318 unpriced, 18 tiled)."""
     tiled = name == "gptq32"
     ref, tp, kernels = {
         "gguf-tiny": ("tiny/gguf:v1", 3, by_slot(GGUF_KERNELS)),
@@ -322,7 +323,9 @@ def test_up_from_seaweedfs_s3(pushed_s3: Pusher, ray_ranks: Any, name: str) -> N
     dispatch = assert_cell(store, ref, result, kernels, world=tp)
     amplification = result.predicate["read_amplification"]
     assert set(amplification) == {str(r) for r in range(tp)}
-    assert all(float(a) <= 1.05 for a in amplification.values()), amplification
+    # row-major GGUF: a rank's K-split of every row is read whole on S3 (requests priced), gaps and all
+    bound = 1.05 if tiled else S3_PROFILE.max_amplification + 0.02
+    assert all(float(a) <= bound for a in amplification.values()), amplification
     if tp == 4:  # 144 per rank would cut a 32-group
         assert k_ranges(dispatch, "model.layers.1.self_attn.o_proj.weight") == [
             (0, 192),

@@ -1,4 +1,6 @@
-"""``registry convert --layout tiled``: validated, signed, and far fewer requests per rank on S3."""
+"""``registry convert --layout tiled``: validated, signed, and on S3 a few requests per tensor at no
+read amplification (row-major column pieces cost a request per row, or with requests priced, their
+gaps read)."""
 
 from __future__ import annotations
 
@@ -128,11 +130,12 @@ def test_convert_cuts_requests_on_seaweedfs(seaweed_store_url: str, tmp_path: Pa
     for rank in range(4):
         row_major = ok(store, "pull", "acme/llama:q4", tmp_path / "rm", "--tp", "4", "--rank", str(rank))
         tiled = ok(store, "pull", "acme/llama:q4-tiled", tmp_path / "tl", "--tp", "4", "--rank", str(rank))
-        assert tiled["read_amplification"] <= 1.05
         tensors = len(tiled["ledger"]["tiles"])
-        assert tiled["requests"] <= 4 * tensors < row_major["requests"], (
-            tiled["requests"],
-            row_major["requests"],
+        assert tiled["requests"] <= 4 * tensors, (tiled["requests"], tensors)
+        # row-major: the N-split [K/8, N] rows are read whole (requests priced on S3), gaps and all
+        assert tiled["read_amplification"] <= 1.05 < row_major["read_amplification"], (
+            tiled["read_amplification"],
+            row_major["read_amplification"],
         )
         outs.append(Path(tiled["out"]))
     reassemble(source_manifest, src, outs)

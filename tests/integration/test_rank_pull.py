@@ -22,6 +22,7 @@ from shardport.registry.contracts import CellWitness, decode_weight
 from shardport.registry.contracts.model import cell_positions
 from shardport.registry.session import Session
 from shardport.registry.store.keys import blob_key
+from shardport.registry.store.s3 import S3_PROFILE
 
 
 def pushed(store: str, kind: str, folder: Path) -> tuple[Path, str]:
@@ -181,10 +182,11 @@ def test_rank_pulls_seaweedfs(kind: str, seaweed_store_url: str, tmp_path: Path,
         outs = []
         for rank in range(tp):
             res = ok(store, "pull", ref, tmp_path / f"tp{tp}", "--tp", str(tp), "--rank", str(rank))
-            assert res["read_amplification"] <= 1.05, (tp, rank, res["read_amplification"])
-            if kind == "gguf":
-                assert res["requests"] <= 8 * len(res["ledger"]["tiles"])  # a handful per tensor
-            assert res["requests"] > 0
+            # GPTQ row-major: a rank's N-split of every [K/8, N] row is read whole, gaps included (S3
+            # prices requests: ReadProfile.request_bytes), at most the profile's amplification
+            bound = 1.05 if kind == "gguf" else S3_PROFILE.max_amplification + 0.02
+            assert res["read_amplification"] <= bound, (tp, rank, res["read_amplification"])
+            assert 0 < res["requests"] <= 8 * len(res["ledger"]["tiles"])  # a handful per tensor
             outs.append(Path(res["out"]))
         reassemble(manifest, src, outs)
 

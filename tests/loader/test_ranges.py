@@ -10,12 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardport.loader.ranges import gap_threshold, plan_fetch
+from shardport.loader.ranges import bridge_factor, gap_threshold, plan_fetch, priced
 from shardport.loader.schedule import Band
 from shardport.loader.sources import Dest, LocalBlobSource, group_extent, map_groups
 from shardport.placement import Piece
 from shardport.registry.store.keys import blob_key
+from shardport.registry.store.local import LOCAL_MAX_GAP
 from shardport.registry.store.protocol import Store
+from shardport.registry.store.s3 import S3_PROFILE
 
 FILES = {name: random.Random(name).randbytes(40_000) for name in ("a", "b")}
 DIGESTS = {name: f"sha256:{k:064x}" for k, name in enumerate(FILES, start=1)}
@@ -53,12 +55,19 @@ def bands(draw: st.DrawFn) -> list[Band]:
     return sorted(out, key=lambda b: (b.file, b.offset))
 
 
+PRICES = st.sampled_from([(0, 1.0), (0, 8.0), (40, 3.0), (1 << 20, 8.0), (1 << 20, 1.5)])
+"""``(request_bytes, max_amplification)``: unpriced (local stores), and priced as on S3 or cheaper."""
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(bs=bands(), max_gap=st.integers(0, 200), budget=st.sampled_from([0.0, 0.02, 0.3, 10.0]))
+@given(bs=bands(), max_gap=st.integers(0, 200), budget=st.sampled_from([0.0, 0.02, 0.3, 10.0]), price=PRICES)
 def test_fetch_plan_reads_every_band_once_and_bridges_within_budget(
-    store: Store, bs: list[Band], max_gap: int, budget: float
+    store: Store, bs: list[Band], max_gap: int, budget: float, price: tuple[int, float]
 ) -> None:
-    plan = plan_fetch(bs, max_gap=max_gap, gap_budget=budget)
+    request_bytes, amplification = price
+    plan = plan_fetch(
+        bs, max_gap=max_gap, gap_budget=budget, request_bytes=request_bytes, max_amplification=amplification
+    )
     seen = [k for s in plan.spans for k, _ in s.members] + list(plan.row_bands)
     assert sorted(seen) == [k for k, b in enumerate(bs) if b.nbytes]  # each band exactly once
     for s in plan.spans:
@@ -72,7 +81,14 @@ def test_fetch_plan_reads_every_band_once_and_bridges_within_budget(
         assert x.file != y.file or x.end < y.offset
     requested = sum(b.nbytes for b in bs)
     assert plan.bytes == sum(s.length for s in plan.spans) + sum(bs[k].nbytes for k in plan.row_bands)
-    assert plan.bytes - requested <= budget * requested + 1e-9
+    factor = bridge_factor(budget, request_bytes, amplification)
+    assert plan.bytes <= factor * requested + 1e-9
+    if request_bytes == 0:
+        assert plan.bytes - requested <= budget * requested + 1e-9
+        assert plan == plan_fetch(bs, max_gap=max_gap, gap_budget=budget)  # unpriced: the budget's plan
+    for k, b in enumerate(bs):  # a band whose rows are worth a range never goes row by row
+        if priced(b, max_gap=max_gap, request_bytes=request_bytes, max_amplification=amplification):
+            assert k not in plan.row_bands
     assert plan.requests == len(plan.spans) + sum(bs[k].rows for k in plan.row_bands)
     # the real local source fills every band's destination with exactly its bytes
     buf = memoryview(bytearray(sum(b.nbytes for b in bs) + 1))
@@ -93,18 +109,71 @@ def test_fetch_plan_reads_every_band_once_and_bridges_within_budget(
 
 @settings(max_examples=150, deadline=None)
 @given(
-    bs=bands(), max_gap=st.integers(0, 200), budget=st.sampled_from([0.0, 0.02, 0.3, 10.0]), data=st.data()
+    bs=bands(),
+    max_gap=st.integers(0, 200),
+    budget=st.sampled_from([0.0, 0.02, 0.3, 10.0]),
+    price=PRICES,
+    data=st.data(),
 )
 def test_a_read_of_any_part_of_a_batch_stays_within_its_bytes_plus_the_gap_budget(
-    bs: list[Band], max_gap: int, budget: float, data: st.DataObject
+    bs: list[Band], max_gap: int, budget: float, price: tuple[int, float], data: st.DataObject
 ) -> None:
     # the loader re-plans the bands of a batch that are not in the page cache; the bounce buffer for
     # tiled reads is sized by this bound (ReadSchedule.bounce_bytes), not by the whole batch's plan
     part = [b for b in bs if data.draw(st.booleans())]
-    plan = plan_fetch(part, max_gap=max_gap, gap_budget=budget)
-    bound = sum(b.nbytes for b in bs) * (1 + budget)
+    request_bytes, amplification = price
+    plan = plan_fetch(
+        part, max_gap=max_gap, gap_budget=budget, request_bytes=request_bytes, max_amplification=amplification
+    )
+    bound = sum(b.nbytes for b in bs) * bridge_factor(budget, request_bytes, amplification)
     assert all(s.length <= bound for s in plan.spans)
     assert all(part[k].nbytes <= bound for k in plan.row_bands)
+
+
+def _column_piece(tp: int, rank: int, rows: int = 64, row_bytes: int = 480, *, start: int = 0) -> Band:
+    """Rank ``rank``'s byte columns of every row of a row-major ``rows`` x ``row_bytes`` tensor (K-split)."""
+    c0, c1 = rank * row_bytes // tp, (rank + 1) * row_bytes // tp
+    return Band.rect("t", "a", start, row_bytes, 0, 0, 1, 0, rows, c0, c1, -1, 0, 0, ())
+
+
+LOCAL = {"max_gap": LOCAL_MAX_GAP, "gap_budget": 0.02}
+S3 = {
+    "max_gap": S3_PROFILE.max_gap,
+    "gap_budget": 0.02,
+    "request_bytes": S3_PROFILE.request_bytes,
+    "max_amplification": S3_PROFILE.max_amplification,
+}
+
+
+@pytest.mark.parametrize("tp", [2, 3, 4, 8])
+def test_row_major_column_pieces_are_one_request_on_s3_and_a_run_per_row_locally(tp: int) -> None:
+    # a rank's part of every row of two tensors (tp-way K-splits): on S3 a request costs more than the
+    # gaps between the rows, so each tensor's rows are one range; locally a run is a preadv iovec
+    bands = [_column_piece(tp, 1), _column_piece(tp, 1, start=64 * 480 + 100_000)]
+    needed = sum(b.nbytes for b in bands)
+    local = plan_fetch(bands, **LOCAL)
+    assert local.row_bands == (0, 1) and local.requests == 128 and local.bytes == needed
+    s3 = plan_fetch(bands, **S3)
+    assert s3.row_bands == () and s3.requests == 2
+    assert [(s.offset, s.length) for s in s3.spans] == [(b.offset, b.extent) for b in bands]
+    assert s3.bytes == sum(b.extent for b in bands) <= tp * needed  # the gaps are read, and counted
+    # unpriced, the same bands under the S3 gap limit keep to the 2% budget: a run per row
+    assert plan_fetch(bands, **{**S3, "request_bytes": 0}).requests == 128
+
+
+def test_request_pricing_stops_at_the_amplification_cap_the_request_cost_and_tiled_bands() -> None:
+    thin = _column_piece(16, 1)  # reading its rows whole would read ~16x its bytes
+    assert plan_fetch([thin], **S3).requests == thin.runs
+    assert plan_fetch([thin], **{**S3, "max_amplification": 16.0}).requests == 1
+    wide = _column_piece(4, 1, rows=8, row_bytes=4 << 20)  # gaps of 3 MiB: a request costs less
+    assert plan_fetch([wide], **{**S3, "max_gap": 8 << 20}).requests == wide.runs
+    assert plan_fetch([wide], **{**S3, "max_gap": 8 << 20, "request_bytes": 4 << 20}).requests == 1
+    # a tiled tensor's band: its runs are tile rows (already few); they keep to the gap budget
+    piece = _column_piece(4, 1)
+    tiled = piece._replace(i1=4, tile_width=piece.width, stride=16 * piece.row_bytes)
+    assert tiled.runs == 4 and not tiled.contiguous
+    plan = plan_fetch([tiled], **S3)
+    assert plan.row_bands == (0,) and plan.requests == 4 and plan.bytes == tiled.nbytes
 
 
 def test_gap_threshold_bridges_smallest_gaps_first() -> None:

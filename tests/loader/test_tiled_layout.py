@@ -262,13 +262,17 @@ def test_s3_tiled_reads_requests_and_tamper_detection(moto_store_url: str, tmp_p
         assert np.array_equal(got, art.expected(s)), s
     assert node.ledger.requests <= sum(t.grid_rows for t in tiled.index.tensors.values())
     assert node.ledger.read_amplification <= 1.05
-    # a column slice of one tensor: a request per matrix row row-major, at most one per tile row tiled
+    # a column slice of one tensor: at most a request per tile row tiled; row-major, a request per matrix
+    # row where requests have no price, else its rows read whole in one request (bytes for requests)
     name = "model.layers.0.self_attn.q_proj.weight"
     t = tiled.index.tensors[name]
     s = next(s for s in rank_slices(art, 4, 1, "col") if s.tensor == name)
-    want, got = load(art, [s]), load(tiled, [s])
+    want, got = load(art, [s], request_bytes=0), load(tiled, [s])
     assert np.array_equal(got.arrays[0], want.arrays[0])
     assert got.ledger.requests <= t.grid_rows < t.rows <= want.ledger.requests
+    whole = load(art, [s])
+    assert np.array_equal(whole.arrays[0], want.arrays[0])
+    assert whole.ledger.requests == 1 and 3 < whole.ledger.read_amplification <= 4
     j = s.col0 // t.col_block  # the first tile the slice reads
     first = tile_pieces(t, 0, j)[0][0]
     tiled.flip(first)

@@ -48,10 +48,12 @@ def test_profile_local_root_and_local_files_agree(store_url: str) -> None:
     digest = store.put_blob(b"a blob")
     if store.local_root is None:
         assert profile.max_gap == 1 << 20 and profile.depth == 4
+        assert profile.request_bytes == 1 << 20 and profile.max_amplification == 8.0  # requests priced
         with pytest.raises(StoreError, match="no local files"):
             store.open_local(blob_key(digest))
         return
     assert profile.max_gap == 4096 and 4 <= profile.depth <= 8
+    assert profile.request_bytes == 0  # a run is a preadv iovec: plans keep to the gap budget
     assert store.local_root == Path(store_url).resolve()
     fd = store.open_local(blob_key(digest))
     try:
