@@ -120,17 +120,15 @@ class PreparedInt4(PreparedLinear):
             worst = max(worst, float(diff.max()) if diff.size else 0.0)
         return worst
 
-    def _layout_table(self, start: int, stop: int) -> F32:
-        """``(u - 8)·scale + zero`` for u = 0..15 of every group of rows ``start..stop``: ``[rows, G, 16]``.
+    def _layout_table(self, rows: I64, groups: I64) -> F32:
+        """``(u - 8)·scale + zero`` for u = 0..15 in group ``groups[i]`` of row ``rows[i]``: ``[len, 16]``.
 
         The same binary32 operations, in the same order, as :meth:`_decode_from` applies per element.
         """
         if self._sz32 is None:
             self._sz32 = self.scale_zero.float().numpy()
-        sz = self._sz32[:, start:stop]  # [G, rows, 2]
-        scale = sz[:, :, 0].T[:, :, None]
-        zero = sz[:, :, 1].T[:, :, None]
-        out: F32 = (_CODES_MINUS_8 * scale + zero).astype(np.float32)
+        sz = self._sz32[groups, rows]  # [len, 2]
+        out: F32 = (_CODES_MINUS_8 * sz[:, 0:1] + sz[:, 1:2]).astype(np.float32)
         return out
 
     def _decode_from(self, u: npt.NDArray[np.integer[Any]], start: int, stop: int) -> F32:

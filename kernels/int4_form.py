@@ -4,10 +4,11 @@
 the same codes, scales and zeros:
 
 - fast (the load path): 4-bit codes in 32-bit words (GPTQ, AWQ, compressed-tensors int4) and GGUF
-  Q4_0/Q4_1 nibbles are split with byte-wide masks and shifts into one uint8 ``[N, K]`` array in one
-  pass (no int64 intermediate). The encoding is applied through its table over the 16 field values
-  (the registry's own ``apply_encoding``), so every code lies in 0..15 by construction. Zero points
-  and scales come from the registry (:func:`affine_qparams`) without unpacking the codes a second time.
+  Q4_0/Q4_1 nibbles are split with byte-wide masks and shifts into one byte-per-code ``[N, K]`` array
+  in one pass (no int64 intermediate; held as int8 so that ``u - 8`` stays signed). The encoding is
+  applied through its table over the 16 field values (the registry's own ``apply_encoding``), so every
+  code lies in 0..15 by construction. Zero points and scales come from the registry
+  (:func:`affine_qparams`) without unpacking the codes a second time.
 - oracle (``fast=False``; parity L1 compares against it): the registry's generic per-field unpacking
   (:func:`affine_terms`), int64 codes, range-checked element by element.
 
@@ -46,13 +47,12 @@ from .weight import RankWeight
 F64 = npt.NDArray[np.float64]
 U8 = npt.NDArray[np.uint8]
 Codes = npt.NDArray[np.integer[Any]]
-#: ``(start, stop) → [stop - start, G, 16]``: a value for each code 0..15 of every group of those rows.
-Table = Callable[[int, int], npt.NDArray[np.floating[Any]]]
+I64 = npt.NDArray[np.int64]
+#: ``(rows, groups) → [len, 16]``: the value of each code 0..15 in group ``groups[i]`` of row ``rows[i]``.
+Table = Callable[[I64, I64], npt.NDArray[np.floating[Any]]]
 
 _SIXTEEN = np.arange(16, dtype=np.int64)
 _SHIFTS = np.arange(16, dtype=np.uint16)
-#: Code ``c`` → the bit ``1 << c`` (a group's codes OR-ed together say which of the 16 it holds).
-_CODE_BIT = (np.uint16(1) << np.arange(16, dtype=np.uint16)).astype(np.uint16)
 #: Q4_0/Q4_1 qs byte ``j`` = ``j | j << 4``: elements ``j`` and ``16 + j`` of a block both hold code ``j``.
 _EVERY_CODE = (np.arange(16, dtype=np.uint8) * np.uint8(17)).astype(np.uint8)
 
@@ -61,11 +61,12 @@ _EVERY_CODE = (np.arange(16, dtype=np.uint8) * np.uint8(17)).astype(np.uint8)
 class Int4Form:
     """A rank's weight in int4pack's terms.
 
-    ``u [N, K]``: codes in 0..15 (uint8 from the fast path, int64 from the oracle); ``scale``/``zero``
+    ``u [N, K]``: codes in 0..15 (int8 from the fast path, int64 from the oracle); ``scale``/``zero``
     ``[G, N]`` (float64, exact) with ``w = (u - 8)·scale + zero``; ``group``: the group size;
     ``reference_rows``: the decode law's rows (binary32); ``reference_table``: the decode law over the
-    16 codes of every group, ``[rows, G, 16]`` binary32 (None where a column's group is not
-    ``k // group``, e.g. an act-order g_idx).
+    16 codes of any groups (binary32; None where a column's group is not ``k // group``, e.g. an
+    act-order g_idx); ``group_keys``: ``[N, G]`` integers equal only where two groups' parameters
+    (hence every value of both tables) are equal -- the block header for Q4_0 -- or None.
     """
 
     u: Codes
@@ -74,6 +75,7 @@ class Int4Form:
     group: int
     reference_rows: Callable[[int, int], F32]
     reference_table: Table | None = None
+    group_keys: npt.NDArray[np.uint16] | None = None
 
 
 def _fields_u8(c: AffineIntContract, plane: npt.NDArray[Any], n: int, k: int) -> U8 | None:
@@ -101,21 +103,32 @@ def _fields_u8(c: AffineIntContract, plane: npt.NDArray[Any], n: int, k: int) ->
     if along % 8 or words.shape != (other, along // 8):
         return None
     data = np.ascontiguousarray(words).view(np.uint8).reshape(other, along // 8, 4)
-    fields = np.empty((other, along // 8, 8), dtype=np.uint8)
-    order = pack.slot_order if pack.scheme == "slots" else tuple(range(8))
-    if tuple(order) == tuple(range(8)):
-        pairs = fields.reshape(other, along // 8, 4, 2)
+    order = tuple(pack.slot_order) if pack.scheme == "slots" else tuple(range(8))
+    if pack.axis == "K":
+        return _split(data, order).reshape(n, k)
+    out = np.empty((n, k), dtype=np.uint8)  # fields run along N: transpose a block of rows at a time
+    for r in range(0, n, ROW_CHUNK):
+        stop = min(r + ROW_CHUNK, n)
+        out[r:stop] = _split(data[:, r // 8 : stop // 8], order).reshape(k, stop - r).T
+    return out
+
+
+def _split(data: U8, order: tuple[int, ...]) -> U8:
+    """Words as little-endian bytes ``[lines, W, 4]`` → their eight 4-bit fields ``[lines, W, 8]``."""
+    lines, width = data.shape[0], data.shape[1]
+    fields = np.empty((lines, width, 8), dtype=np.uint8)
+    if order == tuple(range(8)):
+        pairs = fields.reshape(lines, width, 4, 2)
         np.bitwise_and(data, np.uint8(0x0F), out=pairs[..., 0])
         np.right_shift(data, np.uint8(4), out=pairs[..., 1])
-    else:
-        for slot, element in enumerate(order):
-            byte = data[:, :, slot // 2]
-            if slot % 2:
-                np.right_shift(byte, np.uint8(4), out=fields[:, :, element])
-            else:
-                np.bitwise_and(byte, np.uint8(0x0F), out=fields[:, :, element])
-    stored = fields.reshape(other, along)
-    return stored if pack.axis == "K" else np.ascontiguousarray(stored.T)
+        return fields
+    for slot, element in enumerate(order):
+        byte = data[:, :, slot // 2]
+        if slot % 2:
+            np.right_shift(byte, np.uint8(4), out=fields[:, :, element])
+        else:
+            np.bitwise_and(byte, np.uint8(0x0F), out=fields[:, :, element])
+    return fields
 
 
 def _encoded(stored: U8, encoding: str) -> U8 | None:
@@ -133,16 +146,16 @@ def _encoded(stored: U8, encoding: str) -> U8 | None:
 
 
 def _affine_table(c: AffineIntContract, zero: npt.NDArray[Any], scale: F32, lo: int) -> Table:
-    """The decode law (as :func:`decode_affine` evaluates it) over the 16 codes of every group."""
+    """The decode law (as :func:`decode_affine` evaluates it) over the 16 codes of the given groups."""
     q = _SIXTEEN + lo
 
-    def table(start: int, stop: int) -> F32:
-        z = zero[start:stop][:, :, None]
+    def table(rows: I64, groups: I64) -> F32:
+        z = zero[rows, groups][:, None]
         if z.dtype == np.int64:
             diff = (q - z).astype(np.float32)
         else:
             diff = q.astype(np.float32) - z.astype(np.float32)
-        values: F32 = diff * scale[start:stop][:, :, None]
+        values: F32 = diff * scale[rows, groups][:, None]
         if c.decode_law == "affine_round_to_scale_format":
             values = round_to_format(values, c.scales.format)
         return values
@@ -191,16 +204,17 @@ def _affine_form(
 
 
 def _affine_fast(c: AffineIntContract, weight: RankWeight) -> Int4Form | None:
-    """GPTQ / AWQ / compressed-tensors int4 in 32-bit words: uint8 codes; None if not that form."""
+    """GPTQ / AWQ / compressed-tensors int4 in 32-bit words: int8 codes; None if not that form."""
     if not isinstance(c.group_map, GroupMapNone) or isinstance(c.permutation, PermutationPlane):
         return None
     planes = weight.named_planes
     shape = LogicalShape(axes=("N", "K"), extents=(weight.n_local, weight.k_local))
     zero, scale, group = affine_qparams(c, planes, shape, weight.where)  # checks every plane's shape
     stored = _fields_u8(c, planes[c.codes.plane], weight.n_local, weight.k_local)
-    u = None if stored is None else _encoded(stored, c.codes.encoding)
-    if u is None:
+    encoded = None if stored is None else _encoded(stored, c.codes.encoding)
+    if encoded is None:
         return None
+    u = encoded.view(np.int8)
     lo = encoding_value_range(c.codes.encoding)[0]
 
     def q_rows(start: int, stop: int) -> Codes:
@@ -234,7 +248,7 @@ def _gguf_q4(c: GgufBlockContract, weight: RankWeight, *, fast: bool) -> Int4For
         nibbles = np.empty((n, k // 32, 2, 16), dtype=np.uint8)
         np.bitwise_and(qs, np.uint8(0x0F), out=nibbles[:, :, 0])
         np.right_shift(qs, np.uint8(4), out=nibbles[:, :, 1])
-        u = nibbles.reshape(n, k)
+        u = nibbles.reshape(n, k).view(np.int8)
     else:
         u = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(n, k).astype(np.int64)
     if c.ggml_type == "Q4_0":
@@ -247,17 +261,17 @@ def _gguf_q4(c: GgufBlockContract, weight: RankWeight, *, fast: bool) -> Int4For
     def reference_rows(start: int, stop: int) -> F32:
         return decode_weight(local, weight.named_planes, range(start, stop))
 
-    def reference_table(start: int, stop: int) -> F32:
-        """The registry's own decoder on blocks with these rows' headers and every code in each block."""
-        count = stop - start
-        synthetic = np.empty((count, k // 32, head + 16), dtype=np.uint8)
-        synthetic[:, :, :head] = blocks[start:stop, :, :head]
-        synthetic[:, :, head:] = _EVERY_CODE
-        values = decode_gguf_rows(c.ggml_type, synthetic.reshape(count, -1), count, k, c.plane)
-        table: F32 = values.reshape(count, k // 32, 32)[:, :, :16]
+    def reference_table(at_rows: I64, groups: I64) -> F32:
+        """The registry's own decoder on blocks with those groups' headers holding every code."""
+        synthetic = np.empty((at_rows.size, head + 16), dtype=np.uint8)
+        synthetic[:, :head] = blocks[at_rows, groups, :head]
+        synthetic[:, head:] = _EVERY_CODE
+        values = decode_gguf_rows(c.ggml_type, synthetic, at_rows.size, 32, c.plane)
+        table: F32 = values[:, :16]
         return table
 
-    return Int4Form(u, d.T.copy(), zero.T.copy(), 32, reference_rows, reference_table)
+    keys = blocks[:, :, 0:2].copy().view("<u2")[..., 0] if c.ggml_type == "Q4_0" else None  # the header: d
+    return Int4Form(u, d.T.copy(), zero.T.copy(), 32, reference_rows, reference_table, keys)
 
 
 def _checked(weight: RankWeight, form: Int4Form) -> Int4Form:
@@ -287,7 +301,7 @@ def _checked(weight: RankWeight, form: Int4Form) -> Int4Form:
 def int4_terms(weight: RankWeight, *, fast: bool = True) -> Int4Form:
     """The int4pack form of a rank's weight, its codes range-checked and its scale count checked.
 
-    ``fast``: uint8 codes from a vectorised nibble split where the codes are 4-bit fields of 32-bit
+    ``fast``: int8 codes from a vectorised nibble split where the codes are 4-bit fields of 32-bit
     words or GGUF Q4_0/Q4_1 blocks (else, and with ``fast=False``, the registry's generic per-field
     unpacking into int64 codes, the oracle the parity ladder uses).
     """
@@ -303,32 +317,69 @@ def int4_terms(weight: RankWeight, *, fast: bool = True) -> Int4Form:
 
 
 def code_presence(u: Codes, group: int) -> npt.NDArray[np.uint16]:
-    """``[rows, G]``: bit ``c`` set where code ``c`` occurs in the group (codes in 0..15)."""
+    """``[rows, G]``: bit ``c`` set where code ``c`` occurs in the group (codes already checked in 0..15)."""
     rows, k = u.shape
-    bits = _CODE_BIT[u.reshape(rows, k // group, group)]
-    present: npt.NDArray[np.uint16] = np.bitwise_or.reduce(bits, axis=2)
+    codes = (u.view(np.uint8) if u.dtype == np.int8 else u.astype(np.uint8)).reshape(rows, k // group, group)
+    present: npt.NDArray[np.uint16] = np.bitwise_or.reduce(
+        np.left_shift(np.uint16(1), codes, dtype=np.uint16), axis=2
+    )
     return present
+
+
+def _representatives(keys: npt.NDArray[np.uint16]) -> tuple[I64, I64]:
+    """One flat index per distinct key, and each group's position among the distinct keys."""
+    flat = keys.reshape(-1)
+    where = np.zeros(1 << 16, dtype=np.int64)
+    where[flat] = np.arange(flat.size)  # some group holding each key (any one: they are all equal)
+    seen = np.zeros(1 << 16, dtype=bool)
+    seen[flat] = True
+    distinct = np.flatnonzero(seen)
+    position = np.zeros(1 << 16, dtype=np.int64)
+    position[distinct] = np.arange(distinct.size)
+    return where[distinct], position[flat]
+
+
+def _held(present: npt.NDArray[np.uint16]) -> npt.NDArray[np.bool_]:
+    """``[..., 16]``: whether each code is among the groups' codes."""
+    held: npt.NDArray[np.bool_] = ((present[..., None] >> _SHIFTS) & 1).astype(bool)
+    return held
 
 
 def table_error(form: Int4Form, layout_table: Table) -> float:
     """Largest ``|W_layout - W_reference|`` over the slice, from the per-group code tables.
 
-    ``layout_table`` gives the layout's value of each code 0..15 of every group (``[rows, G, 16]``),
+    ``layout_table`` gives the layout's value of each code 0..15 of given groups, and
     :attr:`Int4Form.reference_table` the decode law's. Every element equals its group's entry for its
-    code, so the maximum over the codes each group holds is the element-wise maximum, the same number;
-    which codes a group holds is read only where some entry differs. NaN if a difference is NaN.
+    code, so the maximum over the codes each group holds is the element-wise maximum -- the same
+    number; which codes a group holds is read only where some entry differs. With
+    :attr:`Int4Form.group_keys`, each distinct key is evaluated once and the codes held by all the
+    groups sharing it are OR-ed together. NaN if a difference is NaN.
     """
-    assert form.reference_table is not None
-    n, worst = form.u.shape[0], 0.0
+    table = form.reference_table
+    assert table is not None
+    n, groups = form.u.shape[0], form.u.shape[1] // form.group
+    if form.group_keys is not None:
+        first, position = _representatives(form.group_keys)
+        at_rows, at_groups = np.divmod(first, groups)
+        mine = layout_table(at_rows, at_groups).astype(np.float64)
+        diff = np.abs(mine - table(at_rows, at_groups).astype(np.float64))
+        if not diff.any():
+            return 0.0
+        present = code_presence(form.u, form.group).reshape(-1)
+        union = np.zeros(first.size, dtype=np.uint16)
+        np.bitwise_or.at(union, position, present)
+        return float(np.max(diff, where=_held(union), initial=0.0))
+    worst = 0.0
     for r in range(0, n, ROW_CHUNK):
         stop = min(r + ROW_CHUNK, n)
-        mine = layout_table(r, stop).astype(np.float64)
-        diff = np.abs(mine - form.reference_table(r, stop).astype(np.float64))
+        at_rows = np.repeat(np.arange(r, stop, dtype=np.int64), groups)
+        at_groups = np.tile(np.arange(groups, dtype=np.int64), stop - r)
+        mine = layout_table(at_rows, at_groups).astype(np.float64)
+        diff = np.abs(mine - table(at_rows, at_groups).astype(np.float64))
         if not diff.any():  # the layout equals the law on every code of every group here
             continue
-        present = code_presence(form.u[r:stop], form.group)
-        held = ((present[:, :, None] >> _SHIFTS) & 1).astype(bool)
-        part = float(np.max(diff, where=held, initial=0.0))
+        present = code_presence(form.u[r:stop], form.group).reshape(-1)
+        part = float(np.max(diff, where=_held(present), initial=0.0))
         if part != part:
             return part
         worst = max(worst, part)
