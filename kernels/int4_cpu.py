@@ -39,7 +39,9 @@ import numpy.typing as npt
 from .capability import Capability, OperatorSignature
 from .device import cpu_isa
 from .errors import KernelInputError
-from .int4_form import Int4Form, int4_terms, table_error
+from .int4_form import Int4Form as Int4Form  # re-exported: the CUDA kernel and tests use them
+from .int4_form import int4_terms as int4_terms
+from .int4_form import table_error
 from .prepared import F32, I64, ROW_CHUNK, PreparedLinear
 from .weight import RankWeight
 

@@ -329,6 +329,9 @@ def code_presence(u: Codes, group: int) -> npt.NDArray[np.uint16]:
 def _representatives(keys: npt.NDArray[np.uint16]) -> tuple[I64, I64]:
     """One flat index per distinct key, and each group's position among the distinct keys."""
     flat = keys.reshape(-1)
+    if flat.size <= 1 << 16:  # a sort is cheaper than three 2**16 tables
+        _, first, position = np.unique(flat, return_index=True, return_inverse=True)
+        return first.astype(np.int64), position.reshape(-1).astype(np.int64)
     where = np.zeros(1 << 16, dtype=np.int64)
     where[flat] = np.arange(flat.size)  # some group holding each key (any one: they are all equal)
     seen = np.zeros(1 << 16, dtype=bool)
