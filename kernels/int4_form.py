@@ -241,7 +241,8 @@ def _gguf_q4(c: GgufBlockContract, weight: RankWeight, *, fast: bool) -> Int4For
     head = 2 if c.ggml_type == "Q4_0" else 4
     rows = as_gguf_rows(weight.planes["codes"], c.ggml_type, n, k, c.plane)
     blocks = rows.reshape(n, k // 32, head + 16)
-    d = np.ascontiguousarray(blocks[:, :, 0:2]).view("<f2")[..., 0].astype(np.float64)
+    d_bits = np.ascontiguousarray(blocks[:, :, 0:2]).view("<u2")[..., 0]  # [N, G]
+    d = d_bits.view("<f2").astype(np.float64)
     qs = blocks[:, :, head:]
     u: Codes
     if fast:  # element j < 16 of a block: low nibble of byte j; 16 + j: its high nibble
@@ -270,7 +271,7 @@ def _gguf_q4(c: GgufBlockContract, weight: RankWeight, *, fast: bool) -> Int4For
         table: F32 = values[:, :16]
         return table
 
-    keys = blocks[:, :, 0:2].copy().view("<u2")[..., 0] if c.ggml_type == "Q4_0" else None  # the header: d
+    keys = d_bits if c.ggml_type == "Q4_0" else None  # Q4_0's whole header is d
     return Int4Form(u, d.T.copy(), zero.T.copy(), 32, reference_rows, reference_table, keys)
 
 
