@@ -160,7 +160,7 @@ class PreparedInt8(PreparedLinear):
 
     @property
     def resident_bytes(self) -> int:
-        """The int8 codes and the per-row scales."""
+        """The int8 codes (the loaded plane itself where its bytes are the codes) and the per-row scales."""
         return int(self.codes.numel() + self.scales.numel() * self.scales.element_size())
 
     def decode_rows(self, start: int, stop: int) -> F32:
