@@ -11,11 +11,18 @@ calls after a warm-up, at T = 1 (decode) and T = 32 (prefill) in float32 and bfl
 * ``dense matmul``: ``torch.matmul`` on a weight dequantized once (a full-size float copy resident; shown
   for the memory/time trade, not the goal's baseline).
 
-Repack throughput is GB of codes (N·K/2 bytes) per second: the bare ``_convert_weight_to_int4pack`` call,
-and the whole preparation; compared with BLAKE3 over the same bytes (the verify half of a verified read)
+Repack throughput is GB of codes (N·K/2 bytes for 4-bit, N·K for 8-bit) per second, median of
+``--repeat`` preparations after a warm-up, one torch thread (a rank's share): the bare
+``_convert_weight_to_int4pack`` call on ready int32 codes ``[N, K]`` (torch's converter is a scalar
+loop over every code and takes int32 only); :func:`~shardport.kernels.int4_cpu.pack_codes` (int8 codes
+widened and converted ``PACK_ROWS`` rows at a time: the floor of a preparation); and the whole
+preparation (``PreparedInt4`` / ``PreparedInt8``: unpack, checks, pack, scale/zero, conversion error)
+for GPTQ (this weight), GGUF Q4_0 and compressed-tensors int8 (per-channel) weights of the same shape,
+in float32 and bfloat16. Compared with BLAKE3 over the same bytes (the verify half of a verified read)
 and with the rank's verified read throughput recorded in ``bench/results/rank-pull.json``.
 
-Usage: python bench/kernels_cpu.py [--size 4096] [--group 128] [--repeat 9]
+Usage: python bench/kernels_cpu.py [--size 4096] [--group 128] [--repeat 9] [--parts repack,matmul]
+(a subset of parts updates only those sections of the results file)
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from quantized import inventory, pack_along_columns, pack_along_rows
 
 from shardport.kernels import default_catalog, dispatch, rank_weight
+from shardport.kernels.capability import operator_signature
+from shardport.kernels.device import this_cpu
+from shardport.kernels.int4_cpu import PreparedInt4, pack_codes
+from shardport.kernels.int8_kernel import PreparedInt8
 from shardport.registry.contracts import infer_safetensors
 
 PREFIX = "model.layers.0.mlp.down_proj"
@@ -69,50 +80,109 @@ def _weight(n: int, k: int, group: int):
     return weight, planes, q.T.astype(np.uint8), zeros.T, scales.T.astype(np.float32)
 
 
+def _gguf_q4_0(n: int, k: int):
+    from gguf import GGMLQuantizationType, quants
+
+    from shardport.registry.contracts import TensorInfo, infer_gguf
+
+    w = np.random.default_rng(1).standard_normal((n, k)).astype(np.float32)
+    tensor = "blk.0.ffn_down.weight"
+    weights = infer_gguf({"general.architecture": "llama"}, [TensorInfo(tensor, "Q4_0", (n, k))])
+    return rank_weight(
+        next(x for x in weights if x.name == tensor), {tensor: quants.quantize(w, GGMLQuantizationType.Q4_0)}
+    )
+
+
+def _ct_int8(n: int, k: int):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
+    import kernel_cases
+
+    case = kernel_cases.compressed_tensors(n, k, k, bits=8, strategy="channel")
+    return rank_weight(case.weight, case.planes)
+
+
+def repack(rw: Any, n: int, k: int, codes: np.ndarray, planes: dict[str, Any], repeat: int) -> dict[str, Any]:
+    """Preparation throughput (GB of codes per second) against the converter alone, BLAKE3 and the read."""
+    torch.set_num_threads(1)
+    code_bytes = n * k // 2
+    u = torch.from_numpy(np.ascontiguousarray(codes, dtype=np.int32))  # codes is a transposed view
+    pack_s = _median(lambda: torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1), repeat)
+    small = np.ascontiguousarray(codes, dtype=np.int8)
+    pack_rows_s = _median(lambda: pack_codes(small), repeat)
+    raw = planes[f"{PREFIX}.qweight"].tobytes()
+    hash_s = _median(lambda: blake3.blake3(raw).digest(), repeat)
+    verified = None
+    pull = RESULTS / "rank-pull.json"
+    if pull.exists():
+        verified = statistics.median(r["read_gbps"] for r in json.loads(pull.read_text())["ranks"])
+    out: dict[str, Any] = {
+        "threads": 1,
+        "code_bytes": code_bytes,
+        "pack_only_gbps": code_bytes / pack_s / 1e9,
+        "pack_rows_gbps": code_bytes / pack_rows_s / 1e9,
+        "blake3_gbps": code_bytes / hash_s / 1e9,
+        "rank_verified_read_gbps": verified,
+        "prepare": {},
+    }
+    weights = {
+        "gptq": (rw, PreparedInt4, code_bytes),
+        "gguf_q4_0": (_gguf_q4_0(n, k), PreparedInt4, code_bytes),
+    }
+    weights["ct_int8_channel"] = (_ct_int8(n, k), PreparedInt8, n * k)
+    for label, (weight, prepared_type, nbytes) in weights.items():
+        for dtype in ("float32", "bfloat16"):
+            op = operator_signature(weight, dtype, "decode", this_cpu())
+            seconds = _median(lambda w=weight, o=op, t=prepared_type: t(w, o, "bench"), repeat)
+            prepared = prepared_type(weight, op, "bench")
+            out["prepare"][f"{label}_{dtype}"] = {
+                "code_bytes": nbytes,
+                "seconds": seconds,
+                "gbps": nbytes / seconds / 1e9,
+                "transformation": prepared.transformation,
+                "conversion_error": prepared.conversion_error,
+            }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--group", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument("--parts", default="repack,matmul")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     n = k = args.size
     weight, planes, codes, zeros, scales = _weight(n, k, args.group)
     rw = rank_weight(weight, planes)
-    code_bytes = n * k // 2
-
-    out: dict[str, Any] = {
-        "n": n,
-        "k": k,
-        "group": args.group,
-        "threads": torch.get_num_threads(),
-        "isa": str(torch.backends.cpu.get_cpu_capability()),
-        "torch": torch.__version__,
-        "matmul": {},
-    }
-    t0 = time.perf_counter()
+    threads = torch.get_num_threads()
+    target = RESULTS / "kernels_cpu.json"
+    out: dict[str, Any] = (
+        json.loads(target.read_text()) if target.exists() and parts != {"repack", "matmul"} else {}
+    )
+    out.update(
+        {
+            "n": n,
+            "k": k,
+            "group": args.group,
+            "threads": threads,
+            "isa": str(torch.backends.cpu.get_cpu_capability()),
+            "torch": torch.__version__,
+        }
+    )
+    if "repack" in parts:
+        out["repack"] = repack(rw, n, k, codes, planes, args.repeat)
+        torch.set_num_threads(threads)
     prepared_bf16, _ = dispatch(rw, default_catalog(), activation_dtype="bfloat16", phase="decode")
-    prepare_s = time.perf_counter() - t0
-    u = torch.from_numpy(codes.astype(np.int32))
-    pack_s = _median(lambda: torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1), 3)
-    raw = planes[f"{PREFIX}.qweight"].tobytes()
-    hash_s = _median(lambda: blake3.blake3(raw).digest(), 3)
-    verified = None
-    pull = RESULTS / "rank-pull.json"
-    if pull.exists():
-        verified = statistics.median(r["read_gbps"] for r in json.loads(pull.read_text())["ranks"])
-    out["repack"] = {
-        "code_bytes": code_bytes,
-        "pack_only_gbps": code_bytes / pack_s / 1e9,
-        "prepare_gbps": code_bytes / prepare_s / 1e9,
-        "prepare_seconds": prepare_s,
-        "blake3_gbps": code_bytes / hash_s / 1e9,
-        "rank_verified_read_gbps": verified,
-    }
     out["resident"] = {
         "int4_bf16_bytes": prepared_bf16.resident_bytes,
         "bf16_equivalent_bytes": n * k * 2,
         "ratio": prepared_bf16.resident_bytes / (n * k * 2),
     }
+    if "matmul" not in parts:
+        _write(out)
+        return
+    out["matmul"] = {}
 
     group_of = torch.arange(k) // args.group
     codes_t = torch.from_numpy(codes)
@@ -139,6 +209,10 @@ def main() -> None:
                 "speedup_vs_dequant_matmul": per_call / int4,
                 "speedup_vs_dense_matmul": dense_mm / int4,
             }
+    _write(out)
+
+
+def _write(out: dict[str, Any]) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "kernels_cpu.json").write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))

@@ -40,6 +40,7 @@ from .device import cuda_device
 from .errors import ActivationError, KernelInputError
 from .int4_cpu import CAPABILITY as CPU_INT4
 from .int4_cpu import GROUPS, Int4Form, int4_terms
+from .int4_form import table_error
 from .prepared import F32, I64, ROW_CHUNK, PreparedLinear
 from .weight import RankWeight
 
@@ -124,7 +125,18 @@ def layout_rows(u: npt.NDArray[np.integer[Any]], sz: npt.NDArray[np.float32], gr
 
 
 def layout_error(form: Int4Form, sz: npt.NDArray[np.float32], n: int) -> float:
-    """Largest ``|W_layout - W_reference|`` over the slice, a chunk of rows at a time (host only)."""
+    """Largest ``|W_layout - W_reference|`` over the slice (host only).
+
+    Over each group's 16-code table where the form has one (:func:`~.int4_form.table_error`, the same
+    number), else a chunk of rows at a time.
+    """
+    if form.reference_table is not None:
+
+        def table(rows: npt.NDArray[np.int64], groups: npt.NDArray[np.int64]) -> F32:
+            part = sz[groups, rows].astype(np.float64)  # [len, 2]: as layout_rows evaluates each element
+            return round_bf16((_CODES - 8.0) * part[:, 0:1] + part[:, 1:2]).astype(np.float32)
+
+        return table_error(form, table)
     worst = 0.0
     for r in range(0, n, 4 * ROW_CHUNK):
         stop = min(r + 4 * ROW_CHUNK, n)
@@ -132,6 +144,9 @@ def layout_error(form: Int4Form, sz: npt.NDArray[np.float32], n: int) -> float:
         diff = np.abs(mine - form.reference_rows(r, stop).astype(np.float64))
         worst = max(worst, float(diff.max()) if diff.size else 0.0)
     return worst
+
+
+_CODES = np.arange(16, dtype=np.float64)
 
 
 def _torch_call(where: str, op: str, call: Any, *args: Any) -> Any:
@@ -231,7 +246,7 @@ class PreparedInt4Cuda(PreparedLinear):
 
     def code_check(self, weight: RankWeight) -> tuple[I64, I64] | None:
         """(codes by the registry's generic unpacking, codes read back from the device layout)."""
-        return int4_terms(weight, fast=False).u, self.probe_codes()
+        return int4_terms(weight, fast=False).u.astype(np.int64, copy=False), self.probe_codes()
 
     def _sz_host(self) -> npt.NDArray[np.float32]:
         out: npt.NDArray[np.float32] = self.scale_zero.float().cpu().numpy()

@@ -6,22 +6,32 @@ scale per 32 elements cannot be folded into one per row without changing the wei
 block kernel runs it). Preparation unpacks the codes once into a C-contiguous int8 ``[N, K]`` tensor
 (a repack: the same integers) and keeps the scales; where the activation dtype is narrower than the
 scales, or the decode law rounds each product, it is a conversion with its error recorded.
+
+At load time the codes are used as loaded where their bytes already are the int8 values: 8-bit fields
+packed four to a little-endian 32-bit word along K (compressed-tensors' pack-quantized) or an unpacked
+int8 plane are viewed, not copied, two's complement as they are and offset-128 fields with their top
+bit flipped (one pass); anything else goes through the registry's generic unpacking. The conversion
+error is taken over each row's table of the 256 codes, restricted to the codes the row holds -- the
+same number as comparing every element.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from shardport.registry.contracts.decode import affine_terms
+from shardport.registry.contracts.decode import affine_qparams, affine_terms
 from shardport.registry.contracts.formats import round_to_format
-from shardport.registry.contracts.model import AffineIntContract, LogicalShape
+from shardport.registry.contracts.model import AffineIntContract, GroupMapNone, LogicalShape, PermutationPlane
+from shardport.registry.contracts.packing import apply_encoding
 
 from .capability import Capability, OperatorSignature
 from .errors import KernelInputError
 from .int8_cpu import int8_weight_only_matmul
-from .prepared import F32, I64, PreparedLinear
+from .prepared import F32, I64, ROW_CHUNK, PreparedLinear
 from .weight import RankWeight
 
 CAPABILITY = Capability(
@@ -40,19 +50,73 @@ CAPABILITY = Capability(
 )
 
 
-def _codes_and_scales(weight: RankWeight) -> tuple[I64, F32, F32]:
-    """int8 codes ``[N, K]``, per-row binary32 scales ``[N]`` and the decode law's rows (binary32)."""
+I8 = npt.NDArray[np.int8]
+_BYTES = np.arange(256, dtype=np.int64)
+_VALUES = np.arange(-128, 128, dtype=np.float32)  # column c of a row's code table is code c - 128
+
+
+def _contract(weight: RankWeight) -> AffineIntContract:
     c = weight.contract
     if not isinstance(c, AffineIntContract) or c.scales.group_count != 1:
         raise KernelInputError(weight.where, "contract", "affine int8 with one scale per row", c.family)
+    return c
+
+
+def _codes_and_scales(weight: RankWeight) -> tuple[I64, F32]:
+    """int8 codes ``[N, K]`` and per-row binary32 scales ``[N]`` by the registry's generic unpacking.
+
+    The oracle the parity ladder's L1 compares the kernel's codes with, and the preparation of the
+    representations whose bytes are not already the codes.
+    """
+    c = _contract(weight)
     shape = LogicalShape(axes=("N", "K"), extents=(weight.n_local, weight.k_local))
     terms = affine_terms(c, weight.named_planes, shape, None, weight.where)
     if terms.q.size and (terms.q.min() < -128 or terms.q.max() > 127):
         raise KernelInputError(weight.where, "codes", "-128..127", f"{terms.q.min()}..{terms.q.max()}")
-    reference = terms.q.astype(np.float32) * terms.scale[:, :1]
-    if c.decode_law == "affine_round_to_scale_format":
-        reference = round_to_format(reference, c.scales.format)
-    return terms.q, np.ascontiguousarray(terms.scale[:, 0], dtype=np.float32), reference
+    return terms.q, np.ascontiguousarray(terms.scale[:, 0], dtype=np.float32)
+
+
+def _bytes_as_codes(c: AffineIntContract, weight: RankWeight) -> I8 | None:
+    """The int8 codes as the loaded bytes (a view, or one XOR pass); None where they are not such bytes."""
+    codes, pack = c.codes, c.codes.packing
+    plane = weight.named_planes[codes.plane]
+    n, k = weight.n_local, weight.k_local
+    if codes.bits != 8 or codes.physical_axes != ("N", "K") or isinstance(c.permutation, PermutationPlane):
+        return None
+    if not isinstance(c.group_map, GroupMapNone) or not np.little_endian or plane.dtype.byteorder == ">":
+        return None
+    if pack.axis == "none":  # one code per container: the container's value
+        if plane.dtype != np.int8 or plane.shape != (n, k):
+            return None
+        stored, byte_value = plane, _BYTES - 256 * (_BYTES >= 128)  # byte b holds the value int8(b)
+    else:
+        identity = pack.scheme == "bitstream" or tuple(pack.slot_order) == (0, 1, 2, 3)
+        if (pack.axis, pack.container_bits, pack.bit_order, identity) != ("K", 32, "lsb_first", True):
+            return None
+        if plane.dtype.itemsize != 4 or plane.shape != (n, k // 4) or k % 4:
+            return None
+        stored, byte_value = plane, _BYTES  # field i of a word is its little-endian byte i, unsigned
+    table = apply_encoding(byte_value, codes.encoding, 8, packed=pack.axis != "none")
+    data = np.ascontiguousarray(stored).view(np.uint8).reshape(n, k)
+    if np.array_equal(table, _BYTES - 256 * (_BYTES >= 128)):
+        view: I8 = data.view(np.int8)  # the bytes are the codes
+        return view
+    if np.array_equal(table, _BYTES - 128):
+        flipped: I8 = np.bitwise_xor(data, np.uint8(0x80)).view(np.int8)
+        return flipped
+    return None
+
+
+def _row_presence(codes: I8) -> npt.NDArray[np.bool_]:
+    """``[N, 256]``: whether row ``n`` holds code ``c - 128`` (a row block at a time)."""
+    n = codes.shape[0]
+    held = np.zeros((n, 256), dtype=bool)
+    for r in range(0, n, ROW_CHUNK):
+        stop = min(r + ROW_CHUNK, n)
+        index = codes[r:stop].view(np.uint8).astype(np.int32) ^ 0x80  # code + 128
+        index += (np.arange(stop - r, dtype=np.int32) * 256)[:, None]
+        held[r:stop] = np.bincount(index.reshape(-1), minlength=(stop - r) * 256).reshape(-1, 256) > 0
+    return held
 
 
 class PreparedInt8(PreparedLinear):
@@ -61,20 +125,42 @@ class PreparedInt8(PreparedLinear):
     def __init__(self, weight: RankWeight, op: OperatorSignature, kernel: str) -> None:
         import torch
 
-        q, scales, reference = _codes_and_scales(weight)
-        self.codes = torch.from_numpy(np.ascontiguousarray(q, dtype=np.int8))
-        self.scales = torch.from_numpy(scales).to(getattr(torch, op.activation_dtype))
+        c = _contract(weight)
+        codes = _bytes_as_codes(c, weight)
+        if codes is None:
+            q, scales = _codes_and_scales(weight)
+            codes = np.ascontiguousarray(q, dtype=np.int8)
+        else:
+            shape = LogicalShape(axes=("N", "K"), extents=(weight.n_local, weight.k_local))
+            scales = np.ascontiguousarray(
+                affine_qparams(c, weight.named_planes, shape, weight.where)[1][:, 0]
+            )
+        with warnings.catch_warnings():  # a view of the loaded (read-only) bytes: the kernel only reads it
+            warnings.filterwarnings("ignore", message=".*not writable.*", category=UserWarning)
+            self.codes = torch.from_numpy(codes)
+        self.scales = torch.from_numpy(scales.astype(np.float32)).to(getattr(torch, op.activation_dtype))
         super().__init__(kernel, op, "repack")
-        self.conversion_error = float(np.abs(self.decode() - reference).max()) if q.size else 0.0
+        self.conversion_error = self._conversion_error(c, codes, scales) if codes.size else 0.0
         if self.conversion_error:
             self.transformation = "conversion"
+
+    def _conversion_error(self, c: AffineIntContract, codes: I8, scales: F32) -> float:
+        """``max |W_kernel - W_reference|`` (binary32), over each row's codes: a ``[N, 256]`` table."""
+        mine = _VALUES * self.scales.float().numpy()[:, None]  # as decode_rows evaluates each element
+        reference = _VALUES * scales.astype(np.float32)[:, None]  # as the decode law does
+        if c.decode_law == "affine_round_to_scale_format":
+            reference = round_to_format(reference, c.scales.format)
+        diff = np.abs(mine - reference)
+        if not diff.any():
+            return 0.0
+        return float(np.max(diff, where=_row_presence(codes), initial=0.0))
 
     def _run(self, x: Any) -> Any:
         return int8_weight_only_matmul(x, self.codes, self.scales, tensor=self.op.weight)
 
     @property
     def resident_bytes(self) -> int:
-        """The int8 codes and the per-row scales."""
+        """The int8 codes (the loaded plane itself where its bytes are the codes) and the per-row scales."""
         return int(self.codes.numel() + self.scales.numel() * self.scales.element_size())
 
     def decode_rows(self, start: int, stop: int) -> F32:

@@ -247,6 +247,17 @@ def affine_terms(
     stored = _stored_codes(contract, planes, shape, index, weight)
     q = apply_encoding(stored, codes.encoding, codes.bits, packed=codes.packing.axis != "none")
 
+    z, s, group = _qparams(contract, planes, n, k, index, weight)
+    columns: I64 | None = None
+    if isinstance(contract.permutation, PermutationPlane):
+        columns = read_permutation(weight, contract.permutation, planes, k)
+    return AffineTerms(q=q, zero=z, scale=s, group=group, columns=columns)
+
+
+def _qparams(
+    contract: AffineIntContract, planes: Planes, n: int, k: int, index: I64 | None, weight: str
+) -> tuple[F32 | I64, F32, I64]:
+    scales = contract.scales
     scale_plane = as_plane(
         plane_array(planes, scales.plane, weight), scales.physical_dtype, scales.physical_shape, scales.plane
     )
@@ -254,11 +265,25 @@ def affine_terms(
     s = scale_to_f32(np.ascontiguousarray(oriented), scales.format, scales.plane)
     s = s if index is None else s[index]
     z = _zero_points(contract, planes, n, index, weight)
-    group = _group_of_columns(contract, planes, k, weight)
-    columns: I64 | None = None
-    if isinstance(contract.permutation, PermutationPlane):
-        columns = read_permutation(weight, contract.permutation, planes, k)
-    return AffineTerms(q=q, zero=z, scale=s, group=group, columns=columns)
+    return z, s, _group_of_columns(contract, planes, k, weight)
+
+
+def affine_qparams(
+    contract: AffineIntContract, planes: Planes, shape: LogicalShape, weight: str = "<weight>"
+) -> tuple[F32 | I64, F32, I64]:
+    """:func:`affine_terms` without the codes: (zero points, binary32 scales, each stored column's group).
+
+    For a kernel that unpacks the codes itself (and pays for no ``[N, K]`` int64 array); the same
+    contract and plane checks, the same zero-point and scale law.
+    """
+    scales = contract.scales
+    if scales.group_axis != "K" or scales.levels != 1:
+        raise UnsupportedContractError(
+            weight, "scales", "one level of groups along K", (scales.group_axis, scales.levels)
+        )
+    check_contract_shape(weight, contract, shape)
+    n, k = shape.extents
+    return _qparams(contract, planes, n, k, None, weight)
 
 
 def decode_affine(
