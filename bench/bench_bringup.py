@@ -15,6 +15,8 @@ path and the kernels see) and pushed to a local store. Then, one run each:
   ``host_peak`` (each process's own high-water mark, ``VmHWM``; ``host_resident``, the RSS after
   generation, is reported beside it), and
   the CLI driver's own peak (``/usr/bin/time -f %M``; it holds the float32 reference).
+* the same through ``bring_up`` on an existing Ray cluster (``ray start --head`` on 127.0.0.1 before the
+  clock starts; ``registry up --address``), as on a cluster that is already running: no head start-up.
 * (a) the naive baseline: 4 processes at once, each reading the whole checkpoint (``gguf.GGUFReader``),
   dequantizing every tensor (``gguf.quants.dequantize``), narrowing to its tp slice and running the
   prompt through a torch llama forward with gloo all-reduces on 127.0.0.1: time to first token (launch
@@ -32,6 +34,7 @@ Writes the JSON document (ratios included) to ``--out`` and prints it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pty
@@ -43,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -217,12 +221,14 @@ UP_LIB = (
 import json, resource, sys, time
 launch, store, ref = float(sys.argv[1]), sys.argv[2], sys.argv[3]
 tp, generate, ladder = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]  # full | sample | off
+address = sys.argv[7] or None  # an existing Ray cluster, or None: an embedded head
 from shardport.registry.session import Session
 from shardport.deploy.up import UpRequest, bring_up
 events = []
 def progress(rank, what):
     events.append([time.time() - launch, rank, what])
-request = UpRequest(ref=ref, tokens=(1, 17, 42, 300, 7), steps=generate, tp=tp, store=store, ladder=ladder)
+request = UpRequest(ref=ref, tokens=(1, 17, 42, 300, 7), steps=generate, tp=tp, store=store, ladder=ladder,
+                    address=address)
 result = bring_up(Session.open(store), request, store_evidence=False, progress=progress)
 doc = result.to_json()
 doc["decode_seconds"] = result.predicate.get("decode_seconds")
@@ -235,7 +241,13 @@ print(json.dumps(doc))
 
 
 def run_up_lib(
-    env: dict[str, str], store: str, ref: str, tp: int, generate: int, ladder: str
+    env: dict[str, str],
+    store: str,
+    ref: str,
+    tp: int,
+    generate: int,
+    ladder: str,
+    address: str | None = None,
 ) -> dict[str, Any]:
     """``bring_up`` (the library entry ``registry up`` calls) in a fresh process, with its progress
     callback timestamped from launch: time to first token = last rank's "prepare done" + max over ranks
@@ -252,6 +264,7 @@ def run_up_lib(
             str(tp),
             str(generate),
             ladder,
+            address or "",
         ],
         env=env,
         capture_output=True,
@@ -268,6 +281,7 @@ def run_up_lib(
     return {
         "tp": tp,
         "ladder": ladder,
+        "address": address,
         "passed": doc["passed"],
         "generated": doc["generated"],
         "seconds_to_first_token": max(prepared) + run_to_first,
@@ -282,6 +296,23 @@ def run_up_lib(
         "decode_seconds": decode,
         "decode_tokens_per_s": (generate - 1) / float(decode["0"]) if decode and decode.get("0") else None,
     }
+
+
+@contextlib.contextmanager
+def existing_cluster(env: dict[str, str], cpus: int) -> Iterator[str]:
+    """A Ray head started beforehand (``ray start --head`` on 127.0.0.1), as a user's cluster would be
+    running already: ``registry up --address`` then pays no head start-up. Stopped on exit."""
+    ray = str(Path(sys.executable).parent / "ray")
+    port = free_port()
+    temp = tempfile.mkdtemp(prefix="sp-bench-ray-", dir="/tmp")
+    argv = [ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", f"--num-cpus={cpus}"]
+    argv += ["--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"]
+    subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=env, check=False, capture_output=True)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 # --- (a) the naive per-rank load -------------------------------------------------------------------
@@ -490,6 +521,11 @@ def main() -> int:
         print(f"registry up --tp {args.tp}: wall {cli['seconds_cli_wall']:.1f}", file=sys.stderr)
         up = run_up_lib(env, store, ref, args.tp, args.generate, ladder="sample")
         print(f"bring_up tp {args.tp}: ttft {up['seconds_to_first_token']:.1f}", file=sys.stderr)
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only (FIELD-NOTES)
+        env["RAY_AUTH_MODE"] = "disabled"
+        with existing_cluster(env, max(args.tp, os.cpu_count() or 1)) as address:
+            warm = run_up_lib(env, store, ref, args.tp, args.generate, ladder="sample", address=address)
+        print(f"bring_up tp {args.tp} --address: ttft {warm['seconds_to_first_token']:.1f}", file=sys.stderr)
         no_ladder = run_up_lib(env, store, ref, args.tp, args.generate, ladder="off")
         print(
             f"bring_up tp {args.tp} no ladder: ttft {no_ladder['seconds_to_first_token']:.1f}",
@@ -512,6 +548,8 @@ def main() -> int:
         up_ttft = up["seconds_to_first_token"]
         ratios: dict[str, Any] = {
             "ttft_naive_over_up": naive["seconds_to_first_token"] / up_ttft,
+            "ttft_naive_over_up_existing_cluster": naive["seconds_to_first_token"]
+            / warm["seconds_to_first_token"],
             "ttft_naive_over_up_without_ladder": naive["seconds_to_first_token"]
             / no_ladder["seconds_to_first_token"],
             "ttft_naive_over_up_cli_wall": naive["seconds_to_first_token"] / cli["seconds_cli_wall"],
@@ -548,6 +586,7 @@ def main() -> int:
             "generate": args.generate,
             "registry_up_cli": cli,
             "registry_up": up,
+            "registry_up_existing_cluster": warm,
             "registry_up_without_ladder": no_ladder,
             "naive": naive,
             "transformers": hf,
