@@ -146,7 +146,10 @@ def run_up(env: dict[str, str], store: str, ref: str, tp: int, generate: int) ->
     argv = ["/usr/bin/time", "-f", "%M", "-o", timefile.name, REGISTRY, "--store", store, "--json", "up", ref]
     argv += ["--tp", str(tp), "--tokens", ",".join(map(str, PROMPT)), "--generate", str(generate)]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL)
+    # stdout to a file, not a pipe: the --json document of a large model outgrows a pipe's buffer, and
+    # this loop drains only the pty until the process ends
+    out_file = tempfile.TemporaryFile()
+    proc = subprocess.Popen(argv, env=env, stdout=out_file, stderr=slave, stdin=subprocess.DEVNULL)
     os.close(slave)
     events: list[tuple[float, str]] = []
     buf = b""
@@ -166,8 +169,10 @@ def run_up(env: dict[str, str], store: str, ref: str, tp: int, generate: int) ->
                 events.append((now, line.decode(errors="replace").strip()))
         elif proc.poll() is not None:
             break
-    stdout = proc.stdout.read().decode() if proc.stdout else ""
     proc.wait()
+    out_file.seek(0)
+    stdout = out_file.read().decode()
+    out_file.close()
     wall = time.perf_counter() - t0
     os.close(master)
     driver_kib = int(Path(timefile.name).read_text().strip().splitlines()[-1])
