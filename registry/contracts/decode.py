@@ -227,6 +227,18 @@ class AffineTerms:
     columns: I64 | None
 
 
+def _affine_extents(contract: AffineIntContract, shape: LogicalShape, weight: str) -> tuple[int, int]:
+    """``(N, K)`` of an affine weight whose scales are one level of groups along K (else refused)."""
+    scales = contract.scales
+    if scales.group_axis != "K" or scales.levels != 1:
+        raise UnsupportedContractError(
+            weight, "scales", "one level of groups along K", (scales.group_axis, scales.levels)
+        )
+    check_contract_shape(weight, contract, shape)
+    n, k = shape.extents
+    return n, k
+
+
 def affine_terms(
     contract: AffineIntContract,
     planes: Planes,
@@ -235,13 +247,7 @@ def affine_terms(
     weight: str = "<weight>",
 ) -> AffineTerms:
     """Unpack the codes, zero points and scales of ``rows`` (all rows when None), element by element."""
-    scales = contract.scales
-    if scales.group_axis != "K" or scales.levels != 1:
-        raise UnsupportedContractError(
-            weight, "scales", "one level of groups along K", (scales.group_axis, scales.levels)
-        )
-    check_contract_shape(weight, contract, shape)
-    n, k = shape.extents
+    n, k = _affine_extents(contract, shape, weight)
     index = _row_indices(rows, n, weight)
     codes = contract.codes
     stored = _stored_codes(contract, planes, shape, index, weight)
@@ -276,13 +282,7 @@ def affine_qparams(
     For a kernel that unpacks the codes itself (and pays for no ``[N, K]`` int64 array); the same
     contract and plane checks, the same zero-point and scale law.
     """
-    scales = contract.scales
-    if scales.group_axis != "K" or scales.levels != 1:
-        raise UnsupportedContractError(
-            weight, "scales", "one level of groups along K", (scales.group_axis, scales.levels)
-        )
-    check_contract_shape(weight, contract, shape)
-    n, k = shape.extents
+    n, k = _affine_extents(contract, shape, weight)
     return _qparams(contract, planes, n, k, None, weight)
 
 
