@@ -164,6 +164,11 @@ def level5(
     }
 
 
+def _is_full(lad: Mapping[str, Any]) -> bool:
+    """A full-ladder record (records written before the budget have no ``scope``: full)."""
+    return bool(lad.get("scope", "full") == "full")
+
+
 def _not_run(mode: str) -> list[dict[str, Any]]:
     """The L0-L3 rows of a bring-up that ran no ladder: passed is None, not True."""
     names = {
@@ -202,12 +207,10 @@ def ladder_coverage(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     full = sampled = 0
     for r in sorted(reports, key=lambda r: int(r["rank"])):
         ladders = list(r.get("ladders", []))
-        by_key = {
-            (lad["weight"], lad["kernel"]): lad for lad in ladders if lad.get("scope", "full") == "full"
-        }
+        by_key = {(lad["weight"], lad["kernel"]): lad for lad in ladders if _is_full(lad)}
         groups: dict[tuple[str, str], list[str]] = {}
         for lad in ladders:
-            if lad.get("scope", "full") == "full":
+            if _is_full(lad):
                 full += 1
                 groups.setdefault((lad["weight"], lad["kernel"]), [])
                 continue
@@ -259,13 +262,15 @@ def _ladder_passed(lad: Mapping[str, Any]) -> bool:
     return all(bool(x["passed"]) for x in levels)
 
 
-def _ladder_rows(reports: Sequence[Mapping[str, Any]], digest: str) -> list[dict[str, Any]]:
-    coverage = ladder_coverage(reports)
+def _ladder_rows(
+    reports: Sequence[Mapping[str, Any]], digest: str, coverage: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    coverage = ladder_coverage(reports) if coverage is None else coverage
     ladders = [lad for r in reports for lad in r["ladders"]]
     if not ladders and coverage["mode"] == "off":
         return _not_run("off")
-    full = [lad for lad in ladders if lad.get("scope", "full") == "full"]
-    sampled = [lad for lad in ladders if lad.get("scope", "full") != "full"]
+    full = [lad for lad in ladders if _is_full(lad)]
+    sampled = [lad for lad in ladders if not _is_full(lad)]
     tiles = sum(int(lad["l0"]["verified_tiles"]) for lad in ladders)
     l3 = [x for lad in full for x in lad["l3"]]
     covered = not coverage["orphans"] and not coverage["failed_representatives"]
@@ -406,9 +411,9 @@ def predicate(
     generated: Sequence[int],
 ) -> dict[str, Any]:
     """The evidence predicate (what is signed) and what ``--json`` / ``--report`` show."""
-    rows = _ladder_rows(reports, digest) + _graph_rows(reports, parity, l5)
-    by_rank = sorted(reports, key=lambda r: int(r["rank"]))
     coverage = ladder_coverage(reports)
+    rows = _ladder_rows(reports, digest, coverage) + _graph_rows(reports, parity, l5)
+    by_rank = sorted(reports, key=lambda r: int(r["rank"]))
     return {
         "manifest": digest,
         "repository": repository,
