@@ -246,7 +246,9 @@ def shard(
     c = model.contract
     v0, v1 = split.vocab[tp_rank]
     out = tuple(
-        shard_layer(model.layers[index], index, c, split, tp_rank, experts=experts, linear=linear, device=device)
+        shard_layer(
+            model.layers[index], index, c, split, tp_rank, experts=experts, linear=linear, device=device
+        )
         for index in (layers if layers is not None else range(c.layers))
     )
     head = model.embed if model.head is None else model.head
