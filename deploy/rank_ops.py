@@ -257,17 +257,16 @@ def _rows_lookup(op: PreparedLinear, device: torch.device | None = None) -> Look
 
 
 class _Slots:
-    """The rank's operators by checkpoint name; float tensors placed on ``device`` once each."""
+    """The rank's operators by checkpoint name; float tensors moved to ``device`` (once each)."""
 
     def __init__(self, contract: GraphContract, ops: RankOps, device: torch.device | None = None) -> None:
         self.gguf, self.ops, self.device = contract.source == "gguf", ops, device
-        self.placed: dict[str, torch.Tensor] = {}
 
     def _float(self, name: str) -> torch.Tensor:
-        if name not in self.placed:
-            t = self.ops.floats[name]
-            self.placed[name] = t if self.device is None else t.to(self.device)
-        return self.placed[name]
+        t = self.ops.floats[name]
+        if self.device is not None and t.device != self.device:
+            t = self.ops.floats[name] = t.to(self.device)  # moved: no host copy stays behind
+        return t
 
     def name(self, layer: int, op: str, leaf: str = "weight") -> str:
         stem = f"blk.{layer}.{_GGUF[op]}" if self.gguf else f"model.layers.{layer}.{_HF[op]}"
@@ -321,8 +320,9 @@ def rank_weights(
 ) -> RankWeights:
     """The graph's weights of a rank holding ``layers`` (its stage) and ``experts`` (its ep rank's).
 
-    ``device``: the rank's device; float tensors are copied there (``None``: they stay on the CPU) and
-    rows a quantized embedding decodes are moved there. Kernel operators run where they were prepared.
+    ``device``: the rank's device; float tensors are moved there (``ops.floats`` then holds the device
+    tensors, so no host copy stays behind; ``None``: they stay where they are) and rows a quantized
+    embedding decodes are moved there. Kernel operators run where they were prepared.
     """
     s = _Slots(contract, ops, device)
     built = []

@@ -162,7 +162,7 @@ def _checkpoint_floats(model: FloatModel) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_a_ranks_float_operators_are_placed_on_its_device_once() -> None:
+def test_a_ranks_float_tensors_are_moved_to_its_device() -> None:
     model = random_model(TIED, seed=6)
     ops = RankOps(floats=_checkpoint_floats(model))
     layers = range(TIED.layers)
@@ -171,10 +171,12 @@ def test_a_ranks_float_operators_are_placed_on_its_device_once() -> None:
         graph = RankModel(TIED, tp_split(TIED, 1).layout(0), weights, Mesh.local(), device=CPU)
         run = graph.generate(PROMPT, STEPS)
     assert same(run, reference_model(model).generate(PROMPT, STEPS))
-    # on meta: every float tensor of the rank is copied there (and the graph accepts them)
+    assert all(t.device == CPU for t in ops.floats.values())
+    # on meta: every float tensor of the rank is moved there, none left behind (and the graph accepts them)
     meta = torch.device("meta")
     moved = rank_weights(TIED, ops, layers, first=True, last=True, device=meta)
-    assert moved.norm is not None and moved.norm.device == meta
+    assert {t.device for t in ops.floats.values()} == {meta} and ops.float_bytes > 0
+    assert moved.norm is ops.floats["model.norm.weight"]
     assert {
         t.device for lay in moved.layers for t in (lay.input_norm, lay.post_norm, lay.attention.q_bias)
     } == {meta}
