@@ -36,7 +36,7 @@ machine), numpy, pydantic, gguf (steps 1-3) plus safetensors, cryptography, rfc8
 psutil and the rest of the registry's dependencies (step 4). The checkpoint builders are imported from
 ``tests/`` (quantized.py, bringup_artifacts.py, llama_artifacts.py). No Ray, no network.
 
-Usage: python bench/cuda_bringup.py [--dry-run] [--size 1024] [--budget 170]
+Usage: python bench/cuda_bringup.py [--dry-run] [--size 1024] [--budget 170] [--results DIR]
 """
 
 from __future__ import annotations
@@ -318,6 +318,7 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="the same steps on the CPU (no GPU)")
     parser.add_argument("--size", type=int, default=None, help="kernel cases' N = K (1024; 256 dry-run)")
     parser.add_argument("--budget", type=float, default=170.0, help="seconds, then skip the rest")
+    parser.add_argument("--results", type=Path, default=None, help="write the record here, not bench/results")
     args = parser.parse_args()
     name = "cuda_bringup.dry-run.json" if args.dry_run else "cuda_bringup.json"
     size = args.size or (256 if args.dry_run else 1024)
@@ -398,7 +399,10 @@ def main() -> int:
         out["steps"][step]["seconds"] = time.perf_counter() - t0
         ck.log(f"  {step}: {'PASSED' if out['steps'][step]['passed'] else 'FAILED'}")
         out["elapsed_s"] = time.monotonic() - ck.T0
-        ck._write(out, name)
+        if args.results is None:
+            ck._write(out, name)
+        else:
+            (args.results / name).write_text(json.dumps(out, indent=1, default=str) + "\n")
     faulthandler.cancel_dump_traceback_later()
     brief = {
         step: {

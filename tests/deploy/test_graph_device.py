@@ -9,6 +9,10 @@ are bit for bit those of the default run (tp 1 in one process, tp 2 as two threa
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,3 +185,30 @@ def test_a_ranks_float_tensors_are_moved_to_its_device() -> None:
         t.device for lay in moved.layers for t in (lay.input_norm, lay.post_norm, lay.attention.q_bias)
     } == {meta}
     RankModel(TIED, tp_split(TIED, 1).layout(0), moved, Mesh.local(), device=meta)
+
+
+@pytest.mark.slow
+def test_the_cuda_bringup_script_runs_its_steps_dry_on_the_cpu(tmp_path: Path) -> None:
+    """bench/cuda_bringup.py is for a GPU session; its plumbing (every step, on the CPU) is checked here."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "bench/cuda_bringup.py", "--dry-run", "--results", str(tmp_path)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["passed"] and summary["device"] == "cpu"
+    assert set(summary["steps"]) == {"kernels", "graph_float32", "graph_int4", "bringup"}
+    record = json.loads((tmp_path / "cuda_bringup.dry-run.json").read_text())
+    steps = record["steps"]
+    assert steps["graph_float32"]["max_abs_diff"] == 0.0  # the same device: the same numbers
+    assert steps["graph_int4"]["selected"] == ["cpu.int4pack@1"] and steps["graph_int4"]["greedy_identical"]
+    assert steps["bringup"]["devices"] == {"0": "cpu"} and {
+        r["level"] for r in steps["bringup"]["parity"]
+    } >= {
+        "L4",
+        "L5",
+    }
