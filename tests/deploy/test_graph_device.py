@@ -206,9 +206,5 @@ def test_the_cuda_bringup_script_runs_its_steps_dry_on_the_cpu(tmp_path: Path) -
     steps = record["steps"]
     assert steps["graph_float32"]["max_abs_diff"] == 0.0  # the same device: the same numbers
     assert steps["graph_int4"]["selected"] == ["cpu.int4pack@1"] and steps["graph_int4"]["greedy_identical"]
-    assert steps["bringup"]["devices"] == {"0": "cpu"} and {
-        r["level"] for r in steps["bringup"]["parity"]
-    } >= {
-        "L4",
-        "L5",
-    }
+    levels = {r["level"] for r in steps["bringup"]["parity"]}
+    assert steps["bringup"]["devices"] == {"0": "cpu"} and {"L4", "L5"} <= levels
