@@ -14,10 +14,13 @@ The choices are pure functions of what was observed, so they are tested without 
 
 What touches the hardware is small and named: :func:`visible_cuda` (names of the CUDA devices torch
 sees) and :func:`device_memory` (``torch.cuda.memory_allocated`` / ``max_memory_allocated``). Neither
-initialises CUDA on a machine without it. The runtime graph runs on the CPU today (:data:`GRAPH_DEVICES`):
-its activations, float weights and KV cache are CPU float32 tensors, so a rank that was given a GPU
-still computes on the CPU with gloo and says so (``device`` ``cpu``, ``cuda_visible`` naming the GPU it
-holds); adding ``"cuda"`` there is what turns on the CUDA path (device, NCCL, device ledger).
+initialises CUDA on a machine without it. The runtime graph runs on the CPU and on CUDA
+(:data:`GRAPH_DEVICES`): a rank that sees a CUDA device computes there (:func:`torch_device` is what the
+graph is given: its activations, float weights, KV cache and collectives' buffers live there; NCCL; the
+device ledger), a rank that sees none computes on the CPU with gloo. On a CUDA rank the kernels'
+admission sees the CUDA device: CPU-only kernels (int4pack, int8, gguf-direct) are refused there, and a
+weight no CUDA kernel takes is refused, or runs through the reference kernels where the fallback policy
+allows a full dequantization (on the device, never silently on the CPU).
 """
 
 from __future__ import annotations
@@ -27,13 +30,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    import torch
+
     from shardport.kernels import Device
 
 Backend = Literal["gloo", "nccl"]
 DeviceKind = Literal["cpu", "cuda"]
 
-#: The devices the runtime graph can compute on (its tensors are CPU float32 tensors today).
-GRAPH_DEVICES: tuple[DeviceKind, ...] = ("cpu",)
+#: The devices the runtime graph can compute on (every tensor it makes follows the rank's device).
+GRAPH_DEVICES: tuple[DeviceKind, ...] = ("cpu", "cuda")
 
 
 def bundle_spec(gpus: int, cpus: float, world: int) -> dict[str, float]:
@@ -75,6 +80,13 @@ def rank_device(visible: Sequence[str], graph_devices: Sequence[DeviceKind] = GR
     if visible and "cuda" in graph_devices:
         return RankDevice("cuda", 0, visible[0])
     return RankDevice("cpu")
+
+
+def torch_device(device: RankDevice) -> torch.device:
+    """The ``torch.device`` the rank's graph runs on: ``cpu``, or ``cuda:<index>``."""
+    import torch
+
+    return torch.device("cpu") if device.kind == "cpu" else torch.device("cuda", device.index or 0)
 
 
 def kernel_device(device: RankDevice) -> Device:

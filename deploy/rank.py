@@ -252,7 +252,7 @@ class Rank:
         from shardport.placement import Topology
         from shardport.placement.topology import experts_of, layers_of
 
-        from .devices import device_memory
+        from .devices import device_memory, torch_device
         from .graph.collectives import LocalGroup, Mesh
         from .graph.dist import dist_mesh
         from .graph.model import RankModel
@@ -277,8 +277,11 @@ class Rank:
         layout = layout_from_plan(full_plan, contract, at.tp_rank)
         layers = layers_of(at.pp_stage, contract.layers, spec.pp)
         experts = experts_of(at.ep_rank, contract.experts, spec.ep) if contract.moe else None
-        weights = rank_weights(contract, self.ops, layers, first=mesh.first, last=mesh.last, experts=experts)
-        model = RankModel(contract, layout, weights, mesh)
+        dev = torch_device(self.device)
+        weights = rank_weights(
+            contract, self.ops, layers, first=mesh.first, last=mesh.last, experts=experts, device=dev
+        )
+        model = RankModel(contract, layout, weights, mesh, device=dev)
         model.forward([0], model.new_cache())  # warm-up: every operator runs once
         self.timeline["warm-up"] = time.perf_counter() - t0
         self.stage = "first token"

@@ -248,17 +248,25 @@ def _phased(phases: Mapping[str, PreparedLinear]) -> Linear:
     return linear
 
 
-def _rows_lookup(op: PreparedLinear) -> Lookup:
+def _rows_lookup(op: PreparedLinear, device: torch.device | None = None) -> Lookup:
     def lookup(ids: torch.Tensor) -> torch.Tensor:
         rows = [torch.from_numpy(op.decode_rows(int(i), int(i) + 1)) for i in ids.tolist()]
-        return torch.cat(rows).to(torch.float32)
+        return torch.cat(rows).to(device=device, dtype=torch.float32)
 
     return lookup
 
 
 class _Slots:
-    def __init__(self, contract: GraphContract, ops: RankOps) -> None:
-        self.gguf, self.ops = contract.source == "gguf", ops
+    """The rank's operators by checkpoint name; float tensors moved to ``device`` (once each)."""
+
+    def __init__(self, contract: GraphContract, ops: RankOps, device: torch.device | None = None) -> None:
+        self.gguf, self.ops, self.device = contract.source == "gguf", ops, device
+
+    def _float(self, name: str) -> torch.Tensor:
+        t = self.ops.floats[name]
+        if self.device is not None and t.device != self.device:
+            t = self.ops.floats[name] = t.to(self.device)  # moved: no host copy stays behind
+        return t
 
     def name(self, layer: int, op: str, leaf: str = "weight") -> str:
         stem = f"blk.{layer}.{_GGUF[op]}" if self.gguf else f"model.layers.{layer}.{_HF[op]}"
@@ -268,25 +276,25 @@ class _Slots:
         if name in self.ops.ops:
             return _phased(self.ops.ops[name])
         if name in self.ops.floats:
-            return float_linear(self.ops.floats[name])
+            return float_linear(self._float(name))
         raise GraphWeightError(f"weight {name}: the rank's operators lack it (the plan did not assign it)")
 
     def lookup(self, name: str) -> Lookup:
         if name in self.ops.ops:
             phases = self.ops.ops[name]
-            return _rows_lookup(phases.get("decode") or next(iter(phases.values())))
+            return _rows_lookup(phases.get("decode") or next(iter(phases.values())), self.device)
         if name in self.ops.floats:
-            return float_lookup(self.ops.floats[name])
+            return float_lookup(self._float(name))
         raise GraphWeightError(f"weight {name}: the rank's operators lack it (the plan did not assign it)")
 
     def tensor(self, name: str) -> torch.Tensor:
         if name not in self.ops.floats:
             raise GraphWeightError(f"weight {name}: the rank has no float tensor of it")
-        return self.ops.floats[name]
+        return self._float(name)
 
     def bias(self, layer: int, op: str, needed: bool) -> torch.Tensor | None:
         name = self.name(layer, op, "bias")
-        return self.ops.floats.get(name) if needed else None
+        return self._float(name) if needed and name in self.ops.floats else None
 
 
 def _experts(s: _Slots, layer: int, experts: range) -> Experts:
@@ -308,9 +316,15 @@ def rank_weights(
     first: bool,
     last: bool,
     experts: range | None = None,
+    device: torch.device | None = None,
 ) -> RankWeights:
-    """The graph's weights of a rank holding ``layers`` (its stage) and ``experts`` (its ep rank's)."""
-    s = _Slots(contract, ops)
+    """The graph's weights of a rank holding ``layers`` (its stage) and ``experts`` (its ep rank's).
+
+    ``device``: the rank's device; float tensors are moved there (``ops.floats`` then holds the device
+    tensors, so no host copy stays behind; ``None``: they stay where they are) and rows a quantized
+    embedding decodes are moved there. Kernel operators run where they were prepared.
+    """
+    s = _Slots(contract, ops, device)
     built = []
     for i in layers:
         att = Attention(

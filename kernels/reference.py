@@ -6,6 +6,10 @@
 - ``full-dequant``: reconstructs the whole weight once, in the activation dtype, and calls
   ``torch.matmul``. It keeps a full-size float copy, so it is only selected where the policy allows
   full dequantization (forbidden by default).
+
+Both run on the operator's device: the reference multiplies on the activations' device (its decoded rows
+are moved there), the full dequant holds its copy on the signature's device (the current CUDA device
+for a ``cuda`` signature) and returns results on the activations' device.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import numpy as np
 from shardport.registry.contracts.decode import decode_weight
 
 from .capability import Capability, OperatorSignature
+from .device import cuda_device
+from .errors import KernelInputError
 from .prepared import F32, ROW_CHUNK, PreparedLinear
 from .weight import RankWeight
 
@@ -67,7 +73,7 @@ class PreparedReference(PreparedLinear):
         parts = []
         for r in range(0, self.op.n_local, ROW_CHUNK):
             rows = torch.from_numpy(self.decode_rows(r, min(r + ROW_CHUNK, self.op.n_local)))
-            parts.append(x32 @ rows.T)
+            parts.append(x32 @ rows.to(x32.device).T)
         return torch.cat(parts, dim=1).to(x.dtype)
 
     @property
@@ -83,17 +89,23 @@ class PreparedFullDequant(PreparedLinear):
         import torch
 
         super().__init__(f"{FULL_DEQUANT.id}@{FULL_DEQUANT.version}", op, "full-dequant")
+        device = torch.device("cpu")
+        if op.device.kind == "cuda":
+            if cuda_device() is None:
+                raise KernelInputError(weight.where, "CUDA device", "a CUDA device torch can see", "none")
+            device = torch.device("cuda", torch.cuda.current_device())  # pragma: no cover - no GPU in CI
         values = decode_weight(weight.local_weight, weight.named_planes)
-        self.dense = torch.from_numpy(values).to(getattr(torch, op.activation_dtype))
-        back = self.dense.float().numpy()
+        self.dense = torch.from_numpy(values).to(device=device, dtype=getattr(torch, op.activation_dtype))
+        back = self.dense.float().cpu().numpy()
         self.conversion_error = float(np.abs(back - values).max()) if values.size else 0.0
 
     def decode_rows(self, start: int, stop: int) -> F32:
         """Rows of the dense copy, widened to binary32."""
-        return self.dense[start:stop].float().numpy()
+        return self.dense[start:stop].float().cpu().numpy()
 
     def _run(self, x: Any) -> Any:
-        return x @ self.dense.T
+        y = x.to(self.dense.device) @ self.dense.T
+        return y if y.device == x.device else y.to(x.device)
 
     @property
     def resident_bytes(self) -> int:

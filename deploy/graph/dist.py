@@ -3,7 +3,8 @@
 Rank numbering is the placement plan's (``rank = (pp_stage * ep + ep_rank) * tp + tp_rank``); the
 caller passes its topology object (``placement.Topology`` fits :class:`MeshShape`), so the graph does
 not import placement. Every rank must call :func:`dist_mesh` (it creates the process subgroups in
-the same order everywhere, as torch.distributed requires).
+the same order everywhere, as torch.distributed requires). Every buffer a collective makes lies on its
+input's device (NCCL takes CUDA tensors, gloo CPU ones).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class DistGroup:
     def all_gather(self, x: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
         """Concatenate every member's columns; uneven members are padded to the widest, then cut."""
         width = max(sizes)
-        padded = torch.zeros(*x.shape[:-1], width, dtype=x.dtype)
+        padded = torch.zeros(*x.shape[:-1], width, dtype=x.dtype, device=x.device)
         padded[..., : x.shape[-1]] = x
         parts = [torch.empty_like(padded) for _ in sizes]
         dist.all_gather(parts, padded, group=self.group)

@@ -8,6 +8,14 @@ Mixture of experts: the router is replicated, each rank runs the experts its ep 
 routed to them, and one ``all_reduce`` over the stage's tp x ep ranks sums the weighted outputs.
 Pipeline: a stage receives hidden states from the previous one, runs its layers and sends them on; the
 last stage's logits reach every rank, so each one picks the same greedy token. Activations are float32.
+
+Device: a rank computes on one ``torch.device`` (``device=``; the CPU by default, a CUDA device on a
+CUDA rank). Every tensor the graph makes (embedding sums, masks, rotary tables, MoE sums, pipeline
+buffers, the KV cache it extends) is made there, and the float tensors it is given (norms, biases) and
+every operator's output must already be there: a tensor elsewhere is a :class:`GraphWeightError`
+naming it, never a silent copy. Collectives run on device tensors (gloo on the CPU, NCCL on CUDA).
+:meth:`RankModel.forward` hands its logits back as CPU float32 tensors for the driver and the parity
+records. Rotary tables are computed on the CPU in float64 and moved (the same tables on every device).
 """
 
 from __future__ import annotations
@@ -64,7 +72,15 @@ class RankModel:
     Every rank of the job calls the same methods with the same tokens (collectives inside).
     """
 
-    def __init__(self, contract: GraphContract, layout: RankLayout, weights: RankWeights, mesh: Mesh) -> None:
+    def __init__(
+        self,
+        contract: GraphContract,
+        layout: RankLayout,
+        weights: RankWeights,
+        mesh: Mesh,
+        *,
+        device: torch.device | str | None = None,
+    ) -> None:
         layout.check(contract)
         if layout.tp != mesh.tp.size or layout.tp_rank != mesh.tp.rank:
             raise GraphLayoutError(
@@ -79,7 +95,10 @@ class RankModel:
         if (not mesh.first or not mesh.last) and mesh.pipe is None:
             raise GraphLayoutError("a pipeline stage that is not both first and last needs a pipe")
         self.contract, self.layout, self.weights, self.mesh = contract, layout, weights, mesh
-        self.kv_index = layout.local_kv_index(contract)
+        self.device = torch.device("cpu" if device is None else device)
+        for what, tensor in _held_tensors(weights):
+            self._placed(what, tensor)
+        self.kv_index = layout.local_kv_index(contract, self.device)
         qa, qb = layout.q_heads[layout.tp_rank]
         ka, kb = layout.kv_heads[layout.tp_rank]
         self.q_local, self.kv_local = qb - qa, kb - ka
@@ -90,14 +109,23 @@ class RankModel:
         """An empty KV cache for this rank's layers."""
         return KVCache()
 
+    def _placed(self, what: str, x: torch.Tensor) -> torch.Tensor:
+        """``x``, after checking it lies on the rank's device (a :class:`GraphWeightError` naming it)."""
+        if x.device != self.device:
+            raise GraphWeightError(
+                f"{what}: a tensor on {x.device}, the rank computes on {self.device} "
+                "(place the rank's float tensors and operators on its device)"
+            )
+        return x
+
     # -- blocks ----------------------------------------------------------------------------------
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         assert self.weights.embed is not None
         v0, v1 = self.vocab_range
         mine = (ids >= v0) & (ids < v1)
-        out = torch.zeros(ids.shape[0], self.contract.hidden, dtype=torch.float32)
+        out = torch.zeros(ids.shape[0], self.contract.hidden, dtype=torch.float32, device=self.device)
         if bool(mine.any()):
-            out[mine] = self.weights.embed(ids[mine] - v0).to(torch.float32)
+            out[mine] = self._placed("embedding", self.weights.embed(ids[mine] - v0)).to(torch.float32)
         return self.mesh.tp.all_reduce(out)
 
     def _project(self, op: str, linear: object, x: torch.Tensor, width: int) -> torch.Tensor:
@@ -105,6 +133,7 @@ class RankModel:
         if not isinstance(y, torch.Tensor) or tuple(y.shape) != (x.shape[0], width):
             found = list(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
             raise GraphWeightError(f"{op}: expected output [{x.shape[0]}, {width}], found {found}")
+        self._placed(f"{op} output", y)
         return y.to(torch.float32)
 
     def _attention(
@@ -129,14 +158,15 @@ class RankModel:
         keys, values = keys[:, self.kv_index], values[:, self.kv_index]
         scores = torch.einsum("thd,shd->hts", q, keys) / math.sqrt(d)
         start = cache.length
-        query_pos = torch.arange(start, start + t)[:, None]
-        key_pos = torch.arange(keys.shape[0])[None, :]
+        query_pos = torch.arange(start, start + t, device=self.device)[:, None]
+        key_pos = torch.arange(keys.shape[0], device=self.device)[None, :]
         scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
         out = torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), values).reshape(t, self.q_local * d)
         return self.mesh.tp.all_reduce(self._project(f"layer {layer} o", att.o, out, self.contract.hidden))
 
     def _mlp(self, name: str, mlp: Mlp, x: torch.Tensor) -> torch.Tensor:
-        gate, up = mlp.gate(x).to(torch.float32), mlp.up(x).to(torch.float32)
+        gate = self._placed(f"{name} gate output", mlp.gate(x)).to(torch.float32)
+        up = self._placed(f"{name} up output", mlp.up(x)).to(torch.float32)
         if gate.shape != up.shape or gate.shape[0] != x.shape[0]:
             raise GraphWeightError(f"{name}: gate {list(gate.shape)} and up {list(up.shape)} outputs differ")
         return self._project(
@@ -147,7 +177,7 @@ class RankModel:
         logits = self._project(f"layer {layer} router", moe.router, x, self.contract.experts)
         top, chosen = torch.topk(logits, self.contract.experts_per_token, dim=-1)
         weights = torch.softmax(top, dim=-1)
-        out = torch.zeros(x.shape[0], self.contract.hidden, dtype=torch.float32)
+        out = torch.zeros(x.shape[0], self.contract.hidden, dtype=torch.float32, device=self.device)
         for expert, mlp in sorted(moe.owned.items()):
             rows, slot = torch.nonzero(chosen == expert, as_tuple=True)
             if rows.numel():
@@ -169,23 +199,25 @@ class RankModel:
 
     # -- steps -----------------------------------------------------------------------------------
     def forward(self, tokens: Sequence[int] | torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Logits ``[T, vocab]`` (float32, on every rank) of ``tokens`` following the cached positions."""
-        ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        """Logits ``[T, vocab]`` (CPU float32, on every rank) of ``tokens`` following the cached positions."""
+        cpu, dev = torch.device("cpu"), self.device
+        ids = torch.as_tensor(tokens, dtype=torch.long, device=cpu).reshape(-1)
         if ids.numel() == 0:
             raise GraphLayoutError("forward: no tokens")
         if bool(((ids < 0) | (ids >= self.contract.vocab)).any()):
             raise GraphLayoutError(f"forward: token ids must lie in 0..{self.contract.vocab - 1}")
         t, mesh = ids.shape[0], self.mesh
-        cos, sin = rotary_tables(self.contract, torch.arange(cache.length, cache.length + t))
+        positions = torch.arange(cache.length, cache.length + t, device=cpu)
+        cos, sin = (x.to(dev) for x in rotary_tables(self.contract, positions))
         if mesh.first:
-            h = self._embed(ids)
+            h = self._embed(ids.to(dev))
         else:
             assert mesh.pipe is not None
-            h = mesh.pipe.recv_prev(torch.empty(t, self.contract.hidden, dtype=torch.float32))
+            h = mesh.pipe.recv_prev(torch.empty(t, self.contract.hidden, dtype=torch.float32, device=dev))
         for layer in self.weights.layers:
             h = self._layer(layer, h, cache, cos, sin)
         cache.length += t
-        logits = torch.empty(t, self.contract.vocab, dtype=torch.float32)
+        logits = torch.empty(t, self.contract.vocab, dtype=torch.float32, device=dev)
         if not mesh.last:
             assert mesh.pipe is not None
             mesh.pipe.send_next(h)
@@ -196,7 +228,7 @@ class RankModel:
             logits = mesh.tp.all_gather(local, self.vocab_sizes)
         if mesh.pipe is not None:
             logits = mesh.pipe.share_last(logits)
-        return logits
+        return logits.to(cpu)
 
     def generate(self, prompt: Sequence[int], steps: int) -> Generation:
         """Prefill ``prompt`` and decode ``steps`` greedy tokens (argmax, lowest id on ties)."""
@@ -210,3 +242,19 @@ class RankModel:
             rows.append(self.forward([tokens[-1]], cache)[-1])
             tokens.append(int(torch.argmax(rows[-1])))
         return Generation(prompt_logits, tuple(tokens), torch.stack(rows))
+
+
+def _held_tensors(weights: RankWeights) -> list[tuple[str, torch.Tensor]]:
+    """The float tensors a rank's weights hold (norms, biases), each with its name in errors."""
+    held = [("final norm", weights.norm)] + [
+        (f"layer {layer.index} {what}", tensor)
+        for layer in weights.layers
+        for what, tensor in (
+            ("input norm", layer.input_norm),
+            ("post-attention norm", layer.post_norm),
+            ("q bias", layer.attention.q_bias),
+            ("k bias", layer.attention.k_bias),
+            ("v bias", layer.attention.v_bias),
+        )
+    ]
+    return [(what, tensor) for what, tensor in held if tensor is not None]

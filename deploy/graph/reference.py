@@ -166,6 +166,19 @@ def _mlp(m: FloatMlp, cols: Range, linear: Callable[[torch.Tensor], Linear]) -> 
     return Mlp(linear(m.gate[a:b]), linear(m.up[a:b]), linear(m.down[:, a:b]))
 
 
+def _placing(
+    make: Callable[[torch.Tensor], Linear], device: torch.device | None
+) -> Callable[[torch.Tensor], Linear]:
+    """``make`` given its slice on ``device`` (only the slice is copied there; ``None``: as it is)."""
+    if device is None:
+        return make
+    return lambda t: make(t.to(device))
+
+
+def _on(t: torch.Tensor | None, device: torch.device | None) -> torch.Tensor | None:
+    return t if t is None or device is None else t.to(device)
+
+
 def single_split(contract: GraphContract) -> TpSplit:
     """The split of a tp group of one: every head, column and vocabulary row on rank 0."""
     c = contract
@@ -181,9 +194,14 @@ def shard_layer(
     *,
     experts: Sequence[int] | None = None,
     linear: Callable[[torch.Tensor], Linear] = float_linear,
+    device: torch.device | None = None,
 ) -> Layer:
-    """Rank ``tp_rank``'s operators of one float layer (``index`` in the model), its ep rank's ``experts``."""
+    """Rank ``tp_rank``'s operators of one float layer (``index`` in the model), its ep rank's ``experts``.
+
+    ``device``: where the rank's slices (and norms, biases) are placed; ``None`` leaves them where they are.
+    """
     d = contract.head_dim
+    linear = _placing(linear, device)
     (qa, qb), (ka, kb) = split.q_heads[tp_rank], split.kv_heads[tp_rank]
     cols = split.intermediate[tp_rank]
     owned = range(contract.experts) if experts is None else experts
@@ -193,9 +211,9 @@ def shard_layer(
         k=linear(f.k[kv_rows]),
         v=linear(f.v[kv_rows]),
         o=linear(f.o[:, q_rows]),
-        q_bias=None if f.q_bias is None else f.q_bias[q_rows],
-        k_bias=None if f.k_bias is None else f.k_bias[kv_rows],
-        v_bias=None if f.v_bias is None else f.v_bias[kv_rows],
+        q_bias=None if f.q_bias is None else _on(f.q_bias[q_rows], device),
+        k_bias=None if f.k_bias is None else _on(f.k_bias[kv_rows], device),
+        v_bias=None if f.v_bias is None else _on(f.v_bias[kv_rows], device),
     )
     mlp: Mlp | Experts
     if f.router is not None:
@@ -203,7 +221,9 @@ def shard_layer(
     else:
         assert f.mlp is not None
         mlp = _mlp(f.mlp, cols, linear)
-    return Layer(index, f.input_norm, attention, f.post_norm, mlp)
+    norms = _on(f.input_norm, device), _on(f.post_norm, device)
+    assert norms[0] is not None and norms[1] is not None
+    return Layer(index, norms[0], attention, norms[1], mlp)
 
 
 def shard(
@@ -217,27 +237,34 @@ def shard(
     last: bool = True,
     linear: Callable[[torch.Tensor], Linear] = float_linear,
     lookup: Callable[[torch.Tensor], Lookup] = float_lookup,
+    device: torch.device | None = None,
 ) -> RankWeights:
-    """Rank ``tp_rank``'s operators for the ``layers`` of its stage and the ``experts`` its ep rank owns."""
+    """Rank ``tp_rank``'s operators for the ``layers`` of its stage and the ``experts`` its ep rank owns.
+
+    ``device``: the rank's device; its slices are copied there (``None``: they stay where they are).
+    """
     c = model.contract
     v0, v1 = split.vocab[tp_rank]
     out = tuple(
-        shard_layer(model.layers[index], index, c, split, tp_rank, experts=experts, linear=linear)
+        shard_layer(
+            model.layers[index], index, c, split, tp_rank, experts=experts, linear=linear, device=device
+        )
         for index in (layers if layers is not None else range(c.layers))
     )
     head = model.embed if model.head is None else model.head
     return RankWeights(
         layers=out,
-        embed=lookup(model.embed[v0:v1]) if first else None,
-        norm=model.norm if last else None,
-        head=linear(head[v0:v1]) if last else None,
+        embed=_placing(lookup, device)(model.embed[v0:v1]) if first else None,
+        norm=_on(model.norm, device) if last else None,
+        head=_placing(linear, device)(head[v0:v1]) if last else None,
     )
 
 
-def reference_model(model: FloatModel) -> RankModel:
-    """The whole model in this process (tp = ep = pp = 1), float32: the L4 reference."""
+def reference_model(model: FloatModel, device: torch.device | None = None) -> RankModel:
+    """The whole model in this process (tp = ep = pp = 1), float32: the L4 reference (on ``device``)."""
     c = model.contract
-    return RankModel(c, single_layout(c), shard(model, single_split(c), 0), Mesh.local())
+    weights = shard(model, single_split(c), 0, device=device)
+    return RankModel(c, single_layout(c), weights, Mesh.local(), device=device)
 
 
 class _Record(BaseModel):

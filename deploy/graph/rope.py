@@ -21,7 +21,7 @@ from shardport.registry.contracts.graph import GraphContract, RopePairs, RopeSca
 
 def inverse_frequencies(head_dim: int, base: float, scaling: RopeScaling | None) -> torch.Tensor:
     """``base ** (-2i / head_dim)`` for ``i < head_dim/2`` (float64), with ``scaling`` applied."""
-    inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim)
     if scaling is None:
         return inv
     if scaling.kind == "linear":
@@ -38,9 +38,9 @@ def inverse_frequencies(head_dim: int, base: float, scaling: RopeScaling | None)
 
 
 def rotary_tables(contract: GraphContract, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos`` and ``sin`` of ``position * inv_freq``, float32 ``[T, head_dim/2]``."""
+    """``cos`` and ``sin`` of ``position * inv_freq``, float32 ``[T, head_dim/2]``, on the CPU."""
     inv = inverse_frequencies(contract.head_dim, contract.rope_base, contract.rope_scaling)
-    angles = positions.to(torch.float64)[:, None] * inv[None, :]
+    angles = positions.to(device="cpu", dtype=torch.float64)[:, None] * inv[None, :]
     return angles.cos().to(torch.float32), angles.sin().to(torch.float32)
 
 

@@ -25,9 +25,12 @@ Lookup = Callable[[torch.Tensor], torch.Tensor]
 Range = tuple[int, int]
 
 
-def float_linear(weight: torch.Tensor) -> Linear:
-    """The linear operator of a float weight ``[N, K]`` (float32 matmul): tests and the reference."""
-    w = weight.to(torch.float32).contiguous()
+def float_linear(weight: torch.Tensor, device: torch.device | None = None) -> Linear:
+    """The linear operator of a float weight ``[N, K]`` (float32 matmul): tests and the reference.
+
+    ``device``: where the weight is held and the matmul runs (default: where ``weight`` is).
+    """
+    w = weight.to(device=device or weight.device, dtype=torch.float32).contiguous()
 
     def linear(x: torch.Tensor) -> torch.Tensor:
         return x.to(torch.float32) @ w.T
@@ -35,9 +38,9 @@ def float_linear(weight: torch.Tensor) -> Linear:
     return linear
 
 
-def float_lookup(table: torch.Tensor) -> Lookup:
-    """Row lookup in a float embedding slice ``[rows, hidden]``."""
-    t = table.to(torch.float32).contiguous()
+def float_lookup(table: torch.Tensor, device: torch.device | None = None) -> Lookup:
+    """Row lookup in a float embedding slice ``[rows, hidden]`` (held on ``device``, default ``table``'s)."""
+    t = table.to(device=device or table.device, dtype=torch.float32).contiguous()
 
     def lookup(ids: torch.Tensor) -> torch.Tensor:
         return t[ids]
@@ -141,10 +144,11 @@ class RankLayout:
                     f"(group {contract.group}) but the rank holds kv heads {ka}..{kb - 1}"
                 )
 
-    def local_kv_index(self, contract: GraphContract) -> torch.Tensor:
-        """For each local query head, the index of its kv head among the rank's kv heads."""
+    def local_kv_index(self, contract: GraphContract, device: torch.device | None = None) -> torch.Tensor:
+        """For each local query head, the index of its kv head among the rank's kv heads (on ``device``)."""
         (qa, qb), (ka, _) = self.q_heads[self.tp_rank], self.kv_heads[self.tp_rank]
-        return torch.tensor([h // contract.group - ka for h in range(qa, qb)], dtype=torch.long)
+        index = [h // contract.group - ka for h in range(qa, qb)]
+        return torch.tensor(index, dtype=torch.long, device=device or torch.device("cpu"))
 
 
 def _covering(what: str, ranges: tuple[Range, ...], extent: int) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from shardport.deploy.cluster import Cluster
 from shardport.deploy.devices import (
@@ -19,6 +20,7 @@ from shardport.deploy.devices import (
     device_memory,
     kernel_device,
     rank_device,
+    torch_device,
     visible_cuda,
 )
 from shardport.deploy.errors import ClusterError
@@ -46,10 +48,15 @@ def test_backend_and_device_follow_what_the_rank_sees_and_the_graph_runs_on() ->
     assert h200 == RankDevice("cuda", 0, "NVIDIA H200") and h200.backend == "nccl"
     assert str(h200) == "cuda:0 NVIDIA H200"
     assert rank_device([], graph_devices=("cpu", "cuda")) == RankDevice("cpu")
-    # today's graph computes on the CPU: a rank given a GPU still runs gloo on the CPU, and says so
-    assert GRAPH_DEVICES == ("cpu",)
+    # the graph computes on CUDA: a rank that sees a GPU runs there with NCCL; one that sees none, gloo
+    assert GRAPH_DEVICES == ("cpu", "cuda")
     on_gpu_node = rank_device(["NVIDIA H200"])
-    assert str(on_gpu_node) == "cpu" and on_gpu_node.backend == "gloo"
+    assert str(on_gpu_node) == "cuda:0 NVIDIA H200" and on_gpu_node.backend == "nccl"
+    assert torch_device(on_gpu_node) == torch.device("cuda", 0)
+    assert torch_device(rank_device([])) == torch.device("cpu")
+    # a graph restricted to the CPU keeps a rank given a GPU on the CPU, and says so
+    held = rank_device(["NVIDIA H200"], graph_devices=("cpu",))
+    assert str(held) == "cpu" and held.backend == "gloo"
 
 
 def test_the_kernels_see_this_cpu_and_a_cuda_device_only_where_torch_can_use_it() -> None:
