@@ -3,8 +3,9 @@
 Two calls, so that no rank waits in a collective for a rank that already failed:
 
 1. :meth:`Rank.prepare` — resolve the pinned manifest (trust checked again on the rank), ``load_rank``
-   (verified tiles, witness rows), dispatch every quantized linear weight and run its parity ladder.
-   No collectives. Returns a summary or a failure (rank, stage, error type, message, exit code).
+   (verified tiles, witness rows), dispatch every quantized linear weight and run its parity ladder,
+   then release the loaded planes no operator uses (:mod:`.release`). No collectives. Returns a
+   summary or a failure (rank, stage, error type, message, exit code).
 2. :meth:`Rank.run` — join the torch.distributed group on 127.0.0.1 (gloo on the CPU, NCCL on a CUDA
    device: :mod:`.devices`; world 1: none), build the graph, warm up, prefill and greedily decode,
    re-check the KV cache. Returns the rank's report: timeline, ledger (host and device memory),
@@ -28,7 +29,7 @@ from shardport import ShardportError
 
 from .devices import RankDevice
 
-STAGES = ("resolve", "plan", "fetch", "verify", "repack", "ladder", "warm-up", "first token")
+STAGES = ("resolve", "plan", "fetch", "verify", "repack", "ladder", "release", "warm-up", "first token")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class RankSpec:
     ladder: str | bool = "sample"
     """The parity ladder's budget: ``full``, ``sample`` or ``off`` (True/False: full/off); see
     :mod:`.ladder_budget`."""
+    keep_planes: bool = False
+    """Keep the loaded planes after preparation (tests and benches that run ladders again); by default
+    the planes no operator uses are released (:mod:`.release`)."""
 
 
 def failure(rank: int, stage: str, exc: BaseException) -> dict[str, Any]:
@@ -138,6 +142,7 @@ class Rank:
         from .devices import kernel_device, rank_device, visible_cuda
         from .ladder_budget import ladder_mode
         from .rank_ops import policy_of, prepare_ops, run_ladders
+        from .release import PlaneRelease
 
         spec = self.spec
         torch.set_num_threads(max(1, spec.threads))
@@ -195,13 +200,22 @@ class Rank:
             "float_tensors": int(self.ops.float_bytes),
             "repack_workspace_peak": int(ledger.scratch_bytes + ledger.peak_staging_bytes),
         }
-        return {
+        summary: dict[str, Any] = {
             "rank": spec.rank,
             "digest": loaded.digest,
             "plan_digest": loaded.plan_digest,
             "weights": len(self.ops.ops),
             "tiles_verified": int(ledger.tiles_verified),
         }
+        self.stage = "release"
+        release = PlaneRelease(loaded, keep=self.ops)
+        del loaded  # self.loaded is the rank's last reference to the planes
+        if not spec.keep_planes:
+            self.loaded = release.metadata
+        kept = release.measure()
+        self.ledger.update(kept.ledger())
+        self.timeline["release"] = kept.seconds
+        return summary
 
     # -- phase 2 ---------------------------------------------------------------------------------
     def run(self, port: int | None) -> dict[str, Any]:
