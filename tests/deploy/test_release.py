@@ -84,7 +84,7 @@ def _kernels(r: Rank) -> dict[str, set[str]]:
 
 
 def test_the_planes_operators_run_in_place_are_kept_and_repacked_ones_released(tiny: tuple[str, str]) -> None:
-    r = _prepared(_spec(tiny, tp=2, keep=True))  # the planes kept, released here by hand
+    r = _prepared(_spec(tiny, keep=True))  # the planes kept, released here by hand
     planes, kernels = _planes(r), _kernels(r)
     assert {"cpu.int4pack", "cpu.gguf-direct"} <= set().union(*kernels.values())
     release = PlaneRelease(r.loaded, r.ops)
@@ -106,7 +106,8 @@ def test_the_planes_operators_run_in_place_are_kept_and_repacked_ones_released(t
     # the rank still runs on what it kept: prefill, decode and the KV-cache check
     result = r.run(None)
     assert "failure" not in result, result
-    assert result["cache"]["passed"] and len(result["tokens"]) == 2
+    cache = result["cache"]
+    assert cache["steps"] >= 1 and cache["max_abs_diff"] <= cache["tolerance"] and len(result["tokens"]) == 2
     assert result["witness"]["witness_weights_checked"] > 0  # metadata the report reads is kept
 
 
@@ -154,8 +155,8 @@ def _q4_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: str) -> np
     return raw.reshape(rows, nb * size)
 
 
-def gguf_q4(folder: Path, *, layers: int = 8, hidden: int = 1024, inter: int = 2816, vocab: int = 512) -> Path:
-    """A llama GGUF of Q4_0 linears (~9 MB a layer at the defaults), a tied Q8_0 embedding, F32 norms."""
+def gguf_q4(folder: Path, *, layers: int = 12, hidden: int = 1024, inter: int = 2816, vocab: int = 512) -> Path:
+    """A llama GGUF of Q4_0 linears (~6.3 MB a layer at the defaults), a tied Q8_0 embedding, F32 norms."""
     import gguf
 
     rng = np.random.default_rng(0)
