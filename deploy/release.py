@@ -162,8 +162,10 @@ class PlaneRelease:
         return [b for b in self._buffers if b.owner() is not None]
 
     def measure(self) -> PlaneBytes:
-        """What is retained now (a full collection first if an unshared buffer is still alive), the
-        freed heap handed back to the system."""
+        """What is retained now; freed heap handed back to the system.
+
+        A full garbage collection runs first only if a buffer nothing kept reaches is still alive.
+        """
         t0 = time.perf_counter()
         if any(not b.shared for b in self._alive()):
             gc.collect()  # a reference cycle may still hold one (a traceback's frames)

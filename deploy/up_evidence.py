@@ -122,8 +122,11 @@ def device_check(device: str, ledger: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def components(ledger: Mapping[str, Any]) -> dict[str, int]:
-    """A rank ledger's :data:`LEDGER_COMPONENTS` (bytes). A ledger that does not say what the rank
-    retained after preparation (no ``codes_retained``) counts every loaded byte as kept and unused."""
+    """A rank ledger's :data:`LEDGER_COMPONENTS` (bytes).
+
+    A ledger that does not say what the rank retained after preparation (no ``codes_retained``)
+    counts every loaded byte as kept and unused.
+    """
     out = {c: int(ledger.get(c, 0)) for c in LEDGER_COMPONENTS}
     if "codes_retained" not in ledger:
         out["codes_retained_unused"] = int(ledger.get("codes_and_qparams", 0))
@@ -457,9 +460,7 @@ def predicate(
             for t in r["dispatch"]
         ],
         "timeline": {str(r["rank"]): {k: _finite(v) for k, v in r["timeline"].items()} for r in by_rank},
-        "ledger": {
-            str(r["rank"]): components(r["ledger"]) for r in by_rank
-        },
+        "ledger": {str(r["rank"]): components(r["ledger"]) for r in by_rank},
         "memory": {
             str(r["rank"]): {k: int(v) for k, v in r["ledger"].items() if k not in LEDGER_COMPONENTS}
             for r in by_rank

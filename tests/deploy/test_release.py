@@ -20,9 +20,9 @@ from bringup_artifacts import gguf_tiny
 from llama_artifacts import ok
 
 from shardport.deploy.rank import Rank, RankSpec, _rss
+from shardport.deploy.rank_ops import policy_of
 from shardport.deploy.release import PlaneRelease, reachable_spans
 from shardport.deploy.up_evidence import level5
-from shardport.deploy.rank_ops import policy_of
 from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.session import Session
 from shardport.registry.trust.resolve import resolve
@@ -74,8 +74,15 @@ def _planes(r: Rank) -> list[dict[str, Any]]:
             owner = owner.base
         floats = r.ops.floats.get(t.weight or "")
         viewed = floats is not None and np.shares_memory(floats.numpy(), t.array)
-        out.append({"tensor": t.name, "weight": t.weight, "bytes": int(t.array.nbytes), "owner": weakref.ref(owner),
-                    "float_view": viewed})  # fmt: skip
+        out.append(
+            {
+                "tensor": t.name,
+                "weight": t.weight,
+                "bytes": int(t.array.nbytes),
+                "owner": weakref.ref(owner),
+                "float_view": viewed,
+            }
+        )
     return out
 
 
@@ -138,8 +145,29 @@ def test_level5_fails_a_rank_that_keeps_planes_no_operator_uses(tiny: tuple[str,
     assert bad["resident"]["0"]["unused"] == kept.ledger["codes_retained_unused"]
     # a ledger that does not say what it retained counts every loaded byte as kept
     older = report(clean)
-    older["ledger"] = {k: v for k, v in older["ledger"].items() if not k.startswith("codes_") or k == "codes_and_qparams"}
+    older["ledger"] = {
+        k: v for k, v in older["ledger"].items() if not k.startswith("codes_") or k == "codes_and_qparams"
+    }
     assert not level5([older], policy, ())["passed"]
+
+
+def test_what_a_kept_object_reaches_through_tensors_and_closures_is_shared(tiny: tuple[str, str]) -> None:
+    import torch
+
+    r = _prepared(_spec(tiny, ladder="off", keep=True))
+    a, b, c = sorted((t for t in r.loaded.tensors if t.array.nbytes > 4096), key=lambda t: t.name)[:3]
+    view = b.array.reshape(-1)[16:32]
+    keep = {
+        "tensor": torch.from_numpy(a.array.reshape(-1)[8:64]),  # a torch view of a plane (int8pack's codes)
+        "closure": lambda: view.sum(),  # a plane view captured by a function
+        "copy": c.array.copy(),  # a copy: the plane itself is not needed
+    }
+    sizes = (a.array.nbytes, b.array.nbytes)
+    release = PlaneRelease(r.loaded, keep)
+    del a, b, c
+    r.loaded, r.ops = release.metadata, None  # only ``keep`` is left holding planes
+    kept = release.measure()
+    assert kept.shared == kept.retained == sum(sizes) and kept.unused == 0
 
 
 # -- resident memory -------------------------------------------------------------------------------
@@ -155,7 +183,9 @@ def _q4_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: str) -> np
     return raw.reshape(rows, nb * size)
 
 
-def gguf_q4(folder: Path, *, layers: int = 12, hidden: int = 1024, inter: int = 2816, vocab: int = 512) -> Path:
+def gguf_q4(
+    folder: Path, *, layers: int = 12, hidden: int = 1024, inter: int = 2816, vocab: int = 512
+) -> Path:
     """A llama GGUF of Q4_0 linears (~6.3 MB a layer at the defaults), a tied Q8_0 embedding, F32 norms."""
     import gguf
 
