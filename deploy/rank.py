@@ -123,9 +123,11 @@ class Rank:
 
     # -- phase 1 ---------------------------------------------------------------------------------
     def prepare(self) -> dict[str, Any]:
-        """Resolve, load, dispatch and ladder; a summary, or ``{"failure": …}``."""
+        """Resolve, load, dispatch, ladder, release the unused planes; a summary, or ``{"failure": …}``."""
         try:
-            return self._prepare()
+            summary = self._prepare()
+            self._release()
+            return summary
         except BaseException as exc:  # every failure goes back as data, with the stage it happened in
             return {"failure": failure(self.spec.rank, self.stage, exc)}
 
@@ -142,7 +144,6 @@ class Rank:
         from .devices import kernel_device, rank_device, visible_cuda
         from .ladder_budget import ladder_mode
         from .rank_ops import policy_of, prepare_ops, run_ladders
-        from .release import PlaneRelease
 
         spec = self.spec
         torch.set_num_threads(max(1, spec.threads))
@@ -200,22 +201,28 @@ class Rank:
             "float_tensors": int(self.ops.float_bytes),
             "repack_workspace_peak": int(ledger.scratch_bytes + ledger.peak_staging_bytes),
         }
-        summary: dict[str, Any] = {
+        return {
             "rank": spec.rank,
             "digest": loaded.digest,
             "plan_digest": loaded.plan_digest,
             "weights": len(self.ops.ops),
             "tiles_verified": int(ledger.tiles_verified),
         }
+
+    def _release(self) -> None:
+        """Drop the loaded planes no prepared operator uses (:mod:`.release`); the ledger says what stayed.
+
+        Called once :meth:`_prepare` returned, so that ``self.loaded`` is the last reference to them.
+        """
+        from .release import PlaneRelease
+
         self.stage = "release"
-        release = PlaneRelease(loaded, keep=self.ops)
-        del loaded  # self.loaded is the rank's last reference to the planes
-        if not spec.keep_planes:
+        release = PlaneRelease(self.loaded, keep=self.ops)
+        if not self.spec.keep_planes:
             self.loaded = release.metadata
         kept = release.measure()
         self.ledger.update(kept.ledger())
         self.timeline["release"] = kept.seconds
-        return summary
 
     # -- phase 2 ---------------------------------------------------------------------------------
     def run(self, port: int | None) -> dict[str, Any]:
