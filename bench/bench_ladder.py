@@ -171,6 +171,7 @@ def main() -> int:
         prompt=(1, 2, 3),
         steps=1,
         ladder=False,
+        keep_planes=True,  # the ladders run here again, on the loaded planes
     )
     rank = Rank(spec)
     t = time.perf_counter()

@@ -3,8 +3,9 @@
 Two calls, so that no rank waits in a collective for a rank that already failed:
 
 1. :meth:`Rank.prepare` — resolve the pinned manifest (trust checked again on the rank), ``load_rank``
-   (verified tiles, witness rows), dispatch every quantized linear weight and run its parity ladder.
-   No collectives. Returns a summary or a failure (rank, stage, error type, message, exit code).
+   (verified tiles, witness rows), dispatch every quantized linear weight and run its parity ladder,
+   then release the loaded planes no operator uses (:mod:`.release`). No collectives. Returns a
+   summary or a failure (rank, stage, error type, message, exit code).
 2. :meth:`Rank.run` — join the torch.distributed group on 127.0.0.1 (gloo on the CPU, NCCL on a CUDA
    device: :mod:`.devices`; world 1: none), build the graph, warm up, prefill and greedily decode,
    re-check the KV cache. Returns the rank's report: timeline, ledger (host and device memory),
@@ -28,7 +29,7 @@ from shardport import ShardportError
 
 from .devices import RankDevice
 
-STAGES = ("resolve", "plan", "fetch", "verify", "repack", "ladder", "warm-up", "first token")
+STAGES = ("resolve", "plan", "fetch", "verify", "repack", "ladder", "release", "warm-up", "first token")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class RankSpec:
     ladder: str | bool = "sample"
     """The parity ladder's budget: ``full``, ``sample`` or ``off`` (True/False: full/off); see
     :mod:`.ladder_budget`."""
+    keep_planes: bool = False
+    """Keep the loaded planes after preparation (tests and benches that run ladders again); by default
+    the planes no operator uses are released (:mod:`.release`)."""
 
 
 def failure(rank: int, stage: str, exc: BaseException) -> dict[str, Any]:
@@ -119,9 +123,11 @@ class Rank:
 
     # -- phase 1 ---------------------------------------------------------------------------------
     def prepare(self) -> dict[str, Any]:
-        """Resolve, load, dispatch and ladder; a summary, or ``{"failure": …}``."""
+        """Resolve, load, dispatch, ladder, release the unused planes; a summary, or ``{"failure": …}``."""
         try:
-            return self._prepare()
+            summary = self._prepare()
+            self._release()
+            return summary
         except BaseException as exc:  # every failure goes back as data, with the stage it happened in
             return {"failure": failure(self.spec.rank, self.stage, exc)}
 
@@ -202,6 +208,21 @@ class Rank:
             "weights": len(self.ops.ops),
             "tiles_verified": int(ledger.tiles_verified),
         }
+
+    def _release(self) -> None:
+        """Drop the loaded planes no prepared operator uses (:mod:`.release`); the ledger says what stayed.
+
+        Called once :meth:`_prepare` returned, so that ``self.loaded`` is the last reference to them.
+        """
+        from .release import PlaneRelease
+
+        self.stage = "release"
+        release = PlaneRelease(self.loaded, keep=self.ops)
+        if not self.spec.keep_planes:
+            self.loaded = release.metadata
+        kept = release.measure()
+        self.ledger.update(kept.ledger())
+        self.timeline["release"] = kept.seconds
 
     # -- phase 2 ---------------------------------------------------------------------------------
     def run(self, port: int | None) -> dict[str, Any]:

@@ -19,11 +19,12 @@ The fields read (all optional; what is missing is shown as missing):
 - ``timeline``: ``{rank: {stage: seconds}}`` (stages in the order they ran);
 - ``ledger``: ``{rank: {component: bytes}}`` (what the rank's memory is made of: drawn stacked);
 - ``memory``: ``{rank: {measure: bytes}}`` (bytes on disk = ``bytes_assigned``, the rank's share of the
-  stored blobs; ``bytes_fetched``; ``host_resident``, ``host_resident_growth``, ``host_peak`` (the process's
-  high-water mark, ``VmHWM``); ``device_resident``,
-  ``device_peak``) and ``devices``: ``{rank: "cpu" | "cuda:0 NAME"}``: one bar per measure (they are
-  not parts of one whole), with the repack workspace peak from ``ledger``; a CPU rank's device bars
-  say "none (cpu)" instead of drawing an empty bar.
+  stored blobs; ``bytes_fetched``; ``codes_retained`` / ``codes_released``, the loaded planes kept
+  after preparation (those the operators use in place) and handed back; ``host_resident``,
+  ``host_resident_growth``, ``host_peak`` (the process's high-water mark, ``VmHWM``);
+  ``device_resident``, ``device_peak``) and ``devices``: ``{rank: "cpu" | "cuda:0 NAME"}``: one bar
+  per measure (they are not parts of one whole), with the repack workspace peak from ``ledger``; a CPU
+  rank's device bars say "none (cpu)" instead of drawing an empty bar.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ _SCRIPT = """
     const ranks = Object.keys(memory || {}).sort((a, b) => Number(a) - Number(b));
     if (ranks.length === 0) { host.textContent = "no data"; return; }
     const fields = [["bytes_assigned", "on disk (share)"], ["bytes_fetched", "fetched"],
+                    ["codes_retained", "loaded, retained"], ["codes_released", "loaded, released"],
                     ["host_resident", "host resident"], ["host_resident_growth", "host growth"],
                     ["host_peak", "host peak"],
                     ["device_resident", "device resident"], ["device_peak", "device peak"],

@@ -14,9 +14,10 @@ no store. Every number is a finite float or an int (the statement is canonical J
   "not run" (``passed`` None) and the overall ``passed`` covers the levels that ran.
 - L5: every trace's selected kernel is the one the driver expects for that operator (admission
   recomputed here, in priority order, under the policy); fallback counts per class within the policy;
-  no persistent full-dequant buffer unless the policy allows one; each rank's resident growth within
-  its component ledger; on a CUDA rank, the device memory torch allocated against the prepared
-  operators' bytes (:func:`device_check`; a CPU rank has no device memory and says so).
+  no persistent full-dequant buffer unless the policy allows one; no loaded plane kept that no
+  operator uses (:mod:`.release`); each rank's resident growth within its component ledger; on a
+  CUDA rank, the device memory torch allocated against the prepared operators' bytes
+  (:func:`device_check`; a CPU rank has no device memory and says so).
 """
 
 from __future__ import annotations
@@ -37,8 +38,12 @@ RESIDENT_SLACK = 256 * 1024 * 1024
 DEVICE_SLACK = 64 * 1024 * 1024
 #: What lives on the device of a CUDA rank (the graph's tensors follow its device).
 DEVICE_COMPONENTS = ("prepared_operators", "float_tensors", "kv_cache")
+#: What a rank's resident memory is made of (the predicate's ``ledger``, drawn stacked). The loaded
+#: planes count only where the rank retains them beyond what its operators and float tensors use in
+#: place (``codes_retained_unused``, :mod:`.release`; 0 after a clean release); what it loaded
+#: (``codes_and_qparams``), retained, shared and released are measures.
 LEDGER_COMPONENTS = (
-    "codes_and_qparams",
+    "codes_retained_unused",
     "prepared_operators",
     "float_tensors",
     "kv_cache",
@@ -116,6 +121,18 @@ def device_check(device: str, ledger: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def components(ledger: Mapping[str, Any]) -> dict[str, int]:
+    """A rank ledger's :data:`LEDGER_COMPONENTS` (bytes).
+
+    A ledger that does not say what the rank retained after preparation (no ``codes_retained``)
+    counts every loaded byte as kept and unused.
+    """
+    out = {c: int(ledger.get(c, 0)) for c in LEDGER_COMPONENTS}
+    if "codes_retained" not in ledger:
+        out["codes_retained_unused"] = int(ledger.get("codes_and_qparams", 0))
+    return out
+
+
 def level5(
     reports: Sequence[Mapping[str, Any]], policy: FallbackPolicy, preferred: Sequence[str]
 ) -> dict[str, Any]:
@@ -137,14 +154,16 @@ def level5(
     dequant_ok = not dequant or policy.full_dequant != "forbid"
     resident: dict[str, dict[str, int | bool]] = {}
     for r in reports:
-        ledger = r["ledger"]
-        accounted = sum(int(ledger.get(c, 0)) for c in LEDGER_COMPONENTS)
-        growth = int(ledger.get("host_resident_growth", 0))
+        parts = components(r["ledger"])
+        accounted = sum(parts.values())
+        growth = int(r["ledger"].get("host_resident_growth", 0))
+        unused = parts["codes_retained_unused"]
         resident[str(r["rank"])] = {
             "growth": growth,
             "ledger": accounted,
             "bound": 2 * accounted + RESIDENT_SLACK,
-            "passed": growth <= 2 * accounted + RESIDENT_SLACK,
+            "unused": unused,
+            "passed": growth <= 2 * accounted + RESIDENT_SLACK and unused == 0,
         }
     device = {str(r["rank"]): device_check(str(r.get("device", "cpu")), r["ledger"]) for r in reports}
     return {
@@ -386,7 +405,8 @@ def _graph_rows(
             and all(v["passed"] for v in l5.get("device", {}).values()),
             "value": max((int(v["growth"]) for v in l5["resident"].values()), default=0),
             "tolerance": max((int(v["bound"]) for v in l5["resident"].values()), default=0),
-            "detail": "per rank: host growth since start vs 2 x components + slack; device: "
+            "detail": "per rank: loaded planes no operator uses released; host growth since start vs "
+            "2 x components + slack; device: "
             + "; ".join(
                 f"rank {k} {v['device']} {'ok' if v['passed'] else 'FAIL'}"
                 for k, v in l5.get("device", {}).items()
@@ -440,9 +460,7 @@ def predicate(
             for t in r["dispatch"]
         ],
         "timeline": {str(r["rank"]): {k: _finite(v) for k, v in r["timeline"].items()} for r in by_rank},
-        "ledger": {
-            str(r["rank"]): {c: int(r["ledger"].get(c, 0)) for c in LEDGER_COMPONENTS} for r in by_rank
-        },
+        "ledger": {str(r["rank"]): components(r["ledger"]) for r in by_rank},
         "memory": {
             str(r["rank"]): {k: int(v) for k, v in r["ledger"].items() if k not in LEDGER_COMPONENTS}
             for r in by_rank

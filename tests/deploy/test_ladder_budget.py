@@ -47,11 +47,11 @@ def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
 
 
 def _rank(pushed: tuple[str, str], tp: int = 2, rank: int = 0) -> Rank:
-    """One rank loaded and dispatched, its ladder not run."""
+    """One rank loaded and dispatched, its ladder not run (its planes kept for the ladders here)."""
     store, ref = pushed
     spec = RankSpec(
         ref=ref, store=store, home=os.environ["SHARDPORT_HOME"], s3_endpoint=None, tp=tp, ep=1, pp=1,
-        rank=rank, fallback="warn", prompt=PROMPT, steps=1, threads=1, ladder="off",
+        rank=rank, fallback="warn", prompt=PROMPT, steps=1, threads=1, ladder="off", keep_planes=True,
     )  # fmt: skip
     r = Rank(spec)
     summary = r.prepare()

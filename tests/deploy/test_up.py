@@ -78,7 +78,10 @@ def test_gptq_up_at_tp2_proves_parity_and_stores_evidence(home: Path, tmp_path: 
         "warm-up",
         "first token",
     }
-    assert doc["ledger"]["0"]["codes_and_qparams"] > 0 and doc["ledger"]["1"]["kv_cache"] > 0
+    assert doc["memory"]["0"]["codes_and_qparams"] > 0 and doc["ledger"]["1"]["kv_cache"] > 0
+    # every GPTQ linear repacked: its loaded planes released, none kept unused
+    assert all(m["codes_released"] > 0 for m in doc["memory"].values())
+    assert all(c["codes_retained_unused"] == 0 for c in doc["ledger"].values())
     written = load_file(str(logits))["logits"]
     assert written.dtype == np.float32 and written.shape == (len(PROMPT), VOCAB)
     assert int(written[-1].argmax()) == doc["generated"][0]
