@@ -40,7 +40,7 @@ a time), the tail through its own: no index array as large as the weight, no Pyt
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -64,12 +64,52 @@ PROBE_COLUMNS = 2048
 
 
 @dataclass(frozen=True, slots=True)
+class Transpose:
+    """A block's byte map as a pairing and a transpose (every ISA's layout measured here is one).
+
+    Each byte's high nibble is the code ``delta`` positions after its low one, and the low nibbles are
+    the positions ``p`` with ``(p // delta)`` even; so the codes pair up as ``v = u[p] | u[p + delta] << 4``
+    in one contiguous pass (the *paired plane*, ``rows·k/2`` bytes), and the packed bytes are that plane
+    read as an array of shape ``dims`` with element ``strides`` (``torch.as_strided``): byte ``j``, the
+    mixed-radix number ``(i_1, ..., i_m)`` over ``dims``, is ``v[Σ i_t·strides_t]``.
+    """
+
+    delta: int
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    def pack(self, u: Any, out: Any) -> None:
+        """Blocks' codes (torch uint8 ``[B, rows·k]``) → their bytes, written to ``out [B, rows·k/2]``."""
+        import torch
+
+        blocks, size = u.shape
+        pairs = u.view(blocks, size // (2 * self.delta), 2, self.delta)
+        paired = torch.bitwise_left_shift(pairs[:, :, 1], 4).bitwise_or_(pairs[:, :, 0])
+        view = paired.as_strided((blocks, *self.dims), (size // 2, *self.strides))
+        out.view(blocks, *self.dims).copy_(view)
+
+    def unpack(self, packed: Any, out: Any) -> None:
+        """Blocks' bytes (torch uint8 ``[B, rows·k/2]``) → their codes, written to ``out [B, rows·k]``."""
+        import torch
+
+        blocks, half = packed.shape
+        paired = torch.empty(blocks, half, dtype=torch.uint8)
+        paired.as_strided((blocks, *self.dims), (half, *self.strides)).copy_(packed.view(blocks, *self.dims))
+        plane = paired.view(blocks, half // self.delta, self.delta)
+        pairs = out.view(blocks, half // self.delta, 2, self.delta)
+        pairs[:, :, 0].copy_(plane & 15)
+        pairs[:, :, 1].copy_(plane >> 4)
+
+
+@dataclass(frozen=True, slots=True)
 class BlockMap:
     """Where each packed byte's nibbles come from within one block of ``rows`` by ``k`` codes.
 
     ``lo``/``hi`` ``[rows·k/2]``: the code position (``row·k + col`` in the block) of each byte's low /
     high nibble; ``source`` ``[rows·k]``: for each code position, its nibble's index in the block's
-    nibble plane (the ``rows·k/2`` low nibbles, then the high ones).
+    nibble plane (the ``rows·k/2`` low nibbles, then the high ones); ``plan``: the same map as strided
+    copies where it is one (:class:`Transpose`, checked element by element against ``lo``/``hi``),
+    else None and every byte goes through a gather.
     """
 
     rows: int
@@ -77,9 +117,15 @@ class BlockMap:
     lo: Index
     hi: Index
     source: Index
+    plan: Transpose | None = None
 
     def unpack(self, packed: U8, out: U8) -> None:
         """Blocks' bytes ``[B, rows·k/2]`` → their codes, written to ``out [B, rows·k]``."""
+        if self.plan is not None:
+            import torch
+
+            self.plan.unpack(torch.from_numpy(packed), torch.from_numpy(out))
+            return
         half = packed.shape[1]
         nibbles = np.empty((packed.shape[0], 2 * half), dtype=np.uint8)
         np.bitwise_and(packed, np.uint8(15), out=nibbles[:, :half])
@@ -88,6 +134,11 @@ class BlockMap:
 
     def pack(self, u: U8, out: U8) -> None:
         """Blocks' codes ``[B, rows·k]`` (0..15) → their bytes, written to ``out [B, rows·k/2]``."""
+        if self.plan is not None:
+            import torch
+
+            self.plan.pack(torch.from_numpy(u), torch.from_numpy(out))
+            return
         np.take(u, self.lo, axis=1, out=out, mode="clip")
         high = np.take(u, self.hi, axis=1, mode="clip")
         np.left_shift(high, np.uint8(4), out=high)
@@ -138,6 +189,11 @@ class ByteMap:
             self.tail_map.pack(codes[full:].reshape(1, -1), out[full:].reshape(1, -1))
         return out
 
+    def gathered(self) -> ByteMap:
+        """The same map applied by gathers only (no :class:`Transpose` plans): benchmarks and tests."""
+        tail = None if self.tail_map is None else replace(self.tail_map, plan=None)
+        return replace(self, block=replace(self.block, plan=None), tail_map=tail)
+
 
 def _apply(step: Any, src: U8, dst: U8, src_row: int, dst_row: int) -> None:
     """``step`` over the 64-row blocks of ``src``/``dst`` (row-major, whole blocks), a few at a time."""
@@ -148,16 +204,27 @@ def _apply(step: Any, src: U8, dst: U8, src_row: int, dst_row: int) -> None:
         step(src_b[b : b + CHUNK_BLOCKS], dst_b[b : b + CHUNK_BLOCKS])
 
 
+def refuse(learnt: ByteMap, refusal: ByteMapError) -> None:
+    """Drop ``learnt`` for the rest of the process (it disagreed with the converter on a real weight)."""
+    _REFUSED[(learnt.isa, learnt.k, learnt.tail)] = refusal
+
+
 def byte_map(k: int, tail: int) -> ByteMap:
     """The byte map for ``[N, K]`` weights with ``N % 64 == tail`` under the ISA torch dispatches to now.
 
     Learnt from the converter on first use in this process (a few milliseconds per (ISA, K, tail)) and
     cached, refusals included; raises :class:`~.errors.ByteMapError` where the map is refused.
     """
-    learnt = _learn(cpu_isa(), k, tail)
+    isa = cpu_isa()
+    learnt = _REFUSED.get((isa, k, tail)) or _learn(isa, k, tail)
     if isinstance(learnt, ByteMapError):
         raise learnt
     return learnt
+
+
+#: Maps refused after they were learnt (:func:`refuse`), by (ISA, K, tail): a process-local cache like
+#: :func:`_learn`'s.
+_REFUSED: dict[tuple[str, int, int], ByteMapError] = {}
 
 
 @functools.cache
@@ -253,7 +320,38 @@ def _block(
     source = np.empty(size, dtype=np.intp)
     source[lo] = np.arange(half, dtype=np.intp)
     source[hi] = np.arange(half, 2 * half, dtype=np.intp)
-    return BlockMap(rows, k, lo.astype(np.intp), hi.astype(np.intp), source)
+    return BlockMap(rows, k, lo.astype(np.intp), hi.astype(np.intp), source, _transpose(lo, hi, size))
+
+
+def _transpose(lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64], size: int) -> Transpose | None:
+    """The block's map as a :class:`Transpose` if it is one (checked against every byte), else None."""
+    delta = int(hi[0] - lo[0]) if lo.size else 0
+    if delta <= 0 or size % (2 * delta) or np.any(hi - lo != delta) or np.any((lo // delta) % 2):
+        return None
+    paired = (lo // (2 * delta)) * delta + lo % delta  # each byte's index in the paired plane
+    dims: list[int] = []
+    strides: list[int] = []
+    rest = paired
+    while rest.size > 1 and len(dims) < 8:  # peel the innermost run of equal steps, then the next
+        step = int(rest[1] - rest[0])
+        steps = np.diff(rest) != step
+        run = int(np.argmax(steps)) + 1 if steps.any() else rest.size
+        if step <= 0 or run == 1 or rest.size % run:
+            return None
+        rows = rest.reshape(-1, run)
+        if not np.array_equal(rows - rows[:, :1], np.broadcast_to(np.arange(run) * step, rows.shape)):
+            return None
+        dims.insert(0, run)
+        strides.insert(0, step)
+        rest = rows[:, 0]
+    if rest.size != 1 or int(rest[0]) != 0:
+        return None
+    index = np.zeros(tuple(dims), dtype=np.int64)
+    for axis, (n, step) in enumerate(zip(dims, strides, strict=True)):
+        shape = [1] * len(dims)
+        shape[axis] = n
+        index = index + (np.arange(n, dtype=np.int64) * step).reshape(shape)
+    return Transpose(delta, tuple(dims), tuple(strides)) if np.array_equal(index.ravel(), paired) else None
 
 
 def _prove(where: str, learnt: ByteMap, rows: int) -> None:
@@ -263,9 +361,12 @@ def _prove(where: str, learnt: ByteMap, rows: int) -> None:
     k = learnt.k
     codes = np.random.default_rng(rows * k).integers(0, 16, size=(rows, k), dtype=np.uint8)
     packed = _convert(codes.astype(np.int32), where)
+    gathered = learnt.gathered()
     checks = (
         ("map packing vs the converter's bytes", learnt.pack(codes), packed),
         ("map unpacking of the converter's bytes", learnt.unpack(packed), codes),
+        ("map packing by gathers vs the converter's bytes", gathered.pack(codes), packed),
+        ("map unpacking by gathers of the converter's bytes", gathered.unpack(packed), codes),
         (
             "the kernel's read-back of the converter's bytes",
             kernel_codes(torch.from_numpy(packed), rows, k),

@@ -22,11 +22,14 @@ scale/zero cast rounds, and the preparation is labelled a ``conversion`` with it
 error. compressed-tensors' decode law rounds each product to the scale format; the kernel does not,
 which is also a conversion.
 
-Cost (N = K = 4096, one thread): the codes are split into uint8 in one pass; the converter takes int32
-only (torch 2.13 checks ``kInt``), so they are widened and packed ``PACK_ROWS`` rows at a time (whole
-64-row blocks: the same bytes as one call, a bounded int32 workspace); the converter itself, a scalar
-loop over every code, is what remains. The conversion error is taken over each group's 16 possible
-codes (:func:`.int4_form.table_error`), not over every element.
+Cost (N = K = 4096, one thread): the codes are split into uint8 in one pass, then packed by the byte
+map learnt from the converter at run time (:mod:`.int4_bytemap`: a pairing pass and a strided
+transpose per 64-row block, byte-identical to the converter, checked on each weight's first and last
+blocks); the converter itself (a scalar loop over every code, int32 only: torch 2.13 checks ``kInt``)
+packs where the map is refused, ``PACK_ROWS`` rows at a time (whole 64-row blocks: the same bytes as
+one call, a bounded int32 workspace). Parity L1 reads the codes back through the same map on sampled
+ladders and through the kernel itself (and the map, compared) on full ones. The conversion error is
+taken over each group's 16 possible codes (:func:`.int4_form.table_error`), not over every element.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import numpy.typing as npt
 from .capability import Capability, OperatorSignature
 from .device import cpu_isa
 from .errors import ByteMapError, KernelInputError
-from .int4_bytemap import BLOCK_ROWS, U8, byte_map, kernel_codes
+from .int4_bytemap import BLOCK_ROWS, U8, byte_map, kernel_codes, refuse
 from .int4_form import Int4Form as Int4Form  # re-exported: the CUDA kernel and tests use them
 from .int4_form import int4_terms as int4_terms
 from .int4_form import table_error
@@ -88,6 +91,40 @@ def pack_codes(u: npt.NDArray[np.integer[Any]]) -> Any:
     return packed
 
 
+def pack_int4(u: npt.NDArray[np.integer[Any]], where: str) -> tuple[Any, str | None]:
+    """Codes ``u [N, K]`` (0..15, checked) → int4pack bytes under this ISA, and why not by the byte map.
+
+    By the byte map learnt from the converter (:mod:`.int4_bytemap`, strided copies instead of the
+    converter's scalar loop) where one is learnt and, on this weight's first 64-row block and its last
+    block with the tail, gives the converter's bytes exactly; else by the converter (:func:`pack_codes`),
+    with the reason (None when the map packed). A map that disagrees is refused for the process.
+    """
+    import torch
+
+    n, k = u.shape
+    try:
+        learnt = byte_map(k, n % BLOCK_ROWS)
+    except ByteMapError as refused:
+        return pack_codes(u), str(refused)
+    codes = u if u.dtype in (np.uint8, np.int8) else u.astype(np.uint8)  # 0..15: exact
+    packed = learnt.pack(codes)
+    last = n - BLOCK_ROWS - learnt.tail if n > 2 * BLOCK_ROWS + learnt.tail else 0
+    for start, stop in ((0, min(n, BLOCK_ROWS)), (last, n)):
+        want = pack_codes(codes[start:stop]).numpy()
+        if not np.array_equal(packed[start:stop], want):
+            r, c = (int(i) for i in np.argwhere(packed[start:stop] != want)[0])
+            refusal = ByteMapError(
+                where,
+                f"int4pack byte {c} of row {start + r} packed by the byte map ({learnt.isa}, K {k})",
+                f"the converter's {int(want[r, c])}",
+                int(packed[start + r, c]),
+                "the map is refused for this process; packed by the converter",
+            )
+            refuse(learnt, refusal)
+            return pack_codes(u), str(refusal)
+    return torch.from_numpy(packed), None
+
+
 class PreparedInt4(PreparedLinear):
     """A rank's weight packed for ``_weight_int4pack_mm_for_cpu`` (ISA-keyed, never persisted)."""
 
@@ -97,12 +134,11 @@ class PreparedInt4(PreparedLinear):
         form = int4_terms(weight)
         dtype = getattr(torch, op.activation_dtype)
         isa = cpu_isa()
-        self.packed = pack_codes(form.u)
+        self.packed, self.map_refusal = pack_int4(form.u, weight.where)
         sz = np.stack([form.scale, form.zero], axis=-1)
         self.scale_zero = torch.from_numpy(sz).to(dtype).contiguous()
         self.group = form.group
         self._sz32: F32 | None = None
-        self.map_refusal: str | None = None
         exact = self.scale_zero.double().numpy()
         super().__init__(kernel, op, "repack", isa=isa)
         error = self._decode_error(form)
@@ -173,10 +209,13 @@ class PreparedInt4(PreparedLinear):
     def map_codes(self) -> U8 | None:
         """The codes read back out of the packed bytes through the byte map learnt from the converter.
 
-        None where the map is refused under this ISA (:attr:`map_refusal` says why; the kernel read-back
-        :meth:`probe_codes` is then the only one).
+        None where the map is refused under this ISA or disagreed with the converter when this weight
+        was packed (:attr:`map_refusal` says why; the kernel read-back :meth:`probe_codes` is then the
+        only one).
         """
         self._check_isa()
+        if self.map_refusal is not None:
+            return None
         try:
             learnt = byte_map(self.op.k_local, self.op.n_local % BLOCK_ROWS)
         except ByteMapError as refused:

@@ -31,6 +31,11 @@ def check(k: int, tail: int) -> str | None:
             return f"K {k} N {n}: map-unpack(torch-pack(u)) != u"
         if not np.array_equal(learnt.pack(u), packed.numpy()):
             return f"K {k} N {n}: map-pack(u) != torch-pack(u)"
+        gathered = learnt.gathered()
+        if not np.array_equal(gathered.pack(u), packed.numpy()) or not np.array_equal(
+            gathered.unpack(packed.numpy()), u
+        ):
+            return f"K {k} N {n}: the gather path differs"
     return None
 
 

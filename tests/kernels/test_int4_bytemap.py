@@ -14,8 +14,8 @@ import torch
 from shardport.kernels import default_catalog, dispatch, ladder, ladder_sampled, rank_weight
 from shardport.kernels.device import cpu_isa
 from shardport.kernels.errors import ByteMapError, IsaMismatchError
-from shardport.kernels.int4_bytemap import byte_map
-from shardport.kernels.int4_cpu import PreparedInt4, int4_terms
+from shardport.kernels.int4_bytemap import _REFUSED, byte_map, refuse
+from shardport.kernels.int4_cpu import PreparedInt4, int4_terms, pack_codes
 from shardport.kernels.parity import L1Codes, _level1, level1, level1_by_map
 
 DIGEST = "sha256:" + "0" * 64
@@ -35,6 +35,8 @@ def test_map_is_a_bijection_and_reads_torch_packing_back(k: int, tail: int) -> N
     for m in [learnt.block] + ([learnt.tail_map] if learnt.tail_map is not None else []):
         assert np.array_equal(np.sort(np.concatenate([m.lo, m.hi])), np.arange(m.rows * k))
     assert (learnt.tail_map is None) == (tail == 0)
+    assert learnt.block.plan is not None  # every ISA measured packs a block as a pairing + transpose
+    gathered = learnt.gathered()
     rng = np.random.default_rng(k * 100 + tail)
     for blocks in (0, 1, 3):
         n = 64 * blocks + tail
@@ -45,6 +47,7 @@ def test_map_is_a_bijection_and_reads_torch_packing_back(k: int, tail: int) -> N
         assert np.array_equal(learnt.unpack(packed), u), n
         assert np.array_equal(learnt.pack(u), packed), n  # map-pack bytes == torch's converter bytes
         assert np.array_equal(learnt.pack(u.view(np.int8)), packed)  # the fast path's int8 codes
+        assert np.array_equal(gathered.unpack(packed), u) and np.array_equal(gathered.pack(u), packed)
 
 
 @pytest.mark.slow
@@ -148,3 +151,35 @@ def test_old_l1_records_read_as_kernel_read_back() -> None:
     }
     record = L1Codes.model_validate(old)
     assert record.readback == "kernel" and record.map_mismatches is None
+
+
+def test_prepared_bytes_are_packed_by_the_map_and_equal_the_converters(q4_0: kc.Case) -> None:
+    for bounds in (
+        {"N": (0, 336), "K": (0, 256)},
+        {"N": (16, 336), "K": (0, 128)},
+        {"N": (0, 48), "K": (0, 256)},
+    ):
+        weight, prepared = _prepared(q4_0, bounds)
+        u = int4_terms(weight, fast=False).u
+        assert prepared.map_refusal is None, prepared.map_refusal
+        assert torch.equal(prepared.packed, pack_codes(u)), bounds  # byte-identical to torch's converter
+
+
+def test_a_refused_map_packs_by_the_converter_and_reads_back_by_the_kernel() -> None:
+    case = kc.gptq(80, 224, 32)  # K 224 and N % 64 == 16: a map no other test learns
+    learnt = byte_map(224, 16)
+    refuse(learnt, ByteMapError("test", "byte map", "agreement with the converter", "a disagreement"))
+    try:
+        weight, prepared = _prepared(case, {"N": (0, 80), "K": (0, 224)})
+        assert prepared.map_refusal is not None and "disagreement" in prepared.map_refusal
+        assert torch.equal(prepared.packed, pack_codes(int4_terms(weight, fast=False).u))
+        assert prepared.map_codes() is None
+        sampled = ladder_sampled(
+            prepared, weight, manifest_digest=DIGEST, verified_tiles=1, represented_by="x"
+        )
+        assert sampled.l1.passed and sampled.l1.readback == "kernel"
+        with pytest.raises(ByteMapError, match="disagreement"):
+            byte_map(224, 16)
+    finally:
+        _REFUSED.pop((learnt.isa, 224, 16))
+    assert byte_map(224, 16) is learnt
