@@ -63,6 +63,25 @@ CHUNK_BLOCKS = 16
 PROBE_COLUMNS = 2048
 
 
+def _word_dtypes() -> dict[int, Any]:
+    import torch
+
+    return {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class _Words(dict[int, Any]):
+    """Word size in bytes → torch dtype (torch imported on first use)."""
+
+    def __missing__(self, w: int) -> Any:
+        self.update(_word_dtypes())
+        return self[w]
+
+
+_WORDS = _Words()
+#: The low nibble of each of eight bytes (a positive int64).
+_LOW_NIBBLES = 0x0F0F0F0F0F0F0F0F
+
+
 @dataclass(frozen=True, slots=True)
 class Transpose:
     """A block's byte map as a pairing and a transpose (every ISA's layout measured here is one).
@@ -84,9 +103,11 @@ class Transpose:
 
         blocks, size = u.shape
         pairs = u.view(blocks, size // (2 * self.delta), 2, self.delta)
-        paired = torch.bitwise_left_shift(pairs[:, :, 1], 4).bitwise_or_(pairs[:, :, 0])
-        view = paired.as_strided((blocks, *self.dims), (size // 2, *self.strides))
-        out.view(blocks, *self.dims).copy_(view)
+        lo, hi = pairs[:, :, 0], pairs[:, :, 1]
+        if self.delta % 8 == 0:  # eight codes per operation: a code <= 15 shifted by 4 stays in its byte
+            lo, hi = lo.view(torch.int64), hi.view(torch.int64)
+        paired = torch.bitwise_left_shift(hi, 4).bitwise_or_(lo).view(torch.uint8).view(blocks, size // 2)
+        self._read(paired, out)
 
     def unpack(self, packed: Any, out: Any) -> None:
         """Blocks' bytes (torch uint8 ``[B, rows·k/2]``) → their codes, written to ``out [B, rows·k]``."""
@@ -94,11 +115,69 @@ class Transpose:
 
         blocks, half = packed.shape
         paired = torch.empty(blocks, half, dtype=torch.uint8)
-        paired.as_strided((blocks, *self.dims), (half, *self.strides)).copy_(packed.view(blocks, *self.dims))
+        self._write(packed, paired)
         plane = paired.view(blocks, half // self.delta, self.delta)
         pairs = out.view(blocks, half // self.delta, 2, self.delta)
-        pairs[:, :, 0].copy_(plane & 15)
-        pairs[:, :, 1].copy_(plane >> 4)
+        lo, hi, mask = pairs[:, :, 0], pairs[:, :, 1], 15
+        if self.delta % 8 == 0:  # eight bytes per operation, each byte masked on its own
+            plane, lo, hi, mask = (
+                plane.view(torch.int64),
+                lo.view(torch.int64),
+                hi.view(torch.int64),
+                _LOW_NIBBLES,
+            )
+        lo.copy_(plane & mask)
+        hi.copy_((plane >> 4) & mask)
+
+    def _word(self) -> int:
+        """Bytes moved as one word by the two-step transpose (1: copy byte by byte).
+
+        Where the innermost dim reads the plane at a stride and the one outside it contiguously (a
+        matrix transpose, every layout measured), ``w`` rows' bytes of a column are first gathered
+        next to each other (a short-stride copy), then moved as one ``w``-byte word (a transpose of
+        ``w`` times fewer elements): ~4x faster than a byte-wise strided copy here.
+        """
+        if len(self.dims) >= 2 and self.strides[-2] == 1:
+            return next((w for w in (8, 4, 2) if self.dims[-1] % w == 0), 1)
+        return 1
+
+    def _staged(self, paired: Any, w: int) -> Any:
+        """``paired [B, half]`` viewed ``[B, *outer, rows/w, cols, w]``; word (a, c) byte i: row a·w + i."""
+        blocks, half = paired.shape
+        outer, rows, row_stride = self.dims[:-2], self.dims[-1], self.strides[-1]
+        return paired.as_strided(
+            (blocks, *outer, rows // w, self.dims[-2], w),
+            (half, *self.strides[:-2], w * row_stride, 1, row_stride),
+        )
+
+    def _read(self, paired: Any, out: Any) -> None:
+        """The packed bytes read out of the paired plane ``[B, half]`` into ``out [B, half]``."""
+        blocks, half = paired.shape
+        w = self._word()
+        if w == 1:
+            out.view(blocks, *self.dims).copy_(paired.as_strided((blocks, *self.dims), (half, *self.strides)))
+            return
+        outer, cols, rows = self.dims[:-2], self.dims[-2], self.dims[-1]
+        staged = self._staged(paired, w).contiguous().view(blocks, -1).view(_WORDS[w])
+        words = staged.view(blocks, *outer, rows // w, cols).transpose(-1, -2)
+        out.view(_WORDS[w]).view(blocks, *outer, cols, rows // w).copy_(words)
+
+    def _write(self, packed: Any, paired: Any) -> None:
+        """The inverse of :meth:`_read`: packed bytes ``[B, half]`` into the paired plane ``[B, half]``."""
+        import torch
+
+        blocks, half = packed.shape
+        w = self._word()
+        if w == 1:
+            paired.as_strided((blocks, *self.dims), (half, *self.strides)).copy_(
+                packed.view(blocks, *self.dims)
+            )
+            return
+        outer, cols, rows = self.dims[:-2], self.dims[-2], self.dims[-1]
+        words = packed.contiguous().view(_WORDS[w]).view(blocks, *outer, cols, rows // w)
+        staged = words.transpose(-1, -2).contiguous().view(blocks, -1).view(torch.uint8)
+        target = self._staged(paired, w)
+        target.copy_(staged.view(target.shape))
 
 
 @dataclass(frozen=True, slots=True)
