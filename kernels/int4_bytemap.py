@@ -32,9 +32,20 @@ What could make the map wrong, and what stops it:
   read-back, and map packing is compared with the converter on each weight's first block and tail.
 - A layout that depends on N beyond ``N % 64``: the same two comparisons, on every class's weight.
 
-Applying a map: ``[N, K]`` is ``N // 64`` blocks of ``64·K`` codes plus the tail; every block goes
-through one gather with the per-block index array (``np.take`` along the block's axis, a few blocks at
-a time), the tail through its own: no index array as large as the weight, no Python loop over bytes.
+What L1 through the map proves (a preparation packs by the map where it agrees with the converter):
+the bytes held now decode, by the layout torch's converter defines, to the codes the registry's generic
+unpacking reads from the verified planes -- so the load-time fast unpack, the packing and anything that
+touched the packed bytes since are checked on every weight; that the kernel reads that layout the same
+way is proved when the map is learnt and by the kernel's own read-back on each class's full ladder.
+
+Applying a map: ``[N, K]`` is ``N // 64`` blocks of ``64·K`` codes plus the tail, each block handled
+alike through a per-block plan (no index array as large as the weight, no Python loop over bytes).
+Every layout measured is a :class:`Transpose` -- pair the two codes of each byte in one contiguous
+pass (eight codes per int64 operation), then a matrix transpose done in two steps, bytes gathered
+into 8-byte words over a short stride and the words transposed -- found from the learnt arrays and
+checked against them element by element; a map that is not one is applied by ``np.take`` gathers with
+the per-block index arrays, a few blocks at a time. Both ways are compared with the converter when a
+map is learnt.
 """
 
 from __future__ import annotations
@@ -51,7 +62,8 @@ from .errors import ByteMapError
 
 U8 = npt.NDArray[np.uint8]
 I16 = npt.NDArray[np.int16]
-Index = npt.NDArray[np.intp]
+#: Per-block index arrays: int32 (a block holds 64·K < 2**31 codes), half the memory of intp.
+Index = npt.NDArray[np.int32]
 
 #: Rows of int4pack's widest N block (AVX512); AVX2's and DEFAULT's 32-row blocks tile it.
 BLOCK_ROWS = 64
@@ -63,21 +75,13 @@ CHUNK_BLOCKS = 16
 PROBE_COLUMNS = 2048
 
 
-def _word_dtypes() -> dict[int, Any]:
+def _word_dtype(w: int) -> Any:
+    """The torch integer dtype of a ``w``-byte word."""
     import torch
 
-    return {2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return {2: torch.int16, 4: torch.int32, 8: torch.int64}[w]
 
 
-class _Words(dict[int, Any]):
-    """Word size in bytes → torch dtype (torch imported on first use)."""
-
-    def __missing__(self, w: int) -> Any:
-        self.update(_word_dtypes())
-        return self[w]
-
-
-_WORDS = _Words()
 #: The low nibble of each of eight bytes (a positive int64).
 _LOW_NIBBLES = 0x0F0F0F0F0F0F0F0F
 
@@ -158,9 +162,9 @@ class Transpose:
             out.view(blocks, *self.dims).copy_(paired.as_strided((blocks, *self.dims), (half, *self.strides)))
             return
         outer, cols, rows = self.dims[:-2], self.dims[-2], self.dims[-1]
-        staged = self._staged(paired, w).contiguous().view(blocks, -1).view(_WORDS[w])
+        staged = self._staged(paired, w).contiguous().view(blocks, -1).view(_word_dtype(w))
         words = staged.view(blocks, *outer, rows // w, cols).transpose(-1, -2)
-        out.view(_WORDS[w]).view(blocks, *outer, cols, rows // w).copy_(words)
+        out.view(_word_dtype(w)).view(blocks, *outer, cols, rows // w).copy_(words)
 
     def _write(self, packed: Any, paired: Any) -> None:
         """The inverse of :meth:`_read`: packed bytes ``[B, half]`` into the paired plane ``[B, half]``."""
@@ -174,7 +178,7 @@ class Transpose:
             )
             return
         outer, cols, rows = self.dims[:-2], self.dims[-2], self.dims[-1]
-        words = packed.contiguous().view(_WORDS[w]).view(blocks, *outer, cols, rows // w)
+        words = packed.contiguous().view(_word_dtype(w)).view(blocks, *outer, cols, rows // w)
         staged = words.transpose(-1, -2).contiguous().view(blocks, -1).view(torch.uint8)
         target = self._staged(paired, w)
         target.copy_(staged.view(target.shape))
@@ -396,10 +400,10 @@ def _block(
                 where, f"bytes of {label}", f"only its own codes (rows 0..{rows - 1})", f"a code of row {r}"
             )
     half = size // 2
-    source = np.empty(size, dtype=np.intp)
-    source[lo] = np.arange(half, dtype=np.intp)
-    source[hi] = np.arange(half, 2 * half, dtype=np.intp)
-    return BlockMap(rows, k, lo.astype(np.intp), hi.astype(np.intp), source, _transpose(lo, hi, size))
+    source = np.empty(size, dtype=np.int32)
+    source[lo] = np.arange(half, dtype=np.int32)
+    source[hi] = np.arange(half, 2 * half, dtype=np.int32)
+    return BlockMap(rows, k, lo.astype(np.int32), hi.astype(np.int32), source, _transpose(lo, hi, size))
 
 
 def _transpose(lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64], size: int) -> Transpose | None:
