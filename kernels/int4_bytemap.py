@@ -61,7 +61,7 @@ from .device import cpu_isa
 from .errors import ByteMapError
 
 U8 = npt.NDArray[np.uint8]
-I16 = npt.NDArray[np.int16]
+I8 = npt.NDArray[np.int8]
 #: Per-block index arrays: int32 (a block holds 64·K < 2**31 codes), half the memory of intp.
 Index = npt.NDArray[np.int32]
 
@@ -464,7 +464,7 @@ def _prove(where: str, learnt: ByteMap, rows: int) -> None:
 
 def kernel_codes(
     packed: Any, n: int, k: int, group: int = PROBE_GROUP, columns: npt.NDArray[np.int64] | None = None
-) -> I16:
+) -> I8:
     """Read int4pack codes back out of ``packed`` by running ``_weight_int4pack_mm_for_cpu`` itself.
 
     Every (scale, zero) is (1, 0), so the kernel computes ``Σ_k x[t, k]·(u[n, k] - 8)``; activation row
@@ -472,15 +472,15 @@ def kernel_codes(
     all when None), so the output is ``(u_a - 8) + 16·(u_b - 8)``, an integer in -136..119: exact in
     bfloat16 (every partial sum too), and ``+ 136`` gives back ``u_a + 16·u_b`` -- two codes per row,
     under the ISA that packed them. An output that is not such an integer (a kernel that does not
-    compute what the probe assumes) reads back as code -1, which no plane holds. Returns int16
-    ``u [n, len(columns)]``.
+    compute what the probe assumes) reads back as code -1, which no plane holds. Returns int8
+    ``u [n, len(columns)]`` (contiguous: the ladder compares it element by element, twice).
     """
     import torch
 
     cols = np.arange(k) if columns is None else np.asarray(columns, dtype=np.int64)
     ones = torch.zeros(k // group, n, 2, dtype=torch.bfloat16)
     ones[..., 0] = 1.0
-    out = torch.empty(cols.size, n, dtype=torch.int16)  # [position, n]; returned transposed
+    out = torch.empty(cols.size, n, dtype=torch.int8)  # [position, n]; returned transposed
     for at in range(0, cols.size, PROBE_COLUMNS):
         stop = min(at + PROBE_COLUMNS, cols.size)
         lo = torch.from_numpy(cols[at:stop:2])  # probed at weight 1
@@ -494,5 +494,5 @@ def kernel_codes(
         v += 136
         out[at:stop:2] = (v & 15).masked_fill_(bad, -1)
         out[at + 1 : stop : 2] = (v >> 4).masked_fill_(bad, -1)[: hi.numel()]
-    found: I16 = out.numpy().T
+    found: I8 = out.t().contiguous().numpy()
     return found

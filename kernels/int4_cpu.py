@@ -200,7 +200,7 @@ class PreparedInt4(PreparedLinear):
     def probe_codes(self, columns: npt.NDArray[np.int64] | None = None) -> I64:
         """Read the codes back out of the packed bytes by running the kernel itself (:func:`kernel_codes`).
 
-        Returns ``u [n_local, len(columns)]`` (int16; -1 marks an output the probe cannot read).
+        Returns ``u [n_local, len(columns)]`` (int8; -1 marks an output the probe cannot read).
         """
         self._check_isa()
         found: I64 = kernel_codes(self.packed, self.op.n_local, self.op.k_local, self.group, columns)  # type: ignore[assignment]
