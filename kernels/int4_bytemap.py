@@ -69,7 +69,8 @@ Index = npt.NDArray[np.int32]
 BLOCK_ROWS = 64
 #: The group size the kernel read-back runs at (every K int4pack takes is a multiple of it).
 PROBE_GROUP = 32
-#: Blocks gathered at a time (bounds the nibble workspace to ``CHUNK_BLOCKS · 64 · K`` bytes).
+#: Blocks packed or unpacked at a time: the workspace (paired plane, staged words, nibbles) stays within
+#: a few ``CHUNK_BLOCKS · 64 · K`` bytes, about the converter path's ``PACK_ROWS · K · 4`` int32 buffer.
 CHUNK_BLOCKS = 16
 #: Columns read back per kernel call in :func:`kernel_codes` (two per activation row).
 PROBE_COLUMNS = 2048

@@ -109,7 +109,7 @@ def pack_int4(u: npt.NDArray[np.integer[Any]], where: str) -> tuple[Any, str | N
     codes = u if u.dtype in (np.uint8, np.int8) else u.astype(np.uint8)  # 0..15: exact
     packed = learnt.pack(codes)
     last = n - BLOCK_ROWS - learnt.tail if n > 2 * BLOCK_ROWS + learnt.tail else 0
-    for start, stop in ((0, min(n, BLOCK_ROWS)), (last, n)):
+    for start, stop in sorted({(0, min(n, BLOCK_ROWS)), (last, n)}):
         want = pack_codes(codes[start:stop]).numpy()
         if not np.array_equal(packed[start:stop], want):
             r, c = (int(i) for i in np.argwhere(packed[start:stop] != want)[0])
