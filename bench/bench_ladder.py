@@ -8,8 +8,9 @@ intermediate 5632, vocab 32000; Q4_0 linears, Q8_0 ``attn_v`` and tied Q8_0 embe
 ``--tp`` in this process (a :class:`~shardport.deploy.rank.Rank` with the ladder off) and:
 
 * profiles every prepared operator's ladder, step by step: the reference decode of the slice, the
-  layout's decode (L2), the codes read back (L1), the witness rows (L2), and L3 per golden batch (the
-  kernel call, ``Y_ref`` and the float64 products);
+  layout's decode (L2), the codes read back (L1: through the kernel, and through the int4pack byte
+  map as the sampled ladder does), the witness rows (L2), and L3 per golden batch (the kernel call,
+  ``Y_ref`` and the float64 products);
 * times :func:`shardport.deploy.rank_ops.run_ladders` under each budget (``full``, ``sample``, ``off``)
   on the same prepared rank, with the number of full (L2 + L3) ladders each ran.
 
@@ -90,6 +91,9 @@ def profile(rank: Any) -> dict[str, Any]:
             ref = _timed(seconds, "reference decode", decode_weight, rw.local_weight, rw.named_planes)
             layout = _timed(seconds, "layout decode (L2)", op.decode)
             _timed(seconds, "L1 code check", parity.level1, op, rw)
+            if hasattr(parity, "level1_by_map"):  # the sampled ladder's L1 (byte map where one exists)
+                _timed(seconds, "L1 code check by byte map", parity.level1_by_map, op, rw)
+                _timed(seconds, "L1 byte-map read-back alone", op.map_codes)
             _timed(seconds, "L2 witness rows", parity._witness, rw, ref)
             _timed(seconds, "L2 compare", lambda r=ref, m=layout: np.array_equal(m, r))
             ref64 = _timed(seconds, "float64 cast of reference", lambda r=ref: r.astype(np.float64))

@@ -15,7 +15,8 @@ Repack throughput is GB of codes (N·K/2 bytes for 4-bit, N·K for 8-bit) per se
 ``--repeat`` preparations after a warm-up, one torch thread (a rank's share): the bare
 ``_convert_weight_to_int4pack`` call on ready int32 codes ``[N, K]`` (torch's converter is a scalar
 loop over every code and takes int32 only); :func:`~shardport.kernels.int4_cpu.pack_codes` (int8 codes
-widened and converted ``PACK_ROWS`` rows at a time: the floor of a preparation); and the whole
+widened and converted ``PACK_ROWS`` rows at a time); the learnt byte map's packing of the same int8
+codes (:mod:`shardport.kernels.int4_bytemap`, what a preparation packs with now); and the whole
 preparation (``PreparedInt4`` / ``PreparedInt8``: unpack, checks, pack, scale/zero, conversion error)
 for GPTQ (this weight), GGUF Q4_0 and compressed-tensors int8 (per-channel) weights of the same shape,
 in float32 and bfloat16. Compared with BLAKE3 over the same bytes (the verify half of a verified read)
@@ -109,6 +110,14 @@ def repack(rw: Any, n: int, k: int, codes: np.ndarray, planes: dict[str, Any], r
     pack_s = _median(lambda: torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1), repeat)
     small = np.ascontiguousarray(codes, dtype=np.int8)
     pack_rows_s = _median(lambda: pack_codes(small), repeat)
+    pack_map_s = None
+    try:  # the learnt byte map (absent before it existed)
+        from shardport.kernels.int4_bytemap import byte_map
+
+        learnt = byte_map(k, n % 64)  # learnt once per process, outside the timing
+        pack_map_s = _median(lambda: learnt.pack(small), repeat)
+    except ImportError:
+        pass
     raw = planes[f"{PREFIX}.qweight"].tobytes()
     hash_s = _median(lambda: blake3.blake3(raw).digest(), repeat)
     verified = None
@@ -120,6 +129,7 @@ def repack(rw: Any, n: int, k: int, codes: np.ndarray, planes: dict[str, Any], r
         "code_bytes": code_bytes,
         "pack_only_gbps": code_bytes / pack_s / 1e9,
         "pack_rows_gbps": code_bytes / pack_rows_s / 1e9,
+        "pack_byte_map_gbps": code_bytes / pack_map_s / 1e9 if pack_map_s else None,
         "blake3_gbps": code_bytes / hash_s / 1e9,
         "rank_verified_read_gbps": verified,
         "prepare": {},

@@ -19,6 +19,9 @@ Tree::
         │                                        than the one that packed it
         ├── NotPersistableError             (2)  a prepared (ISA-keyed) layout was asked to be pickled
         ├── ActivationError                 (2)  activations of the wrong shape or dtype for the kernel
+        ├── ByteMapError                    (1)  the int4pack byte map learnt from torch's converter is
+        │                                        not a bijection, not block-periodic, or disagrees with
+        │                                        the converter or the kernel (the map is not used)
         └── ParityError                     (1)  a parity-ladder level failed (codes, decode, witness,
                                                  operator error over tolerance)
 """
@@ -79,6 +82,10 @@ class ActivationError(KernelError):
     """Activations whose shape or dtype the prepared kernel does not take."""
 
     exit_code = 2
+
+
+class ByteMapError(KernelError):
+    """The byte map learnt from torch's int4pack converter is refused: the codes are read another way."""
 
 
 class ParityError(KernelError):

@@ -22,11 +22,14 @@ scale/zero cast rounds, and the preparation is labelled a ``conversion`` with it
 error. compressed-tensors' decode law rounds each product to the scale format; the kernel does not,
 which is also a conversion.
 
-Cost (N = K = 4096, one thread): the codes are split into uint8 in one pass; the converter takes int32
-only (torch 2.13 checks ``kInt``), so they are widened and packed ``PACK_ROWS`` rows at a time (whole
-64-row blocks: the same bytes as one call, a bounded int32 workspace); the converter itself, a scalar
-loop over every code, is what remains. The conversion error is taken over each group's 16 possible
-codes (:func:`.int4_form.table_error`), not over every element.
+Cost (N = K = 4096, one thread): the codes are split into uint8 in one pass, then packed by the byte
+map learnt from the converter at run time (:mod:`.int4_bytemap`: a pairing pass and a strided
+transpose per 64-row block, byte-identical to the converter, checked on each weight's first and last
+blocks); the converter itself (a scalar loop over every code, int32 only: torch 2.13 checks ``kInt``)
+packs where the map is refused, ``PACK_ROWS`` rows at a time (whole 64-row blocks: the same bytes as
+one call, a bounded int32 workspace). Parity L1 reads the codes back through the same map on sampled
+ladders and through the kernel itself (and the map, compared) on full ones. The conversion error is
+taken over each group's 16 possible codes (:func:`.int4_form.table_error`), not over every element.
 """
 
 from __future__ import annotations
@@ -38,11 +41,12 @@ import numpy.typing as npt
 
 from .capability import Capability, OperatorSignature
 from .device import cpu_isa
-from .errors import KernelInputError
+from .errors import ByteMapError, KernelInputError
+from .int4_bytemap import BLOCK_ROWS, U8, byte_map, kernel_codes, refuse
 from .int4_form import Int4Form as Int4Form  # re-exported: the CUDA kernel and tests use them
 from .int4_form import int4_terms as int4_terms
 from .int4_form import table_error
-from .prepared import F32, I64, ROW_CHUNK, PreparedLinear
+from .prepared import F32, I64, ROW_CHUNK, Codes, PreparedLinear
 from .weight import RankWeight
 
 GROUPS = (32, 64, 128, 256)
@@ -87,6 +91,40 @@ def pack_codes(u: npt.NDArray[np.integer[Any]]) -> Any:
     return packed
 
 
+def pack_int4(u: npt.NDArray[np.integer[Any]], where: str) -> tuple[Any, str | None]:
+    """Codes ``u [N, K]`` (0..15, checked) → int4pack bytes under this ISA, and why not by the byte map.
+
+    By the byte map learnt from the converter (:mod:`.int4_bytemap`, strided copies instead of the
+    converter's scalar loop) where one is learnt and, on this weight's first 64-row block and its last
+    block with the tail, gives the converter's bytes exactly; else by the converter (:func:`pack_codes`),
+    with the reason (None when the map packed). A map that disagrees is refused for the process.
+    """
+    import torch
+
+    n, k = u.shape
+    try:
+        learnt = byte_map(k, n % BLOCK_ROWS)
+    except ByteMapError as refused:
+        return pack_codes(u), str(refused)
+    codes = u if u.dtype in (np.uint8, np.int8) else u.astype(np.uint8)  # 0..15: exact
+    packed = learnt.pack(codes)
+    last = n - BLOCK_ROWS - learnt.tail if n > 2 * BLOCK_ROWS + learnt.tail else 0
+    for start, stop in sorted({(0, min(n, BLOCK_ROWS)), (last, n)}):
+        want = pack_codes(codes[start:stop]).numpy()
+        if not np.array_equal(packed[start:stop], want):
+            r, c = (int(i) for i in np.argwhere(packed[start:stop] != want)[0])
+            refusal = ByteMapError(
+                where,
+                f"int4pack byte {c} of row {start + r} packed by the byte map ({learnt.isa}, K {k})",
+                f"the converter's {int(want[r, c])}",
+                int(packed[start + r, c]),
+                "the map is refused for this process; packed by the converter",
+            )
+            refuse(learnt, refusal)
+            return pack_codes(u), str(refusal)
+    return torch.from_numpy(packed), None
+
+
 class PreparedInt4(PreparedLinear):
     """A rank's weight packed for ``_weight_int4pack_mm_for_cpu`` (ISA-keyed, never persisted)."""
 
@@ -96,7 +134,7 @@ class PreparedInt4(PreparedLinear):
         form = int4_terms(weight)
         dtype = getattr(torch, op.activation_dtype)
         isa = cpu_isa()
-        self.packed = pack_codes(form.u)
+        self.packed, self.map_refusal = pack_int4(form.u, weight.where)
         sz = np.stack([form.scale, form.zero], axis=-1)
         self.scale_zero = torch.from_numpy(sz).to(dtype).contiguous()
         self.group = form.group
@@ -160,39 +198,40 @@ class PreparedInt4(PreparedLinear):
         return int(held + self.scale_zero.numel() * self.scale_zero.element_size())
 
     def probe_codes(self, columns: npt.NDArray[np.int64] | None = None) -> I64:
-        """Read the codes back out of the packed bytes by running the kernel itself.
+        """Read the codes back out of the packed bytes by running the kernel itself (:func:`kernel_codes`).
 
-        Every (scale, zero) is (1, 0), so the kernel computes ``Σ_k x[t, k]·(u[n, k] - 8)``; activation row
-        ``t`` (bfloat16) holds 1 at one column ``a`` and 16 at another ``b`` (``columns``: which K columns;
-        all when None), so the output is ``(u_a - 8) + 16·(u_b - 8)``, an integer in -136..119: exact in
-        bfloat16 (every partial sum too), and ``+ 136`` gives back ``u_a + 16·u_b`` -- two codes per row,
-        under the ISA that packed it. An output that is not such an integer (a kernel that does not
-        compute what the probe assumes) reads back as code -1, which no plane holds. Returns
-        ``u [n_local, len(columns)]``.
+        Returns ``u [n_local, len(columns)]`` (int8; -1 marks an output the probe cannot read).
         """
-        import torch
-
         self._check_isa()
-        k, n = self.op.k_local, self.op.n_local
-        cols = np.arange(k) if columns is None else np.asarray(columns, dtype=np.int64)
-        ones = torch.zeros(k // self.group, n, 2, dtype=torch.bfloat16)
-        ones[..., 0] = 1.0
-        out = torch.empty(cols.size, n, dtype=torch.int16)  # [position, n]; returned transposed
-        for at in range(0, cols.size, 8 * ROW_CHUNK):
-            stop = min(at + 8 * ROW_CHUNK, cols.size)
-            lo = torch.from_numpy(cols[at:stop:2])  # probed at weight 1
-            hi = torch.from_numpy(cols[at + 1 : stop : 2])  # at weight 16 (none for a last odd column)
-            x = torch.zeros(lo.numel(), k, dtype=torch.bfloat16)
-            x[torch.arange(lo.numel()), lo] = 1.0
-            x[torch.arange(hi.numel()), hi] = 16.0
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, ones)  # [rows, n]
-            v = y.to(torch.int16)
-            bad = (v.to(torch.bfloat16) != y) | (v < -136) | (v > 119)
-            v += 136
-            out[at:stop:2] = (v & 15).masked_fill_(bad, -1)
-            out[at + 1 : stop : 2] = (v >> 4).masked_fill_(bad, -1)[: hi.numel()]
-        found: I64 = out.numpy().T  # int16 codes (-1 marks an output the probe cannot read)
+        found: I64 = kernel_codes(self.packed, self.op.n_local, self.op.k_local, self.group, columns)  # type: ignore[assignment]
         return found
+
+    def map_codes(self) -> U8 | None:
+        """The codes read back out of the packed bytes through the byte map learnt from the converter.
+
+        None where the map is refused under this ISA or disagreed with the converter when this weight
+        was packed (:attr:`map_refusal` says why; the kernel read-back :meth:`probe_codes` is then the
+        only one).
+        """
+        self._check_isa()
+        if self.map_refusal is not None:
+            return None
+        try:
+            learnt = byte_map(self.op.k_local, self.op.n_local % BLOCK_ROWS)
+        except ByteMapError as refused:
+            self.map_refusal = str(refused)
+            return None
+        return learnt.unpack(self.packed.numpy())
+
+    def map_check(self, weight: RankWeight) -> tuple[Codes, Codes] | None:
+        """(codes by the registry's generic unpacking, codes read back through the byte map), as uint8.
+
+        The generic unpacking range-checks every code to 0..15, so the uint8 cast is exact.
+        """
+        found = self.map_codes()
+        if found is None:
+            return None
+        return int4_terms(weight, fast=False).u.astype(np.uint8), found
 
     def code_check(self, weight: RankWeight) -> tuple[I64, I64] | None:
         """(codes the planes hold, by the registry's generic unpacking; codes read back from the layout)."""

@@ -4,7 +4,9 @@
   the manifest digest and the loader's verified-tile count; recorded here with every plane's bytes).
 - L1 code preservation: the codes read back out of the kernel's layout equal the codes of the planes,
   exactly; a change of representation that is not a permutation (scale cast, rounding law) is labelled a
-  ``conversion`` with its largest reconstruction error.
+  ``conversion`` with its largest reconstruction error. The record says how the codes were read back
+  (by the kernel, or through a byte map learnt from the packer, which a full ladder holds to the
+  kernel's read-back).
 - L2 reconstruction: the layout's decode equals the registry's reference decode of the slice (exactly,
   or within the recorded conversion error), and the manifest's witness cells inside the rank's slice
   re-digest to the recorded values.
@@ -26,7 +28,7 @@ from shardport.registry.contracts.decode import decode_weight
 from shardport.registry.contracts.model import CELL_DIGEST_BYTES, CellWitness, DecodeWitness, cell_positions
 
 from .errors import ParityError
-from .prepared import I64, PreparedLinear
+from .prepared import Codes, PreparedLinear
 from .weight import RankWeight
 
 F32 = npt.NDArray[np.float32]
@@ -67,7 +69,13 @@ class L0Bytes(_Frozen):
 
 
 class L1Codes(_Frozen):
-    """Code preservation: codes read back from the layout vs the planes' codes."""
+    """Code preservation: codes read back from the layout vs the planes' codes.
+
+    ``readback``: how the codes were read back out of the layout -- ``kernel`` (by the kernel itself,
+    or the operand it consumes), ``byte-map`` (through the byte map learnt from the packer, see
+    :mod:`.int4_bytemap`; a sampled ladder), ``kernel+byte-map`` (by the kernel, and the byte map's
+    read-back compared with it: ``map_mismatches`` codes differ, which fails the level).
+    """
 
     applicable: bool
     codes_compared: int
@@ -76,6 +84,8 @@ class L1Codes(_Frozen):
     representation: str
     max_reconstruction_error: float
     passed: bool
+    readback: Literal["kernel", "byte-map", "kernel+byte-map"] = "kernel"
+    map_mismatches: int | None = None
 
 
 class L2Decode(_Frozen):
@@ -162,7 +172,33 @@ def level1(prepared: PreparedLinear, weight: RankWeight) -> L1Codes:
     return _level1(prepared, weight, prepared.code_check(weight))
 
 
-def _level1(prepared: PreparedLinear, weight: RankWeight, pair: tuple[I64, I64] | None) -> L1Codes:
+def level1_by_map(prepared: PreparedLinear, weight: RankWeight) -> L1Codes:
+    """L1 with the codes read back through the layout's byte map where it has one (else the kernel).
+
+    Exact like :func:`level1` (every code, compared as uint8), at the cost of a gather instead of a
+    matmul per pair of columns; the map itself is proved against the kernel when it is learnt and on
+    every class's full ladder.
+    """
+    pair = prepared.map_check(weight)
+    if pair is None:
+        return level1(prepared, weight)
+    return _level1(prepared, weight, pair, readback="byte-map")
+
+
+def _where(weight: RankWeight, differ: npt.NDArray[np.bool_]) -> tuple[int, int, str]:
+    r, k = (int(i) for i in np.argwhere(differ)[0])
+    return r, k, f"row {weight.row_start + r} column {weight.col_start + k}"
+
+
+def _level1(
+    prepared: PreparedLinear,
+    weight: RankWeight,
+    pair: tuple[Codes, Codes] | None,
+    *,
+    readback: Literal["kernel", "byte-map"] = "kernel",
+    mapped: Codes | None = None,
+) -> L1Codes:
+    """``pair``: (planes' codes, read-back codes); ``mapped``: the byte map's read-back to hold to it."""
     representation = prepared.transformation
     if pair is None:
         return L1Codes(
@@ -175,12 +211,20 @@ def _level1(prepared: PreparedLinear, weight: RankWeight, pair: tuple[I64, I64] 
             passed=True,
         )
     expected, found = pair
-    differ = expected != found
+    shaped = expected.shape == found.shape
+    differ = expected != found if shaped else np.zeros((0, 0), dtype=np.bool_)
     mismatches = int(np.count_nonzero(differ))
     first = None
     if mismatches:
-        r, k = (int(i) for i in np.argwhere(differ)[0])
-        first = f"row {weight.row_start + r} column {weight.col_start + k}: {expected[r, k]} -> {found[r, k]}"
+        r, k, at = _where(weight, differ)
+        first = f"{at}: {expected[r, k]} -> {found[r, k]}"
+    map_mismatches = None
+    if mapped is not None:
+        disagree = mapped != found if mapped.shape == found.shape else np.ones((1, 1), dtype=np.bool_)
+        map_mismatches = int(np.count_nonzero(disagree))
+        if map_mismatches and first is None:
+            r, k, at = _where(weight, disagree) if disagree.shape == found.shape else (0, 0, "shape")
+            first = f"{at}: byte map read back {mapped[r, k]}, the kernel {found[r, k]}"
     return L1Codes(
         applicable=True,
         codes_compared=int(expected.size),
@@ -188,7 +232,9 @@ def _level1(prepared: PreparedLinear, weight: RankWeight, pair: tuple[I64, I64] 
         first_mismatch=first,
         representation=representation,
         max_reconstruction_error=prepared.conversion_error,
-        passed=not mismatches and expected.shape == found.shape,
+        passed=not mismatches and shaped and not map_mismatches,
+        readback="kernel+byte-map" if mapped is not None else readback,
+        map_mismatches=map_mismatches,
     )
 
 
@@ -350,13 +396,14 @@ def ladder(
     """
     reference = decode_weight(weight.local_weight, weight.named_planes)
     layout, pair = prepared.read_back(weight)
+    mapped = prepared.map_codes() if pair is not None else None  # proved against the kernel's read-back
     reference64 = reference.astype(np.float64)
     return Ladder(
         weight=weight.where,
         kernel=prepared.kernel,
         transformation=prepared.transformation,
         l0=level0(weight, manifest_digest, verified_tiles),
-        l1=_level1(prepared, weight, pair),
+        l1=_level1(prepared, weight, pair, mapped=mapped),
         l2=level2(prepared, weight, reference=reference, layout=layout),
         l3=tuple(
             level3(
@@ -386,8 +433,9 @@ def ladder_sampled(
 ) -> Ladder:
     """The sampled ladder of a weight whose class representative ran the full one (``represented_by``).
 
-    L0 in full; L1 in full (every code read back through the kernel against the planes' codes); L2 the
-    witness comparison only, on the reference decode of just the witnessed rows of the slice; no L3.
+    L0 in full; L1 in full (every code read back against the planes' codes: through the layout's byte
+    map where it has one, :func:`level1_by_map`, else through the kernel); L2 the witness comparison
+    only, on the reference decode of just the witnessed rows of the slice; no L3.
     """
     rows = witness_rows(weight)
     decoded = (
@@ -411,7 +459,7 @@ def ladder_sampled(
         kernel=prepared.kernel,
         transformation=prepared.transformation,
         l0=level0(weight, manifest_digest, verified_tiles),
-        l1=level1(prepared, weight),
+        l1=level1_by_map(prepared, weight),
         l2=l2,
         l3=(),
         scope="sampled",

@@ -20,6 +20,8 @@ from .weight import RankWeight
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
+#: Codes in whatever integer dtype a read-back gives them (the ladder compares them as numbers).
+Codes = npt.NDArray[np.integer[Any]]
 
 #: Rows decoded at a time where a prepared layout is decoded or compared (bounds the workspace).
 ROW_CHUNK = 256
@@ -111,6 +113,21 @@ class PreparedLinear(abc.ABC):
         """For a repacked layout: (codes as ``weight``'s planes hold them, codes read back from the layout).
 
         Both ``[n_local, k_local]`` in the kernel's code domain; None for layouts without codes.
+        """
+        return None
+
+    def map_codes(self) -> Codes | None:
+        """Codes read back out of the layout without running the kernel, or None (the default).
+
+        A layout with a byte map learnt from its packer returns ``[n_local, k_local]``.
+        """
+        return None
+
+    def map_check(self, weight: RankWeight) -> tuple[Codes, Codes] | None:
+        """(codes as ``weight``'s planes hold them, :meth:`map_codes`), or None without a byte map.
+
+        The sampled ladder's L1 uses it where it exists (else :meth:`code_check`); the full ladder
+        compares :meth:`map_codes` with the kernel's read-back.
         """
         return None
 
