@@ -4,8 +4,9 @@
 - ``sample`` (the default): every operator runs L0, L1 (every code read back -- through int4pack's
   byte map learnt from torch's converter, which the class representative's full ladder holds to the
   kernel's own read-back; through the kernel for other layouts -- against the planes' codes) and
-  the L2 witness comparison (the manifest's witness rows or cells inside the slice, re-decoded from the rank's planes); the L2 full reconstruction and L3's operator error run
-  on one representative per *ladder class* — the first operator of the class by weight name on the rank.
+  the L2 witness comparison (the manifest's witness rows or cells inside the slice, re-decoded from
+  the rank's planes); the L2 full reconstruction and L3's operator error run on one representative
+  per *ladder class* — the first operator of the class by weight name on the rank.
   A class is what decides the kernel's code path for a weight: the kernel id and version, the
   transformation, the phases the operator serves, the operator signature's representation fields (the
   layout id, code encoding and bits, scale format/sign/levels, zero-point kind, group size and axis,
