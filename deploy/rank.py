@@ -52,6 +52,9 @@ class RankSpec:
     ladder: str | bool = "sample"
     """The parity ladder's budget: ``full``, ``sample`` or ``off`` (True/False: full/off); see
     :mod:`.ladder_budget`."""
+    activations: str = "float32"
+    """The dtype of the quantized operators' activations, ``float32`` or ``bfloat16`` (``--activations``;
+    :func:`.rank_ops.dispatch_activations`); the graph around them stays float32."""
 
 
 def failure(rank: int, stage: str, exc: BaseException) -> dict[str, Any]:
@@ -137,7 +140,7 @@ class Rank:
         from .contract import contract_of
         from .devices import kernel_device, rank_device, visible_cuda
         from .ladder_budget import ladder_mode
-        from .rank_ops import policy_of, prepare_ops, run_ladders
+        from .rank_ops import activations_of, policy_of, prepare_ops, run_ladders
 
         spec = self.spec
         torch.set_num_threads(max(1, spec.threads))
@@ -178,6 +181,7 @@ class Rank:
             required=tuple(runtime.kernels_required),
             preferred=tuple(runtime.kernels_preferred),
             device=kernel_device(self.device),
+            activations=activations_of(spec.activations),
         )
         self.timeline["repack"] = time.perf_counter() - t2
         self.ladder_mode = ladder_mode(spec.ladder)
@@ -258,7 +262,7 @@ class Rank:
         from .graph.model import RankModel
         from .graph.reference import check_cache
         from .plan_layout import layout_from_plan
-        from .rank_ops import rank_weights
+        from .rank_ops import cache_tolerance, rank_weights
 
         spec, contract = self.spec, self.contract
         topology = Topology(tp=spec.tp, ep=spec.ep, pp=spec.pp)
@@ -299,7 +303,9 @@ class Rank:
 
         generation = Generation(prompt_logits, tuple(tokens), torch.stack(rows))
         self.stage = "cache check"
-        checked = check_cache(model, list(spec.prompt), generation, spec.cache_tolerance)
+        scale = float(prompt_logits.abs().max())
+        tolerance = cache_tolerance(self.ops, spec.cache_tolerance, contract.layers, scale)
+        checked = check_cache(model, list(spec.prompt), generation, tolerance)
         rss = _rss()
         self.ledger["kv_cache"] = int(kv_bytes)
         self.ledger["host_resident"] = rss

@@ -10,12 +10,13 @@ charts through ``textContent``.
 The fields read (all optional; what is missing is shown as missing):
 
 - ``manifest``, ``repository``, ``tag`` (``{"version", "digest"}``), ``topology`` (``{"tp", "ep", "pp"}``),
-  ``created``, ``passed``;
+  ``runtime`` (``{"activations", "fallbacks"}``: the operators' activation dtype and which fell back to
+  float32), ``created``, ``passed``;
 - ``parity``: a list of ``{"level", "name", "passed", "value", "tolerance", "detail"}`` (``passed`` None
   with ``status`` "not run" for a level the bring-up did not run);
 - ``ladder``: the ladder's budget and coverage (``{"mode", "operators", "full", "sampled", "classes"}``,
   each class ``{"rank", "kernel", "representative", "represents", "covered"}``);
-- ``dispatch``: a list of ``{"rank", "weight", "phase", "kernel", "transformation"}``;
+- ``dispatch``: a list of ``{"rank", "weight", "phase", "kernel", "transformation", "activations"}``;
 - ``timeline``: ``{rank: {stage: seconds}}`` (stages in the order they ran);
 - ``ledger``: ``{rank: {component: bytes}}`` (what the rank's memory is made of: drawn stacked);
 - ``memory``: ``{rank: {measure: bytes}}`` (bytes on disk = ``bytes_assigned``, the rank's share of the
@@ -183,6 +184,16 @@ def _coverage(ladder: Any) -> list[str]:
     ]
 
 
+def _activations(runtime: Any) -> str | None:
+    """The runtime's activation dtype, with the operators that fell back to float32 (if any)."""
+    if not isinstance(runtime, Mapping):
+        return None
+    fallbacks = list(runtime.get("fallbacks") or [])
+    if not fallbacks:
+        return str(runtime.get("activations"))
+    return f"{runtime.get('activations')}; {len(fallbacks)} fell back to float32: {'; '.join(fallbacks[:3])}"
+
+
 def render_report(evidence: Mapping[str, Any]) -> str:
     """The page for one bring-up's evidence predicate."""
     tag = evidence.get("tag") or {}
@@ -191,6 +202,7 @@ def render_report(evidence: Mapping[str, Any]) -> str:
         ("manifest", evidence.get("manifest")),
         ("tag version", tag.get("version") if isinstance(tag, Mapping) else tag),
         ("topology", evidence.get("topology")),
+        ("activations", _activations(evidence.get("runtime"))),
         ("created", evidence.get("created")),
         ("result", evidence.get("passed")),
     ]
@@ -209,7 +221,11 @@ def render_report(evidence: Mapping[str, Any]) -> str:
         _table(parity, ["level", "name", "passed", "value", "tolerance", "detail"], "no parity results"),
         *_coverage(evidence.get("ladder")),
         "<h2>Dispatch</h2>",
-        _table(dispatch, ["rank", "weight", "phase", "kernel", "transformation"], "no dispatch trace"),
+        _table(
+            dispatch,
+            ["rank", "weight", "phase", "kernel", "transformation", "activations"],
+            "no dispatch trace",
+        ),
         "<h2>Startup timeline per rank (seconds)</h2>",
         '<div id="timeline"></div>',
         "<h2>Memory per rank</h2>",

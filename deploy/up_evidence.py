@@ -50,22 +50,67 @@ def _finite(x: float) -> float:
     return float(x) if math.isfinite(x) else -1.0
 
 
-def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: float) -> dict[str, float]:
-    """The L4 tolerance: ``64 · max(E_kernel, 1e-6) · (layers + 1) · max(1, max|logit|)``.
+#: Per activation dtype of the operators: the L4 tolerance's amplification and the floor of its operator
+#: error (:func:`tolerance`). float32: E_kernel is ~1e-7 (floored at 1e-6) and 64 covers the tensor-parallel
+#: sums' different order and the attention softmax's amplification. bfloat16: every operator rounds its
+#: input and its output to bfloat16, so E is never below the dtype's unit roundoff 2^-8 (the recorded
+#: L3 errors, output rounding and bf16 scales, are 2-3e-3: the floor rules), and 8 covers the input
+#: rounding L3 does not see (its golden batches are bfloat16 already) and the softmax; the order of
+#: float32 sums is noise beside bf16 rounding. Measured (tests' 2-layer models, tp 1-2): max |Δ| 1-2 %
+#: of the logit scale, tolerance 4-9x that, ~10 % of the scale.
+L4_FACTORS: dict[str, tuple[float, float]] = {"float32": (64.0, 1e-6), "bfloat16": (8.0, 2.0**-8)}
+
+
+def activations_run(reports: Sequence[Mapping[str, Any]]) -> str:
+    """The activation dtype the operators ran in: bfloat16 when any did (the coarser), else float32."""
+    dtypes = {str(t["requested"]["activation_dtype"]) for r in reports for t in r.get("dispatch", [])}
+    return "bfloat16" if "bfloat16" in dtypes else "float32"
+
+
+def runtime_section(requested: str, reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the operators ran in: the activation dtype asked, traces per admitted dtype, the fallbacks.
+
+    ``requested``: ``--activations``; each operator admitted with another dtype (a fallback to float32)
+    is listed with its trace's note (:func:`.rank_ops.dispatch_activations` never falls back silently).
+    """
+    counts: Counter[str] = Counter()
+    fallbacks: list[str] = []
+    for r in sorted(reports, key=lambda r: int(r["rank"])):
+        for t in r.get("dispatch", []):
+            dtype = str(t["requested"]["activation_dtype"])
+            counts[dtype] += 1
+            if dtype != requested:
+                notes = [w for w in t.get("warnings", []) if "activations" in w]
+                fallbacks.append(f"rank {r['rank']} " + (notes[0] if notes else f"{t['weight']}: {dtype}"))
+    return {"activations": requested, "operators": dict(sorted(counts.items())), "fallbacks": fallbacks}
+
+
+def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: float) -> dict[str, Any]:
+    """The L4 tolerance: ``A · max(E_kernel, floor) · (layers + 1) · max(1, max|logit|)``.
 
     ``E_kernel``: the largest relative operator error any admitted kernel showed at L3 (float32
     accumulation in a different order; a conversion's recorded error where there is one; under
     ``--ladder sample`` measured on each class's representative, under ``off`` none); each of the
-    ``layers + 1`` blocks can add it once, relative to the logits' scale; 64 covers the tensor-parallel
-    sums' different order (float32) and the attention softmax's amplification.
+    ``layers + 1`` blocks can add it once, relative to the logits' scale. ``A`` and ``floor`` depend on
+    the operators' activation dtype (:data:`L4_FACTORS`: 64 and 1e-6 in float32, 8 and 2^-8 in
+    bfloat16).
     """
     worst = 0.0
     for r in reports:
         for lad in r.get("ladders", []):
             for x in lad["l3"]:
                 worst = max(worst, float(x["e_kernel"]), float(x["e_conversion"]))
-    value = 64.0 * max(worst, 1e-6) * (layers + 1) * max(1.0, logit_scale)
-    return {"e_kernel_max": _finite(worst), "logit_scale": _finite(logit_scale), "value": _finite(value)}
+    dtype = activations_run(reports)
+    amplification, floor = L4_FACTORS[dtype]
+    value = amplification * max(worst, floor) * (layers + 1) * max(1.0, logit_scale)
+    return {
+        "e_kernel_max": _finite(worst),
+        "logit_scale": _finite(logit_scale),
+        "value": _finite(value),
+        "activations": dtype,
+        "amplification": amplification,
+        "e_floor": floor,
+    }
 
 
 def expected_kernel(op: OperatorSignature, policy: FallbackPolicy, preferred: Sequence[str]) -> str | None:
@@ -409,8 +454,13 @@ def predicate(
     created: str,
     prompt: Sequence[int],
     generated: Sequence[int],
+    activations: str = "float32",
 ) -> dict[str, Any]:
-    """The evidence predicate (what is signed) and what ``--json`` / ``--report`` show."""
+    """The evidence predicate (what is signed) and what ``--json`` / ``--report`` show.
+
+    ``activations``: the dtype the bring-up asked its quantized operators to run in (the ``runtime``
+    section records it beside what each operator was admitted with).
+    """
     coverage = ladder_coverage(reports)
     rows = _ladder_rows(reports, digest, coverage) + _graph_rows(reports, parity, l5)
     by_rank = sorted(reports, key=lambda r: int(r["rank"]))
@@ -419,6 +469,7 @@ def predicate(
         "repository": repository,
         "tag": dict(tag) if tag else None,
         "topology": dict(topology),
+        "runtime": runtime_section(activations, reports),
         "created": created,
         "versions": dict(versions),
         "prompt": list(prompt),
@@ -435,6 +486,7 @@ def predicate(
                 "phase": t["phase"],
                 "kernel": t["selected"],
                 "transformation": t["transformation"],
+                "activations": t.get("requested", {}).get("activation_dtype"),
             }
             for r in by_rank
             for t in r["dispatch"]
