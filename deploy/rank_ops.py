@@ -63,6 +63,16 @@ L3_TOKENS = (1, 4)
 ACTIVATIONS: tuple[ActivationDtype, ...] = ("float32", "bfloat16")
 
 
+#: The output head, and the embedding it may be tied to, keep float32 activations under any
+#: ``--activations``: their output is the logits, and logits rounded to bfloat16 (a step of 2^-8 of their
+#: scale) tie at the top often enough to break L4's top-1 agreement and greedy tokens, which stay
+#: absolute. One operator per token; a Q8_0 head's kernel (cpu.gguf-direct) computes float32 anyway.
+LOGIT_WEIGHTS = frozenset(
+    {"output.weight", "lm_head.weight", "token_embd.weight", "model.embed_tokens.weight"}
+)
+HEAD_NOTE = "the output head keeps float32 activations (bfloat16 logits tie at the top)"
+
+
 def activations_of(text: str) -> ActivationDtype:
     """The activation dtype of ``--activations TEXT`` (``ValueError`` naming the choices otherwise)."""
     if text not in ACTIVATIONS:
@@ -209,8 +219,8 @@ def prepare_ops(
 
     ``device``: what the kernels' admission checks (default: this CPU; see :mod:`.devices`).
     ``activations``: the dtype each quantized operator is admitted with (:func:`dispatch_activations`;
-    an operator whose kernel does not take it runs float32, said in its trace); float weights stay
-    float32.
+    an operator whose kernel does not take it runs float32, said in its trace), except the output head
+    (:data:`LOGIT_WEIGHTS`: float32, said in its trace); float weights stay float32.
     """
     catalog = default_catalog()
     out = RankOps()
@@ -233,15 +243,18 @@ def prepare_ops(
             local = decode_weight(rw.local_weight, rw.named_planes)
             out.floats[name] = torch.from_numpy(np.ascontiguousarray(local))
             continue
+        head = activations != "float32" and name in LOGIT_WEIGHTS
         chosen = dispatch_activations(
             rw,
             catalog,
-            activations,
+            "float32" if head else activations,
             policy=policy,
             required=required,
             preferred=preferred,
             device=device,
         )
+        if head:
+            chosen = _noted(chosen, activations, HEAD_NOTE)
         out.ops[name] = {phase: op for phase, (op, _) in chosen.items()}
         out.traces += [trace for _, trace in chosen.values()]
     return out

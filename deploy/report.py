@@ -10,8 +10,8 @@ charts through ``textContent``.
 The fields read (all optional; what is missing is shown as missing):
 
 - ``manifest``, ``repository``, ``tag`` (``{"version", "digest"}``), ``topology`` (``{"tp", "ep", "pp"}``),
-  ``runtime`` (``{"activations", "fallbacks"}``: the operators' activation dtype and which fell back to
-  float32), ``created``, ``passed``;
+  ``runtime`` (``{"activations", "float32"}``: the operators' activation dtype and which ran float32
+  instead), ``created``, ``passed``;
 - ``parity``: a list of ``{"level", "name", "passed", "value", "tolerance", "detail"}`` (``passed`` None
   with ``status`` "not run" for a level the bring-up did not run);
 - ``ladder``: the ladder's budget and coverage (``{"mode", "operators", "full", "sampled", "classes"}``,
@@ -185,13 +185,13 @@ def _coverage(ladder: Any) -> list[str]:
 
 
 def _activations(runtime: Any) -> str | None:
-    """The runtime's activation dtype, with the operators that fell back to float32 (if any)."""
+    """The runtime's activation dtype, with the operators that ran float32 instead (if any)."""
     if not isinstance(runtime, Mapping):
         return None
-    fallbacks = list(runtime.get("fallbacks") or [])
-    if not fallbacks:
+    other = list(runtime.get("float32") or [])
+    if not other:
         return str(runtime.get("activations"))
-    return f"{runtime.get('activations')}; {len(fallbacks)} fell back to float32: {'; '.join(fallbacks[:3])}"
+    return f"{runtime.get('activations')}; {len(other)} operators ran float32: {'; '.join(other[:3])}"
 
 
 def render_report(evidence: Mapping[str, Any]) -> str:

@@ -68,21 +68,27 @@ def activations_run(reports: Sequence[Mapping[str, Any]]) -> str:
 
 
 def runtime_section(requested: str, reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """What the operators ran in: the activation dtype asked, traces per admitted dtype, the fallbacks.
+    """What the operators ran in: the activation dtype asked, traces per admitted dtype, the exceptions.
 
-    ``requested``: ``--activations``; each operator admitted with another dtype (a fallback to float32)
-    is listed with its trace's note (:func:`.rank_ops.dispatch_activations` never falls back silently).
+    ``requested``: ``--activations``; each operator admitted with another dtype (float32: the output
+    head, or a kernel that does not take the dtype) is listed with its trace's note
+    (:func:`.rank_ops.prepare_ops` never runs an operator in another dtype silently).
     """
     counts: Counter[str] = Counter()
-    fallbacks: list[str] = []
+    other: dict[tuple[int, str], str] = {}  # one line per rank and weight (its phases say the same)
     for r in sorted(reports, key=lambda r: int(r["rank"])):
         for t in r.get("dispatch", []):
             dtype = str(t["requested"]["activation_dtype"])
             counts[dtype] += 1
             if dtype != requested:
                 notes = [w for w in t.get("warnings", []) if "activations" in w]
-                fallbacks.append(f"rank {r['rank']} " + (notes[0] if notes else f"{t['weight']}: {dtype}"))
-    return {"activations": requested, "operators": dict(sorted(counts.items())), "fallbacks": fallbacks}
+                line = f"rank {r['rank']} " + (notes[0] if notes else f"{t['weight']}: {dtype}")
+                other.setdefault((int(r["rank"]), str(t["weight"])), line)
+    return {
+        "activations": requested,
+        "operators": dict(sorted(counts.items())),
+        "float32": list(other.values()),
+    }
 
 
 def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: float) -> dict[str, Any]:
