@@ -261,6 +261,24 @@ def test_a_killed_rank_fails_cleanly_and_leaks_nothing(home: Path, tmp_path: Pat
     # the ray_ranks fixture asserts no actor and no placement group is left
 
 
+def test_bfloat16_activations_beside_float16_embeddings_and_head(home: Path, tmp_path: Path) -> None:
+    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
+    request = UpRequest(
+        ref="llama/gptq:v1", tokens=(7, 8, 9, 10), steps=3, store=store, ladder="full", activations="bfloat16"
+    )  # a prompt whose top-1 margins (>= 0.38) are ~7x the bfloat16 run's max |Δ| (~0.057)
+    result = bring_up(Session.open(store), request, launcher=run_in_process, store_evidence=False)
+    _all_pass(result.predicate["parity"])  # the full ladder L0-L3 in bfloat16 on every operator, L4, L5
+    traces = result.reports[0]["dispatch"]
+    assert len(traces) == 2 * 2 * 7 and all(t["requested"]["activation_dtype"] == "bfloat16" for t in traces)
+    assert {t["selected"] for t in traces} == {"cpu.int4pack@1"}  # the float16 embedding and head: floats
+    assert result.predicate["runtime"] == {
+        "activations": "bfloat16",
+        "operators": {"bfloat16": 28},
+        "float32": [],
+    }
+    assert result.predicate["parity_l4"]["tolerance_derivation"]["activations"] == "bfloat16"
+
+
 def test_activations_flag_refuses_an_unknown_dtype(home: Path, tmp_path: Path) -> None:
     store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
     code, doc = _cli(store, "up", "llama/gptq:v1", "--tokens", "1,2", "--activations", "float16")
