@@ -266,17 +266,16 @@ def cache_tolerance(ops: RankOps, base: float, layers: int, logit_scale: float) 
     Where some ran bfloat16, a decode step and a fresh prefill can differ by more than float32's order
     of sums: a float32 difference upstream (attention over a different number of rows, a gemv against
     a gemm) can round an operator's input to the neighbouring bfloat16 value. One such step per block,
-    relative to the logits' scale: ``floor · (layers + 1) · max(1, max|logit|)`` with the dtype's unit
-    roundoff (:data:`.up_evidence.L4_FACTORS`; L4's tolerance without its amplification), never below
-    ``base``.
+    relative to the logits' scale: ``floor · growth(layers) · max(1, max|logit|)``, L4's tolerance
+    without its amplification (:data:`.up_evidence.L4_BUDGETS`), never below ``base``.
     """
-    from .up_evidence import L4_FACTORS, activations_run
+    from .up_evidence import L4_BUDGETS, activations_run
 
     dtype = activations_run([{"dispatch": [t.model_dump(mode="json") for t in ops.traces]}])
     if dtype == "float32":
         return base
-    floor = L4_FACTORS[dtype][1]
-    return max(base, floor * (layers + 1) * max(1.0, logit_scale))
+    budget = L4_BUDGETS[dtype]
+    return max(base, budget.e_floor * budget.growth(layers) * max(1.0, logit_scale))
 
 
 def run_ladders(
