@@ -15,6 +15,9 @@ path and the kernels see) and pushed to a local store. Then, one run each:
   ``host_peak`` (each process's own high-water mark, ``VmHWM``; ``host_resident``, the RSS after
   generation, is reported beside it), and
   the CLI driver's own peak (``/usr/bin/time -f %M``; it holds the float32 reference).
+* the same through ``bring_up`` with ``--activations bfloat16`` (ladder ``sample``): the quantized
+  operators run torch's int4pack fast path in bfloat16 (the graph around them stays float32), and its
+  ratios vs (a) and (b) beside the float32 ones.
 * the same through ``bring_up`` on an existing Ray cluster (``ray start --head`` on 127.0.0.1 before the
   clock starts; ``registry up --address``), as on a cluster that is already running: no head start-up.
 * (a) the naive baseline: 4 processes at once, each reading the whole checkpoint (``gguf.GGUFReader``),
@@ -227,13 +230,14 @@ import json, resource, sys, time
 launch, store, ref = float(sys.argv[1]), sys.argv[2], sys.argv[3]
 tp, generate, ladder = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]  # full | sample | off
 address = sys.argv[7] or None  # an existing Ray cluster, or None: an embedded head
+activations = sys.argv[8]  # float32 | bfloat16
 from shardport.registry.session import Session
 from shardport.deploy.up import UpRequest, bring_up
 events = []
 def progress(rank, what):
     events.append([time.time() - launch, rank, what])
 request = UpRequest(ref=ref, tokens=(1, 17, 42, 300, 7), steps=generate, tp=tp, store=store, ladder=ladder,
-                    address=address)
+                    address=address, activations=activations)
 result = bring_up(Session.open(store), request, store_evidence=False, progress=progress)
 doc = result.to_json()
 doc["decode_seconds"] = result.predicate.get("decode_seconds")
@@ -253,6 +257,7 @@ def run_up_lib(
     generate: int,
     ladder: str,
     address: str | None = None,
+    activations: str = "float32",
 ) -> dict[str, Any]:
     """``bring_up`` (the library entry ``registry up`` calls) in a fresh process, with its progress
     callback timestamped from launch: time to first token = last rank's "prepare done" + max over ranks
@@ -270,6 +275,7 @@ def run_up_lib(
             str(generate),
             ladder,
             address or "",
+            activations,
         ],
         env=env,
         capture_output=True,
@@ -283,11 +289,18 @@ def run_up_lib(
     timeline = doc["timeline"]
     run_to_first = max(v.get("warm-up", 0.0) + v.get("first token", 0.0) for v in timeline.values())
     decode = doc["decode_seconds"]
+    l4 = doc["parity"]
     return {
         "tp": tp,
         "ladder": ladder,
         "address": address,
+        "activations": activations,
         "passed": doc["passed"],
+        "l4": [
+            {k: row[k] for k in ("name", "passed", "value", "tolerance")}
+            for row in l4
+            if row["level"] == "L4"
+        ],
         "generated": doc["generated"],
         "seconds_to_first_token": max(prepared) + run_to_first,
         "seconds_prepare_done": prepared,
@@ -526,6 +539,12 @@ def main() -> int:
         print(f"registry up --tp {args.tp}: wall {cli['seconds_cli_wall']:.1f}", file=sys.stderr)
         up = run_up_lib(env, store, ref, args.tp, args.generate, ladder="sample")
         print(f"bring_up tp {args.tp}: ttft {up['seconds_to_first_token']:.1f}", file=sys.stderr)
+        bf16 = run_up_lib(env, store, ref, args.tp, args.generate, ladder="sample", activations="bfloat16")
+        print(
+            f"bring_up tp {args.tp} --activations bfloat16: ttft {bf16['seconds_to_first_token']:.1f}, "
+            f"decode {bf16['decode_tokens_per_s']}",
+            file=sys.stderr,
+        )
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only (FIELD-NOTES)
         env["RAY_AUTH_MODE"] = "disabled"
         with existing_cluster(env, max(args.tp, os.cpu_count() or 1)) as address:
@@ -545,6 +564,7 @@ def main() -> int:
         )
         print(f"transformers: {hf}", file=sys.stderr)
         decode = {str(args.tp): up["decode_tokens_per_s"]}
+        decode_bf16 = {str(args.tp): bf16["decode_tokens_per_s"]}
         others = {}
         for tp in [int(x) for x in args.decode_tps.split(",") if x.strip()]:
             others[str(tp)] = run_up_lib(env, store, ref, tp, args.generate, ladder="sample")
@@ -557,6 +577,10 @@ def main() -> int:
             / warm["seconds_to_first_token"],
             "ttft_naive_over_up_without_ladder": naive["seconds_to_first_token"]
             / no_ladder["seconds_to_first_token"],
+            "ttft_naive_over_up_bfloat16": naive["seconds_to_first_token"] / bf16["seconds_to_first_token"],
+            "ttft_up_over_up_bfloat16": up_ttft / bf16["seconds_to_first_token"],
+            "decode_bfloat16_over_float32": (bf16["decode_tokens_per_s"] or 0.0)
+            / (up["decode_tokens_per_s"] or float("inf")),
             "ttft_naive_over_up_cli_wall": naive["seconds_to_first_token"] / cli["seconds_cli_wall"],
             "peak_rank_memory_naive_over_up": naive["peak_rank_host_bytes"] / up["peak_rank_host_bytes"],
             "peak_memory_naive_rank_over_up_driver": naive["peak_rank_host_bytes"]
@@ -564,12 +588,19 @@ def main() -> int:
         }
         if hf.get("ran"):
             ratios["ttft_transformers_over_up"] = hf["seconds_to_first_token"] / up_ttft
+            ratios["ttft_transformers_over_up_bfloat16"] = (
+                hf["seconds_to_first_token"] / bf16["seconds_to_first_token"]
+            )
         goals = {
             "2x_faster_than_naive": ratios["ttft_naive_over_up"] >= 2.0,
             "3x_less_peak_memory_than_naive": ratios["peak_rank_memory_naive_over_up"] >= 3.0,
             "faster_than_transformers": None
             if not hf.get("ran")
             else ratios["ttft_transformers_over_up"] > 1.0,
+            "bfloat16_2x_faster_than_naive": ratios["ttft_naive_over_up_bfloat16"] >= 2.0,
+            "bfloat16_faster_than_transformers": None
+            if not hf.get("ran")
+            else ratios["ttft_transformers_over_up_bfloat16"] > 1.0,
         }
         doc = {
             "benchmark": "bringup",
@@ -591,19 +622,31 @@ def main() -> int:
             "generate": args.generate,
             "registry_up_cli": cli,
             "registry_up": up,
+            "registry_up_bfloat16": bf16,
             "registry_up_existing_cluster": warm,
             "registry_up_without_ladder": no_ladder,
             "naive": naive,
             "transformers": hf,
             "registry_up_other_tp": others,
             "decode_tokens_per_s": decode,
+            "decode_tokens_per_s_bfloat16": decode_bf16,
             "ratios": ratios,
             "goals": goals,
             "bench_self_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
-        print(json.dumps({"ratios": ratios, "goals": goals, "decode_tokens_per_s": decode}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "ratios": ratios,
+                    "goals": goals,
+                    "decode_tokens_per_s": decode,
+                    "decode_bfloat16": decode_bf16,
+                },
+                indent=2,
+            )
+        )
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -56,6 +56,10 @@ class RankSpec:
     keep_planes: bool = False
     """Keep the loaded planes after preparation (tests and benches that run ladders again); by default
     the planes no operator uses are released (:mod:`.release`)."""
+    activations: str = "auto"
+    """The dtype of the quantized operators' activations, ``float32``, ``bfloat16`` or ``auto`` (by the
+    rank's device: :func:`.rank_ops.activations_for`) (``--activations``;
+    :func:`.rank_ops.dispatch_activations`); the graph around them stays float32."""
 
 
 def failure(rank: int, stage: str, exc: BaseException) -> dict[str, Any]:
@@ -120,6 +124,7 @@ class Rank:
         self.device = RankDevice("cpu")
         self.cuda_visible: list[str] = []
         self.ladder_mode = "off"
+        self.activations = "float32"
 
     # -- phase 1 ---------------------------------------------------------------------------------
     def prepare(self) -> dict[str, Any]:
@@ -143,12 +148,13 @@ class Rank:
         from .contract import contract_of
         from .devices import kernel_device, rank_device, visible_cuda
         from .ladder_budget import ladder_mode
-        from .rank_ops import policy_of, prepare_ops, run_ladders
+        from .rank_ops import activations_for, policy_of, prepare_ops, run_ladders
 
         spec = self.spec
         torch.set_num_threads(max(1, spec.threads))
         self.cuda_visible = visible_cuda()
         self.device = rank_device(self.cuda_visible)
+        self.activations = activations_for(spec.activations, self.device.kind)
         if self.device.kind == "cuda":  # pragma: no cover - no GPU in CI
             torch.cuda.set_device(self.device.index)
             torch.cuda.reset_peak_memory_stats(self.device.index)
@@ -184,6 +190,7 @@ class Rank:
             required=tuple(runtime.kernels_required),
             preferred=tuple(runtime.kernels_preferred),
             device=kernel_device(self.device),
+            activations=self.activations,
         )
         self.timeline["repack"] = time.perf_counter() - t2
         self.ladder_mode = ladder_mode(spec.ladder)
@@ -255,6 +262,7 @@ class Rank:
             "rank": self.spec.rank,
             "timeline": dict(self.timeline),
             "device": str(self.device),
+            "activations": self.activations,
             "backend": self.device.backend,
             "cuda_visible": list(self.cuda_visible),
             "ledger": dict(self.ledger),
@@ -279,7 +287,7 @@ class Rank:
         from .graph.model import RankModel
         from .graph.reference import check_cache
         from .plan_layout import layout_from_plan
-        from .rank_ops import rank_weights
+        from .rank_ops import cache_tolerance, rank_weights
 
         spec, contract = self.spec, self.contract
         topology = Topology(tp=spec.tp, ep=spec.ep, pp=spec.pp)
@@ -323,7 +331,9 @@ class Rank:
 
         generation = Generation(prompt_logits, tuple(tokens), torch.stack(rows))
         self.stage = "cache check"
-        checked = check_cache(model, list(spec.prompt), generation, spec.cache_tolerance)
+        scale = float(prompt_logits.abs().max())
+        tolerance = cache_tolerance(self.ops, spec.cache_tolerance, contract.layers, scale)
+        checked = check_cache(model, list(spec.prompt), generation, tolerance)
         rss = _rss()
         self.ledger["kv_cache"] = int(kv_bytes)
         self.ledger["host_resident"] = rss

@@ -3,7 +3,8 @@
 Pure of Ray and of torch.distributed: given a rank's verified tensors (:class:`~shardport.loader.RankTensors`)
 and the manifest's logical weights, :func:`prepare_ops` describes each quantized linear weight for the
 kernels (:func:`~shardport.kernels.rank_weight`), dispatches it for prefill and decode under the fallback
-policy, and runs its parity ladder L0-L3; float weights (norms, float16 embeddings and heads) are decoded
+policy in the bring-up's activation dtype (``registry up --activations``: :func:`dispatch_activations`),
+and runs its parity ladder L0-L3; float weights (norms, float16 embeddings and heads) are decoded
 by the registry's reference decoder into small float tensors. :func:`rank_weights` assembles the
 graph's :class:`~shardport.deploy.graph.RankWeights` from them by the checkpoint's names.
 """
@@ -18,17 +19,22 @@ import numpy as np
 import torch
 
 from shardport.kernels import (
+    Catalog,
     Device,
     DispatchTrace,
     FallbackPolicy,
     Ladder,
+    NoAdmissibleKernelError,
     PreparedLinear,
+    RankWeight,
+    Reason,
     default_catalog,
     dispatch_phases,
     ladder,
     ladder_sampled,
     rank_weight,
 )
+from shardport.kernels.capability import ActivationDtype, Phase
 from shardport.loader import RankTensors
 from shardport.registry.contracts.decode import decode_weight
 from shardport.registry.contracts.graph import GraphContract
@@ -52,6 +58,42 @@ from .rank_experts import gguf_expert_names, split_experts, with_experts
 _FLOAT_GGUF = frozenset({"F32", "F16", "BF16"})
 #: Golden activation batches for L3 (decode T=1 and a short prefill), fixed seed.
 L3_TOKENS = (1, 4)
+#: The activation dtypes a bring-up runs its quantized operators in (``registry up --activations``):
+#: float32 (parity first) or bfloat16 (torch's CPU int4pack fast path; the only dtype the CUDA int4
+#: kernel takes).
+ACTIVATIONS: tuple[ActivationDtype, ...] = ("float32", "bfloat16")
+#: ``--activations`` choices: a dtype, or ``auto`` (the default), which each rank resolves by its device
+#: (:func:`activations_for`).
+ACTIVATION_CHOICES = ("auto", *ACTIVATIONS)
+
+
+#: The output head, and the embedding it may be tied to, keep float32 activations under any
+#: ``--activations``: their output is the logits, and logits rounded to bfloat16 (a step of 2^-8 of their
+#: scale) tie at the top often enough to break L4's top-1 agreement and greedy tokens, which stay
+#: absolute. One operator per token; a Q8_0 head's kernel (cpu.gguf-direct) computes float32 anyway.
+LOGIT_WEIGHTS = frozenset(
+    {"output.weight", "lm_head.weight", "token_embd.weight", "model.embed_tokens.weight"}
+)
+HEAD_NOTE = "the output head keeps float32 activations (bfloat16 logits tie at the top)"
+
+
+def activations_of(text: str) -> str:
+    """``--activations TEXT`` checked: ``auto`` or a dtype (``ValueError`` naming the choices otherwise)."""
+    if text not in ACTIVATION_CHOICES:
+        raise ValueError(f"--activations {text!r}: expected one of {', '.join(ACTIVATION_CHOICES)}")
+    return text
+
+
+def activations_for(text: str, device_kind: str) -> ActivationDtype:
+    """The dtype a rank on ``device_kind`` (cpu | cuda) runs for ``--activations TEXT``.
+
+    ``auto``: float32 on a CPU rank (parity first), bfloat16 on a CUDA rank (the CUDA int4 kernel takes
+    nothing else; a float32 request there refuses every int4 weight under the default policy).
+    """
+    choice = activations_of(text)
+    if choice == "auto":
+        return "bfloat16" if device_kind == "cuda" else "float32"
+    return "bfloat16" if choice == "bfloat16" else "float32"
 
 
 def policy_of(mode: str) -> FallbackPolicy:
@@ -127,6 +169,58 @@ def _golden(k: int, tokens: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((tokens, k)).astype(np.float32)
 
 
+Chosen = dict[Phase, tuple[PreparedLinear, DispatchTrace]]
+
+
+def _dtype_only(trace: DispatchTrace) -> list[str]:
+    """Kernels ranked before the selected one that refused the operator for its activation dtype alone."""
+    out = []
+    for c in trace.candidates:
+        if c.selected:
+            break
+        if c.admission.refusals and all(r.reason == Reason.ACTIVATION_DTYPE for r in c.admission.refusals):
+            out.append(c.kernel)
+    return out
+
+
+def _noted(chosen: Chosen, requested: ActivationDtype, why: str) -> Chosen:
+    """``chosen`` with each trace saying that the operator runs float32 instead of ``requested``, and why."""
+    out: Chosen = {}
+    for phase, (op, trace) in chosen.items():
+        note = f"{trace.weight} ({phase}): activations {requested} requested; runs float32: {why}"
+        out[phase] = (op, trace.model_copy(update={"warnings": (*trace.warnings, note)}))
+    return out
+
+
+def dispatch_activations(
+    weight: RankWeight,
+    catalog: Catalog,
+    activations: ActivationDtype,
+    **kwargs: Any,
+) -> Chosen:
+    """Dispatch a rank's ``weight`` for prefill and decode with ``activations``.
+
+    float32 is dispatched as is. Another dtype is admitted where the kernel that runs the operator takes
+    it; the operator falls back to float32 — and each of its traces says so, with the reason (never
+    silently) — where no kernel admits the dtype, or where a kernel ranked before the one selected
+    refused the operator for its activation dtype alone (that kernel runs it in float32 rather than a
+    lower-ranked one in the requested dtype). ``kwargs``: :func:`~shardport.kernels.dispatch_phases`'s.
+    """
+    if activations == "float32":
+        return dispatch_phases(weight, catalog, activation_dtype="float32", **kwargs)
+    try:
+        chosen = dispatch_phases(weight, catalog, activation_dtype=activations, **kwargs)
+    except NoAdmissibleKernelError as exc:
+        fallback = dispatch_phases(weight, catalog, activation_dtype="float32", **kwargs)
+        return _noted(fallback, activations, f"no kernel admits {activations} here ({exc.found})")
+    ahead = sorted({k for _, trace in chosen.values() for k in _dtype_only(trace)})
+    if not ahead:
+        return chosen
+    fallback = dispatch_phases(weight, catalog, activation_dtype="float32", **kwargs)
+    why = f"{', '.join(ahead)} ranked first, refusing {activations} only"
+    return _noted(fallback, activations, why)
+
+
 def prepare_ops(
     loaded: RankTensors,
     weights: Mapping[str, LogicalWeight],
@@ -135,10 +229,14 @@ def prepare_ops(
     required: tuple[str, ...] = (),
     preferred: tuple[str, ...] = (),
     device: Device | None = None,
+    activations: ActivationDtype = "float32",
 ) -> RankOps:
     """Dispatch every quantized linear weight of the rank (prefill and decode), decode the float ones.
 
     ``device``: what the kernels' admission checks (default: this CPU; see :mod:`.devices`).
+    ``activations``: the dtype each quantized operator is admitted with (:func:`dispatch_activations`;
+    an operator whose kernel does not take it runs float32, said in its trace), except the output head
+    (:data:`LOGIT_WEIGHTS`: float32, said in its trace); float weights stay float32.
     """
     catalog = default_catalog()
     out = RankOps()
@@ -161,18 +259,39 @@ def prepare_ops(
             local = decode_weight(rw.local_weight, rw.named_planes)
             out.floats[name] = torch.from_numpy(np.ascontiguousarray(local))
             continue
-        chosen = dispatch_phases(
+        head = activations != "float32" and name in LOGIT_WEIGHTS
+        chosen = dispatch_activations(
             rw,
             catalog,
-            activation_dtype="float32",
+            "float32" if head else activations,
             policy=policy,
             required=required,
             preferred=preferred,
             device=device,
         )
+        if head:
+            chosen = _noted(chosen, activations, HEAD_NOTE)
         out.ops[name] = {phase: op for phase, (op, _) in chosen.items()}
         out.traces += [trace for _, trace in chosen.values()]
     return out
+
+
+def cache_tolerance(ops: RankOps, base: float, layers: int, logit_scale: float) -> float:
+    """The KV-cache check's tolerance on a rank: ``base`` where every operator ran float32.
+
+    Where some ran bfloat16, a decode step and a fresh prefill can differ by more than float32's order
+    of sums: a float32 difference upstream (attention over a different number of rows, a gemv against
+    a gemm) can round an operator's input to the neighbouring bfloat16 value. One such step per block,
+    relative to the logits' scale: ``floor · growth(layers) · max(1, max|logit|)``, L4's tolerance
+    without its amplification (:data:`.up_evidence.L4_BUDGETS`), never below ``base``.
+    """
+    from .up_evidence import L4_BUDGETS, activations_run
+
+    dtype = activations_run([{"dispatch": [t.model_dump(mode="json") for t in ops.traces]}])
+    if dtype == "float32":
+        return base
+    budget = L4_BUDGETS[dtype]
+    return max(base, budget.e_floor * budget.growth(layers) * max(1.0, logit_scale))
 
 
 def run_ladders(
@@ -236,14 +355,21 @@ def run_ladders(
         ops.ladders.append(result)
 
 
-def _phased(phases: Mapping[str, PreparedLinear]) -> Linear:
+def operator_linear(phases: Mapping[str, PreparedLinear]) -> Linear:
+    """The graph's linear over a weight's prepared operators: the one place activations change dtype.
+
+    One token runs the decode operator, more the prefill one; the input is cast to that operator's
+    activation dtype (float32 or bfloat16, :func:`dispatch_activations`) and its output back to
+    float32, so the graph's norms, rotary, softmax, residual stream and KV cache stay float32.
+    """
     prefill, decode = phases.get("prefill"), phases.get("decode")
+    dtypes = {id(op): getattr(torch, op.op.activation_dtype) for op in phases.values()}
 
     def linear(x: torch.Tensor) -> torch.Tensor:
         op = decode if x.shape[0] == 1 and decode is not None else prefill or decode
         assert op is not None
-        y: torch.Tensor = op(x.to(torch.float32).contiguous())
-        return y
+        y: torch.Tensor = op(x.to(dtypes[id(op)]).contiguous())
+        return y.to(torch.float32)
 
     return linear
 
@@ -274,7 +400,7 @@ class _Slots:
 
     def linear(self, name: str) -> Linear:
         if name in self.ops.ops:
-            return _phased(self.ops.ops[name])
+            return operator_linear(self.ops.ops[name])
         if name in self.ops.floats:
             return float_linear(self._float(name))
         raise GraphWeightError(f"weight {name}: the rank's operators lack it (the plan did not assign it)")

@@ -10,12 +10,13 @@ charts through ``textContent``.
 The fields read (all optional; what is missing is shown as missing):
 
 - ``manifest``, ``repository``, ``tag`` (``{"version", "digest"}``), ``topology`` (``{"tp", "ep", "pp"}``),
-  ``created``, ``passed``;
+  ``runtime`` (``{"activations", "float32"}``: the operators' activation dtype and which ran float32
+  instead), ``created``, ``passed``;
 - ``parity``: a list of ``{"level", "name", "passed", "value", "tolerance", "detail"}`` (``passed`` None
   with ``status`` "not run" for a level the bring-up did not run);
 - ``ladder``: the ladder's budget and coverage (``{"mode", "operators", "full", "sampled", "classes"}``,
   each class ``{"rank", "kernel", "representative", "represents", "covered"}``);
-- ``dispatch``: a list of ``{"rank", "weight", "phase", "kernel", "transformation"}``;
+- ``dispatch``: a list of ``{"rank", "weight", "phase", "kernel", "transformation", "activations"}``;
 - ``timeline``: ``{rank: {stage: seconds}}`` (stages in the order they ran);
 - ``ledger``: ``{rank: {component: bytes}}`` (what the rank's memory is made of: drawn stacked);
 - ``memory``: ``{rank: {measure: bytes}}`` (bytes on disk = ``bytes_assigned``, the rank's share of the
@@ -185,6 +186,20 @@ def _coverage(ladder: Any) -> list[str]:
     ]
 
 
+def _activations(runtime: Any) -> str | None:
+    """The runtime's activation dtype, with the operators that ran float32 instead (if any)."""
+    if not isinstance(runtime, Mapping):
+        return None
+    asked = str(runtime.get("activations"))
+    resolved = sorted({str(v) for v in (runtime.get("ranks") or {}).values()})
+    if asked == "auto" and resolved:
+        asked = f"auto ({', '.join(resolved)})"
+    other = list(runtime.get("float32") or [])
+    if not other:
+        return asked
+    return f"{asked}; {len(other)} operators ran float32: {'; '.join(other[:3])}"
+
+
 def render_report(evidence: Mapping[str, Any]) -> str:
     """The page for one bring-up's evidence predicate."""
     tag = evidence.get("tag") or {}
@@ -193,6 +208,7 @@ def render_report(evidence: Mapping[str, Any]) -> str:
         ("manifest", evidence.get("manifest")),
         ("tag version", tag.get("version") if isinstance(tag, Mapping) else tag),
         ("topology", evidence.get("topology")),
+        ("activations", _activations(evidence.get("runtime"))),
         ("created", evidence.get("created")),
         ("result", evidence.get("passed")),
     ]
@@ -211,7 +227,11 @@ def render_report(evidence: Mapping[str, Any]) -> str:
         _table(parity, ["level", "name", "passed", "value", "tolerance", "detail"], "no parity results"),
         *_coverage(evidence.get("ladder")),
         "<h2>Dispatch</h2>",
-        _table(dispatch, ["rank", "weight", "phase", "kernel", "transformation"], "no dispatch trace"),
+        _table(
+            dispatch,
+            ["rank", "weight", "phase", "kernel", "transformation", "activations"],
+            "no dispatch trace",
+        ),
         "<h2>Startup timeline per rank (seconds)</h2>",
         '<div id="timeline"></div>',
         "<h2>Memory per rank</h2>",

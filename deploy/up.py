@@ -54,6 +54,10 @@ class UpRequest:
     """Text, encoded with the checkpoint's tokenizer (verified against the digest recorded at push)."""
     retries: int = 0
     """Relaunches after a lost rank (actor died, node gone); never after a rank's failure."""
+    activations: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The quantized operators' activation dtype (``--activations``; float32: parity first, bfloat16:
+    the CPU int4pack fast path, auto: float32 on CPU ranks and bfloat16 on CUDA ranks); norms, rotary,
+    softmax, residual stream and KV cache stay float32."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class UpResult:
             "repository": self.repository,
             "tag": p["tag"],
             "topology": p["topology"],
+            "runtime": p.get("runtime"),
             "generated": list(self.generated),
             "passed": p["passed"],
             "parity": p["parity"],
@@ -152,8 +157,11 @@ def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
 
     world = request.tp * request.ep * request.pp
     threads = max(1, int((cpus or os.cpu_count() or 1) // world))
+    from .rank_ops import activations_of
+
     try:
         ladder = ladder_mode(request.ladder)
+        activations = activations_of(request.activations)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     return [
@@ -171,6 +179,7 @@ def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
             steps=request.steps,
             threads=threads,
             ladder=ladder,
+            activations=activations,
         )
         for rank in range(world)
     ]
@@ -340,6 +349,7 @@ def bring_up(
         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         prompt=request.tokens,
         generated=run.tokens,
+        activations=request.activations,
     )
     pred["attempts"] = attempts
     if tokenizer is not None:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from shardport.kernels import FallbackPolicy, OperatorSignature, admit, default_catalog
 
@@ -55,22 +56,98 @@ def _finite(x: float) -> float:
     return float(x) if math.isfinite(x) else -1.0
 
 
-def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: float) -> dict[str, float]:
-    """The L4 tolerance: ``64 · max(E_kernel, 1e-6) · (layers + 1) · max(1, max|logit|)``.
+@dataclass(frozen=True)
+class L4Budget:
+    """The L4 tolerance's terms for one activation dtype of the operators (:func:`tolerance`)."""
+
+    amplification: float
+    e_floor: float
+    """The least operator error assumed (relative), whatever L3 recorded (or when no ladder ran)."""
+    blocks: Literal["linear", "quadrature"]
+    """How the ``layers + 1`` blocks' errors add up: ``layers + 1`` times, or ``sqrt(layers + 1)``."""
+
+    def growth(self, layers: int) -> float:
+        """The blocks' factor."""
+        return float(layers + 1) if self.blocks == "linear" else math.sqrt(layers + 1)
+
+
+#: Per activation dtype of the operators. float32 (unchanged): E_kernel is ~1e-7 (floored at 1e-6) and
+#: 64 covers the tensor-parallel sums' different order and the attention softmax's amplification, each
+#: block adding it in full. bfloat16: every operator rounds its input and output to bfloat16, so E is
+#: never taken below the dtype's unit roundoff 2^-8 (L3 records 2-3e-3: output rounding and bf16
+#: scales; it does not see the input rounding, its golden batches being bfloat16 already); the blocks'
+#: roundings are independent and add in quadrature (added in full they would pass the logits' own
+#: scale beyond ~30 layers: vacuous); 16 covers the input rounding and the softmax. Measured: 2-layer
+#: test models, tp 1-2, max |Δ| 1-2 % of the logit scale, tolerance 11 % of it (5-9x); the 4-layer
+#: quick bench 0.06 %, tolerance 14 %.
+L4_BUDGETS: dict[str, L4Budget] = {
+    "float32": L4Budget(64.0, 1e-6, "linear"),
+    "bfloat16": L4Budget(16.0, 2.0**-8, "quadrature"),
+}
+
+
+def activations_run(reports: Sequence[Mapping[str, Any]]) -> str:
+    """The activation dtype the operators ran in: bfloat16 when any did (the coarser), else float32."""
+    dtypes = {str(t["requested"]["activation_dtype"]) for r in reports for t in r.get("dispatch", [])}
+    return "bfloat16" if "bfloat16" in dtypes else "float32"
+
+
+def runtime_section(requested: str, reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the operators ran in: the activation dtype asked, traces per admitted dtype, the exceptions.
+
+    ``requested``: ``--activations`` (``auto``: each rank's report says what its device resolved it to,
+    ``ranks``); each operator admitted with another dtype than its rank's (float32: the output head, or
+    a kernel that does not take the dtype) is listed with its trace's note
+    (:func:`.rank_ops.prepare_ops` never runs an operator in another dtype silently).
+    """
+    counts: Counter[str] = Counter()
+    other: dict[tuple[int, str], str] = {}  # one line per rank and weight (its phases say the same)
+    ranks: dict[str, str] = {}
+    for r in sorted(reports, key=lambda r: int(r["rank"])):
+        mine = str(r.get("activations", requested))
+        ranks[str(r["rank"])] = mine
+        for t in r.get("dispatch", []):
+            dtype = str(t["requested"]["activation_dtype"])
+            counts[dtype] += 1
+            if dtype != mine:
+                notes = [w for w in t.get("warnings", []) if "activations" in w]
+                line = f"rank {r['rank']} " + (notes[0] if notes else f"{t['weight']}: {dtype}")
+                other.setdefault((int(r["rank"]), str(t["weight"])), line)
+    return {
+        "activations": requested,
+        "ranks": ranks,
+        "operators": dict(sorted(counts.items())),
+        "float32": list(other.values()),
+    }
+
+
+def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: float) -> dict[str, Any]:
+    """The L4 tolerance: ``A · max(E_kernel, floor) · growth(layers) · max(1, max|logit|)``.
 
     ``E_kernel``: the largest relative operator error any admitted kernel showed at L3 (float32
     accumulation in a different order; a conversion's recorded error where there is one; under
     ``--ladder sample`` measured on each class's representative, under ``off`` none); each of the
-    ``layers + 1`` blocks can add it once, relative to the logits' scale; 64 covers the tensor-parallel
-    sums' different order (float32) and the attention softmax's amplification.
+    ``layers + 1`` blocks can add it, relative to the logits' scale. ``A``, ``floor`` and ``growth``
+    follow the operators' activation dtype (:data:`L4_BUDGETS`): float32 ``64 · max(E, 1e-6) ·
+    (layers + 1)``, bfloat16 ``16 · max(E, 2^-8) · sqrt(layers + 1)``.
     """
     worst = 0.0
     for r in reports:
         for lad in r.get("ladders", []):
             for x in lad["l3"]:
                 worst = max(worst, float(x["e_kernel"]), float(x["e_conversion"]))
-    value = 64.0 * max(worst, 1e-6) * (layers + 1) * max(1.0, logit_scale)
-    return {"e_kernel_max": _finite(worst), "logit_scale": _finite(logit_scale), "value": _finite(value)}
+    dtype = activations_run(reports)
+    budget = L4_BUDGETS[dtype]
+    value = budget.amplification * max(worst, budget.e_floor) * budget.growth(layers) * max(1.0, logit_scale)
+    return {
+        "e_kernel_max": _finite(worst),
+        "logit_scale": _finite(logit_scale),
+        "value": _finite(value),
+        "activations": dtype,
+        "amplification": budget.amplification,
+        "e_floor": budget.e_floor,
+        "blocks": budget.blocks,
+    }
 
 
 def expected_kernel(op: OperatorSignature, policy: FallbackPolicy, preferred: Sequence[str]) -> str | None:
@@ -429,8 +506,13 @@ def predicate(
     created: str,
     prompt: Sequence[int],
     generated: Sequence[int],
+    activations: str = "float32",
 ) -> dict[str, Any]:
-    """The evidence predicate (what is signed) and what ``--json`` / ``--report`` show."""
+    """The evidence predicate (what is signed) and what ``--json`` / ``--report`` show.
+
+    ``activations``: the dtype the bring-up asked its quantized operators to run in (the ``runtime``
+    section records it beside what each operator was admitted with).
+    """
     coverage = ladder_coverage(reports)
     rows = _ladder_rows(reports, digest, coverage) + _graph_rows(reports, parity, l5)
     by_rank = sorted(reports, key=lambda r: int(r["rank"]))
@@ -439,6 +521,7 @@ def predicate(
         "repository": repository,
         "tag": dict(tag) if tag else None,
         "topology": dict(topology),
+        "runtime": runtime_section(activations, reports),
         "created": created,
         "versions": dict(versions),
         "prompt": list(prompt),
@@ -455,6 +538,7 @@ def predicate(
                 "phase": t["phase"],
                 "kernel": t["selected"],
                 "transformation": t["transformation"],
+                "activations": t.get("requested", {}).get("activation_dtype"),
             }
             for r in by_rank
             for t in r["dispatch"]

@@ -24,6 +24,7 @@ from shardport.deploy.errors import RankFailedError, RankLostError, UnsupportedM
 from shardport.deploy.ray_ranks import run_in_process
 from shardport.deploy.up import UpRequest, bring_up, ray_launcher, specs_for
 from shardport.registry.artifact.refs import parse_ref
+from shardport.registry.errors import UsageError
 from shardport.registry.evidence import read_evidence
 from shardport.registry.session import Session
 from shardport.registry.store.keys import blob_key
@@ -127,6 +128,56 @@ def test_gguf_mix_with_tied_q8_embedding_up_at_tp3(home: Path, tmp_path: Path, r
     assert len(evidence.verified) == 1 and evidence.verified[0].predicate["passed"]
 
 
+#: A GGUF of Q4_0 (int4pack) and Q8_0 (gguf-direct) linears with a tied Q8_0 embedding, and a prompt
+#: whose float32 logits are far enough apart for bfloat16: the top-1 margins at every prompt and decode
+#: position are >= 0.04, ~4x the bfloat16 run's max |Δ| (~0.01); other seeds and prompts of these tiny
+#: random models have margins of 0.0005, which bfloat16's ~1 % of the logit scale can flip.
+Q4_Q8 = {
+    "attn_q": "Q4_0",
+    "attn_k": "Q4_0",
+    "attn_v": "Q8_0",
+    "attn_output": "Q4_0",
+    "ffn_gate": "Q4_0",
+    "ffn_up": "Q8_0",
+    "ffn_down": "Q4_0",
+}
+BF16_SEED, BF16_PROMPT = 7, (1, 17, 42)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_bfloat16_activations_up_at_tp2_on_a_q4_0_q8_0_gguf(
+    home: Path, tmp_path: Path, ray_ranks: Any
+) -> None:
+    folder = gguf_tiny(tmp_path / "gguf", seed=BF16_SEED, types=Q4_Q8)
+    store = _push(home, tmp_path, folder, "llama/q4q8:v1")
+    logits = tmp_path / "logits.safetensors"
+    tokens = ",".join(map(str, BF16_PROMPT))
+    code, doc = _cli(
+        store, "up", "llama/q4q8:v1", "--tp", "2", "--tokens", tokens, "--generate", "3",
+        "--activations", "bfloat16", "--logits-out", str(logits), "--no-evidence",
+    )  # fmt: skip
+    assert code == 0, doc
+    _all_pass(doc["parity"])  # L4 top-1 and greedy tokens identical to the float32 reference, L5 as usual
+    rows = {(r["rank"], r["weight"].split("[")[0], r["phase"]): r for r in doc["dispatch"]}
+    int4 = [r for r in rows.values() if r["kernel"] == "cpu.int4pack@1"]
+    assert len(int4) == 2 * 2 * 2 * 5  # ranks x phases x layers x the Q4_0 slots
+    assert all(r["activations"] == "bfloat16" for r in int4)
+    assert rows[(1, "blk.0.ffn_up.weight", "decode")]["activations"] == "bfloat16"  # Q8_0: gguf-direct
+    assert {
+        rows[(rank, "token_embd.weight", p)]["activations"] for rank in (0, 1) for p in ("prefill", "decode")
+    } == {"float32"}  # the tied head keeps float32 logits, and its trace says so
+    runtime = doc["runtime"]
+    assert runtime["activations"] == "bfloat16" and runtime["operators"]["float32"] == 4
+    assert len(runtime["float32"]) == 2 and all("output head keeps float32" in x for x in runtime["float32"])
+    l4 = next(r for r in doc["parity"] if r["name"].startswith("logits max"))
+    scale = float(np.abs(load_file(str(logits))["logits"]).max())
+    assert 2 * l4["value"] < l4["tolerance"] < 0.15 * max(1.0, scale)  # bf16-sized, not vacuous
+    assert 1e-3 < l4["value"]  # the operators did run bfloat16 (float32 differs by ~1e-6)
+    cache = next(r for r in doc["parity"] if r["name"].startswith("KV cache"))
+    assert cache["tolerance"] > 1e-3  # derived from bfloat16's rounding
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_two_pipeline_stages(home: Path, tmp_path: Path, ray_ranks: Any) -> None:
@@ -211,6 +262,36 @@ def test_a_killed_rank_fails_cleanly_and_leaks_nothing(home: Path, tmp_path: Pat
         with pytest.raises(RankLostError, match=r"rank 1: its actor died"):
             ranks.run()
     # the ray_ranks fixture asserts no actor and no placement group is left
+
+
+def test_bfloat16_activations_beside_float16_embeddings_and_head(home: Path, tmp_path: Path) -> None:
+    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
+    request = UpRequest(
+        ref="llama/gptq:v1", tokens=(7, 8, 9, 10), steps=3, store=store, ladder="full", activations="bfloat16"
+    )  # a prompt whose top-1 margins (>= 0.38) are ~7x the bfloat16 run's max |Δ| (~0.057)
+    result = bring_up(Session.open(store), request, launcher=run_in_process, store_evidence=False)
+    _all_pass(result.predicate["parity"])  # the full ladder L0-L3 in bfloat16 on every operator, L4, L5
+    traces = result.reports[0]["dispatch"]
+    assert len(traces) == 2 * 2 * 7 and all(t["requested"]["activation_dtype"] == "bfloat16" for t in traces)
+    assert {t["selected"] for t in traces} == {"cpu.int4pack@1"}  # the float16 embedding and head: floats
+    assert result.predicate["runtime"] == {
+        "activations": "bfloat16",
+        "operators": {"bfloat16": 28},
+        "float32": [],
+    }
+    assert result.predicate["parity_l4"]["tolerance_derivation"]["activations"] == "bfloat16"
+
+
+def test_activations_flag_refuses_an_unknown_dtype(home: Path, tmp_path: Path) -> None:
+    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
+    code, doc = _cli(store, "up", "llama/gptq:v1", "--tokens", "1,2", "--activations", "float16")
+    assert code == 2, doc
+    message = doc["error"]["message"]
+    assert "--activations" in message and "float16" in message
+    assert "float32" in message and "bfloat16" in message  # the choices
+    request = UpRequest(ref="llama/gptq:v1", tokens=(1, 2), store=store, activations="fp8")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"--activations 'fp8': expected one of float32, bfloat16"):
+        bring_up(Session.open(store), request, launcher=run_in_process)
 
 
 def test_forbid_refuses_listing_every_candidates_reason(home: Path, tmp_path: Path) -> None:

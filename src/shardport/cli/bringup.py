@@ -61,6 +61,16 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "the witness rows on every weight, L2 reconstruction and L3 on one weight per kernel class); off "
         "(none; the evidence says so)",
     )
+    p.add_argument(
+        "--activations",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="dtype of the quantized operators' activations: float32 (parity first), bfloat16 (the CPU "
+        "int4pack fast path; L4's tolerance follows the dtype) or auto (default: float32 on CPU ranks, "
+        "bfloat16 on CUDA ranks, whose int4 kernel takes nothing else); an operator whose kernel does "
+        "not take it runs float32 and its dispatch trace says so; norms, rotary, softmax and the KV cache "
+        "stay float32",
+    )
     p.add_argument("--logits-out", type=Path, help="write float32 prompt logits [T, vocab] (safetensors)")
     p.add_argument("--report", type=Path, help="write the HTML evidence report")
     p.add_argument("--no-evidence", action="store_true", help="do not store the signed evidence")
@@ -93,6 +103,7 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
         address=args.address,
         retries=args.retries,
         ladder=getattr(args, "ladder", "sample"),
+        activations=getattr(args, "activations", "auto"),
     )
     progress = None
     if not json_mode and sys.stderr.isatty():
@@ -119,7 +130,8 @@ def render(result: Any) -> str:
     """The human form: what ran, the parity ladder, time to first token per rank."""
     lines = [
         f"{'OK' if result['passed'] else 'FAILED'}: {result['repository']}@{result['digest']} "
-        f"tp={result['topology']['tp']} ep={result['topology']['ep']} pp={result['topology']['pp']}",
+        f"tp={result['topology']['tp']} ep={result['topology']['ep']} pp={result['topology']['pp']}"
+        + (f" activations={result['runtime']['activations']}" if result.get("runtime") else ""),
     ]
     if result.get("tag"):
         lines.append(f"  tag {result['tag']['name']} version {result['tag']['version']}")
