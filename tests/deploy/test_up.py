@@ -276,6 +276,7 @@ def test_bfloat16_activations_beside_float16_embeddings_and_head(home: Path, tmp
     assert {t["selected"] for t in traces} == {"cpu.int4pack@1"}  # the float16 embedding and head: floats
     assert result.predicate["runtime"] == {
         "activations": "bfloat16",
+        "ranks": {"0": "bfloat16"},
         "operators": {"bfloat16": 28},
         "float32": [],
     }
@@ -290,7 +291,7 @@ def test_activations_flag_refuses_an_unknown_dtype(home: Path, tmp_path: Path) -
     assert "--activations" in message and "float16" in message
     assert "float32" in message and "bfloat16" in message  # the choices
     request = UpRequest(ref="llama/gptq:v1", tokens=(1, 2), store=store, activations="fp8")  # type: ignore[arg-type]
-    with pytest.raises(UsageError, match=r"--activations 'fp8': expected one of float32, bfloat16"):
+    with pytest.raises(UsageError, match=r"--activations 'fp8': expected one of auto, float32, bfloat16"):
         bring_up(Session.open(store), request, launcher=run_in_process)
 
 
