@@ -570,6 +570,10 @@ def main() -> int:
             others[str(tp)] = run_up_lib(env, store, ref, tp, args.generate, ladder="sample")
             decode[str(tp)] = others[str(tp)]["decode_tokens_per_s"]
             print(f"bring_up tp {tp}: decode {decode[str(tp)]}", file=sys.stderr)
+            half = run_up_lib(env, store, ref, tp, args.generate, ladder="sample", activations="bfloat16")
+            others[f"{tp}-bfloat16"] = half
+            decode_bf16[str(tp)] = half["decode_tokens_per_s"]
+            print(f"bring_up tp {tp} bfloat16: decode {decode_bf16[str(tp)]}", file=sys.stderr)
         up_ttft = up["seconds_to_first_token"]
         ratios: dict[str, Any] = {
             "ttft_naive_over_up": naive["seconds_to_first_token"] / up_ttft,
