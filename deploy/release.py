@@ -44,25 +44,25 @@ _LEAVES = (type, types.ModuleType, str, bytes, bytearray, int, float, complex, b
 class PlaneBytes:
     """A rank's loaded plane bytes after preparation (each tensor counted by its loaded size).
 
-    ``loaded``: what the rank loaded (``codes_and_qparams``); ``retained``: still alive after the
-    release; ``shared``: used in place by what the rank keeps (also counted in the prepared operators'
-    or float tensors' bytes); ``seconds``: the release's own time (the walk, the collection, the trim).
+    ``loaded``: what the rank loaded (``codes_and_qparams``); ``retained``: still held after the
+    release (its owning array alive, or its memory used in place by what the rank keeps -- a buffer
+    used through ``torch.frombuffer`` outlives its array); ``shared``: used in place by what the rank
+    keeps (also counted in the prepared operators' or float tensors' bytes); ``unused``: alive, and
+    used by nothing the rank keeps (a second copy: 0 after a clean release); ``seconds``: the release's
+    own time (the walk, the collection, the trim). Each buffer counts once, by its own state: a used
+    buffer never offsets an unused one.
     """
 
     loaded: int
     retained: int
     shared: int
+    unused: int
     seconds: float
 
     @property
     def released(self) -> int:
         """Loaded bytes handed back."""
         return self.loaded - self.retained
-
-    @property
-    def unused(self) -> int:
-        """Retained bytes nothing the rank keeps uses: a second copy (0 after a clean release)."""
-        return max(0, self.retained - self.shared)
 
     def ledger(self) -> dict[str, int]:
         """The rank ledger's entries (bytes)."""
@@ -173,8 +173,9 @@ class PlaneRelease:
         _trim()
         return PlaneBytes(
             loaded=self.loaded,
-            retained=sum(b.nbytes for b in alive),
+            retained=sum(b.nbytes for b in self._buffers if b.shared or b.owner() is not None),
             shared=sum(b.nbytes for b in self._buffers if b.shared),
+            unused=sum(b.nbytes for b in alive if not b.shared),
             seconds=self._seconds + time.perf_counter() - t0,
         )
 

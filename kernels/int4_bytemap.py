@@ -27,16 +27,19 @@ What could make the map wrong, and what stops it:
   prepared layout refuses to be read under another than the one that packed it (``_check_isa``).
 - Another torch build or version with another layout: the map is learnt in this process from this
   torch's converter and checked against this torch's kernel; it is never persisted.
-- Blocks past the second packed differently (the map assumes the converter repeats its 64-row block):
-  the full ladder of every class compares the map's read-back of the whole weight with the kernel's
-  read-back, and map packing is compared with the converter on each weight's first block and tail.
-- A layout that depends on N beyond ``N % 64``: the same two comparisons, on every class's weight.
+- Blocks past the second packed differently (the map assumes the converter repeats its 64-row block),
+  or a layout that depends on N beyond ``N % 64``: map packing is compared with the converter on each
+  weight's first and last block (and tail); every sampled L1 also reads every row of 64 spot columns
+  (one per K residue of a tile) back through the kernel, whose codes replace the map's there
+  (:func:`.parity.level1_by_map`); the full ladder of each class's representative compares the map's
+  read-back of the whole weight with the kernel's.
 
 What L1 through the map proves (a preparation packs by the map where it agrees with the converter):
 the bytes held now decode, by the layout torch's converter defines, to the codes the registry's generic
 unpacking reads from the verified planes -- so the load-time fast unpack, the packing and anything that
-touched the packed bytes since are checked on every weight; that the kernel reads that layout the same
-way is proved when the map is learnt and by the kernel's own read-back on each class's full ladder.
+touched the packed bytes since are checked on every weight. The map packed those bytes, so on its own
+this is the map agreeing with itself; that the kernel reads the layout the same way is proved when the
+map is learnt, on every weight's spot columns (every block), and on each class's full ladder.
 
 Applying a map: ``[N, K]`` is ``N // 64`` blocks of ``64·K`` codes plus the tail, each block handled
 alike through a per-block plan (no index array as large as the weight, no Python loop over bytes).

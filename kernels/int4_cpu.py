@@ -233,6 +233,11 @@ class PreparedInt4(PreparedLinear):
             return None
         return int4_terms(weight, fast=False).u.astype(np.uint8), found
 
+    def kernel_columns(self, columns: npt.NDArray[np.int64]) -> Codes | None:
+        """The kernel's own read-back of K ``columns`` over every row (:meth:`probe_codes`)."""
+        found: Codes = self.probe_codes(columns)  # type: ignore[assignment]
+        return found
+
     def code_check(self, weight: RankWeight) -> tuple[I64, I64] | None:
         """(codes the planes hold, by the registry's generic unpacking; codes read back from the layout)."""
         return int4_terms(weight, fast=False).u.astype(np.int64, copy=False), self.probe_codes()

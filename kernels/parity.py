@@ -73,8 +73,10 @@ class L1Codes(_Frozen):
 
     ``readback``: how the codes were read back out of the layout -- ``kernel`` (by the kernel itself,
     or the operand it consumes), ``byte-map`` (through the byte map learnt from the packer, see
-    :mod:`.int4_bytemap`; a sampled ladder), ``kernel+byte-map`` (by the kernel, and the byte map's
-    read-back compared with it: ``map_mismatches`` codes differ, which fails the level).
+    :mod:`.int4_bytemap`), ``byte-map+kernel`` (a sampled ladder: through the byte map, the kernel's
+    read-back of :func:`spot_columns` in place of the map's there), ``kernel+byte-map`` (by the kernel,
+    and the byte map's read-back compared with it). ``map_mismatches``: codes where the map and the
+    kernel disagree, which fails the level.
     """
 
     applicable: bool
@@ -84,7 +86,7 @@ class L1Codes(_Frozen):
     representation: str
     max_reconstruction_error: float
     passed: bool
-    readback: Literal["kernel", "byte-map", "kernel+byte-map"] = "kernel"
+    readback: Literal["kernel", "byte-map", "kernel+byte-map", "byte-map+kernel"] = "kernel"
     map_mismatches: int | None = None
 
 
@@ -172,17 +174,47 @@ def level1(prepared: PreparedLinear, weight: RankWeight) -> L1Codes:
     return _level1(prepared, weight, prepared.code_check(weight))
 
 
+#: K positions a sampled ladder reads back through the kernel besides the byte map: every residue of
+#: this period once (int4pack's tiles along K are at most this wide), spread over the K blocks.
+SPOT_PERIOD = 64
+
+
+def spot_columns(k: int) -> npt.NDArray[np.int64]:
+    """Columns of a ``k``-wide weight: every residue mod :data:`SPOT_PERIOD` once, and the tail.
+
+    Each residue sits in another block along K (deterministic).
+    """
+    blocks = k // SPOT_PERIOD
+    if blocks == 0:
+        return np.arange(k, dtype=np.int64)
+    r = np.arange(SPOT_PERIOD, dtype=np.int64)
+    cols = r + SPOT_PERIOD * ((r * 29) % blocks)
+    return np.unique(np.concatenate([cols, np.arange(blocks * SPOT_PERIOD, k, dtype=np.int64)]))
+
+
 def level1_by_map(prepared: PreparedLinear, weight: RankWeight) -> L1Codes:
     """L1 with the codes read back through the layout's byte map where it has one (else the kernel).
 
     Exact like :func:`level1` (every code, compared as uint8), at the cost of a gather instead of a
-    matmul per pair of columns; the map itself is proved against the kernel when it is learnt and on
-    every class's full ladder.
+    matmul per pair of columns. The map is learnt from the packer, which then packed these bytes, so
+    on its own the comparison would only show the map agrees with itself; the kernel therefore also
+    reads back :func:`spot_columns` (every K residue of a tile, every row, so every block) and its codes
+    replace the map's there: a map wrong anywhere the spot columns reach fails the level against the
+    planes, and ``map_mismatches`` counts where map and kernel disagree (readback ``byte-map+kernel``).
+    The full ladder of the class's representative compares the two on every code.
     """
     pair = prepared.map_check(weight)
     if pair is None:
         return level1(prepared, weight)
-    return _level1(prepared, weight, pair, readback="byte-map")
+    expected, mapped = pair
+    columns = spot_columns(weight.k_local)
+    kernel = prepared.kernel_columns(columns)
+    if kernel is None:
+        return _level1(prepared, weight, pair, readback="byte-map")
+    found = mapped.astype(np.int16)
+    found[:, columns] = kernel
+    result = _level1(prepared, weight, (expected, found), mapped=mapped)
+    return result.model_copy(update={"readback": "byte-map+kernel"})
 
 
 def _where(weight: RankWeight, differ: npt.NDArray[np.bool_]) -> tuple[int, int, str]:

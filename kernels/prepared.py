@@ -131,6 +131,14 @@ class PreparedLinear(abc.ABC):
         """
         return None
 
+    def kernel_columns(self, columns: npt.NDArray[np.int64]) -> Codes | None:
+        """Codes of K ``columns`` over every row, read back by running the kernel itself, or None.
+
+        A layout with a byte map returns ``[n_local, len(columns)]``: the sampled ladder holds the map
+        to the kernel on these columns of every weight (:func:`.parity.level1_by_map`).
+        """
+        return None
+
     def read_back(self, weight: RankWeight) -> tuple[F32, tuple[I64, I64] | None]:
         """:meth:`decode` and :meth:`code_check` together (parity L1 and L2 of one ladder).
 

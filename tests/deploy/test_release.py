@@ -225,6 +225,39 @@ def gguf_q4(
 
 
 @pytest.mark.slow
+def test_a_plane_used_in_place_never_offsets_a_kept_second_copy() -> None:
+    """A buffer used through ``torch.frombuffer`` (its array gone) and another kept unused: each counts
+    by its own state, so the second copy shows as unused and the used one is not called released."""
+    import dataclasses
+
+    import torch
+
+    @dataclasses.dataclass(frozen=True)
+    class Loaded:
+        array: np.ndarray
+
+    @dataclasses.dataclass(frozen=True)
+    class Tensors:
+        tensors: tuple[Loaded, ...]
+        bytes_assigned: int
+
+    n = 1 << 20
+    memory = bytearray(n)
+    used, spare = np.frombuffer(memory, dtype=np.uint8), np.ones(n, dtype=np.uint8)
+    keep = {"op": torch.frombuffer(memory, dtype=torch.uint8)}  # an operator reading plane A in place
+    stray = [spare]  # plane B held by something the rank does not keep: a second copy
+    release = PlaneRelease(Tensors((Loaded(used), Loaded(spare)), 2 * n), keep)  # type: ignore[arg-type]
+    del used, spare
+    ledger = release.measure().ledger()
+    assert ledger == {
+        "codes_retained": 2 * n,
+        "codes_shared": n,
+        "codes_released": 0,
+        "codes_retained_unused": n,
+    }, ledger
+    assert stray and keep
+
+
 def test_released_planes_leave_the_resident_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHARDPORT_HOME", str(tmp_path / "home"))
     pushed = _push(tmp_path, gguf_q4(tmp_path / "gguf"), "llama/q4:v1")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import kernel_cases as kc
 import numpy as np
@@ -94,7 +95,8 @@ def q4_0() -> kc.Case:
 def test_a_flipped_nibble_is_caught_by_the_map_naming_row_and_column(q4_0: kc.Case) -> None:
     weight, prepared = _prepared(q4_0, {"N": (64, 336), "K": (0, 256)})  # rows 64.. of the weight
     clean = level1_by_map(prepared, weight)
-    assert clean.passed and clean.readback == "byte-map" and clean.codes_compared == 272 * 256
+    assert clean.passed and clean.readback == "byte-map+kernel" and clean.codes_compared == 272 * 256
+    assert clean.map_mismatches == 0
     u = int4_terms(weight, fast=False).u.astype(np.uint8)
     r, c = 203, 77  # in the tail block
     changed = u.copy()
@@ -104,7 +106,7 @@ def test_a_flipped_nibble_is_caught_by_the_map_naming_row_and_column(q4_0: kc.Ca
     flat = prepared.packed.view(-1)
     flat[int(differ[0])] ^= int((_torch_pack(u) ^ _torch_pack(changed)).reshape(-1)[differ[0]])
     bad = level1_by_map(prepared, weight)
-    assert not bad.passed and bad.mismatches == 1 and bad.readback == "byte-map"
+    assert not bad.passed and bad.mismatches == 1 and bad.readback == "byte-map+kernel"
     assert bad.first_mismatch == f"row {64 + r} column {c}: {u[r, c]} -> {changed[r, c]}"
     by_kernel = level1(prepared, weight)  # the kernel reads the same flipped code
     assert by_kernel.first_mismatch == bad.first_mismatch and by_kernel.readback == "kernel"
@@ -115,7 +117,8 @@ def test_sampled_ladder_reads_codes_by_the_map_and_full_ladder_holds_it_to_the_k
     sampled = ladder_sampled(
         prepared, weight, manifest_digest=DIGEST, verified_tiles=1, represented_by="its representative"
     )
-    assert sampled.passed and sampled.l1.readback == "byte-map" and sampled.l1.codes_compared == 336 * 256
+    assert sampled.passed and sampled.l1.readback == "byte-map+kernel"
+    assert sampled.l1.codes_compared == 336 * 256 and sampled.l1.map_mismatches == 0
     x = np.random.default_rng(0).standard_normal((1, 256)).astype(np.float32)
     full = ladder(prepared, weight, manifest_digest=DIGEST, verified_tiles=1, activations=(x,))
     assert full.passed and full.l1.readback == "kernel+byte-map" and full.l1.map_mismatches == 0
@@ -183,3 +186,37 @@ def test_a_refused_map_packs_by_the_converter_and_reads_back_by_the_kernel() -> 
     finally:
         _REFUSED.pop((learnt.isa, 224, 16))
     assert byte_map(224, 16) is learnt
+
+
+def test_a_map_wrong_on_a_middle_block_the_same_way_both_ways_fails_the_sampled_l1(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The map packed these bytes, so map-unpack(map-pack) agrees with the planes whatever the map; the
+    kernel's read-back of the spot columns is what catches a map wrong on a block the converter
+    comparison (first and last block) does not see."""
+    import shardport.kernels.int4_bytemap as bm
+
+    apply = bm._apply
+
+    def swap(a: np.ndarray) -> None:  # two bytes of the second 64-row block trade places
+        b = a.reshape(a.shape[0] // 64, -1)
+        b[1, [0, 1]] = b[1, [1, 0]]
+
+    def wrong(step: Any, src: Any, dst: Any, src_rows: Any, dst_rows: Any) -> None:
+        if src_rows < dst_rows:  # unpacking: bytes in
+            src = src.copy()
+            swap(src)
+            apply(step, src, dst, src_rows, dst_rows)
+        else:  # packing: bytes out
+            apply(step, src, dst, src_rows, dst_rows)
+            swap(dst)
+
+    bm.byte_map(256, 0)  # learnt (and proved) before the fault: the map goes wrong after its checks
+    monkeypatch.setattr(bm, "_apply", wrong)
+    weight, prepared = _prepared(kc.gptq(256, 256, 32), {"N": (0, 256), "K": (0, 256)})
+    assert prepared.map_refusal is None  # the converter check on the first and last block passed
+    sampled = level1_by_map(prepared, weight)
+    assert not sampled.passed and sampled.readback == "byte-map+kernel"
+    assert sampled.mismatches > 0 and sampled.first_mismatch is not None
+    assert sampled.first_mismatch.startswith("row 64 ")  # the second block's first row
+    assert not level1(prepared, weight).passed  # the kernel's whole read-back says the same
