@@ -2,8 +2,9 @@
 
 - ``full``: every prepared operator runs L0-L3 (every level on every weight).
 - ``sample`` (the default): every operator runs L0, L1 (every code read back -- through int4pack's
-  byte map learnt from torch's converter, which the class representative's full ladder holds to the
-  kernel's own read-back; through the kernel for other layouts -- against the planes' codes) and
+  byte map learnt from torch's converter, with 64 spot columns of every row read by the kernel, the
+  class representative's full ladder holding the whole map to the kernel; through the kernel for other
+  layouts -- against the planes' codes) and
   the L2 witness comparison (the manifest's witness rows or cells inside the slice, re-decoded from
   the rank's planes); the L2 full reconstruction and L3's operator error run on one representative
   per *ladder class* — the first operator of the class by weight name on the rank.

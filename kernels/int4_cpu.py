@@ -235,7 +235,7 @@ class PreparedInt4(PreparedLinear):
 
     def kernel_columns(self, columns: npt.NDArray[np.int64]) -> Codes | None:
         """The kernel's own read-back of K ``columns`` over every row (:meth:`probe_codes`)."""
-        found: Codes = self.probe_codes(columns)  # type: ignore[assignment]
+        found: Codes = self.probe_codes(columns)
         return found
 
     def code_check(self, weight: RankWeight) -> tuple[I64, I64] | None:
