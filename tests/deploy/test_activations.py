@@ -121,6 +121,11 @@ def test_the_cache_tolerance_follows_the_operators_dtype(q4_0: RankWeight) -> No
     for dtype, expected in (("float32", 1e-3), ("bfloat16", 2**-8 * 3**0.5 * 5.0)):
         traces = [t for _, t in dispatch_activations(q4_0, default_catalog(), dtype).values()]  # type: ignore[arg-type]
         assert cache_tolerance(RankOps(traces=traces), 1e-3, 2, 5.0) == pytest.approx(expected)
+    # a stage whose own operators all ran float32 in a bfloat16 run (pp > 1): the run's dtype decides
+    traces = [t for _, t in dispatch_activations(q4_0, default_catalog(), "float32").values()]
+    ops = RankOps(traces=traces)
+    assert cache_tolerance(ops, 1e-3, 2, 5.0, "bfloat16") == pytest.approx(2**-8 * 3**0.5 * 5.0)
+    assert cache_tolerance(ops, 1e-3, 2, 5.0, "float32") == 1e-3
 
 
 def test_the_runtime_section_and_the_report_say_which_operators_ran_float32() -> None:
