@@ -224,7 +224,6 @@ def gguf_q4(
     return folder
 
 
-@pytest.mark.slow
 def test_a_plane_used_in_place_never_offsets_a_kept_second_copy() -> None:
     """A buffer used through ``torch.frombuffer`` (its array gone) and another kept unused: each counts
     by its own state, so the second copy shows as unused and the used one is not called released."""
@@ -258,6 +257,7 @@ def test_a_plane_used_in_place_never_offsets_a_kept_second_copy() -> None:
     assert stray and keep
 
 
+@pytest.mark.slow
 def test_released_planes_leave_the_resident_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHARDPORT_HOME", str(tmp_path / "home"))
     pushed = _push(tmp_path, gguf_q4(tmp_path / "gguf"), "llama/q4:v1")
