@@ -332,7 +332,7 @@ class Rank:
         generation = Generation(prompt_logits, tuple(tokens), torch.stack(rows))
         self.stage = "cache check"
         scale = float(prompt_logits.abs().max())
-        tolerance = cache_tolerance(self.ops, spec.cache_tolerance, contract.layers, scale, self.activations)
+        tolerance = cache_tolerance(self.activations, spec.cache_tolerance, contract.layers, scale)
         checked = check_cache(model, list(spec.prompt), generation, tolerance)
         rss = _rss()
         self.ledger["kv_cache"] = int(kv_bytes)

@@ -276,26 +276,22 @@ def prepare_ops(
     return out
 
 
-def cache_tolerance(
-    ops: RankOps, base: float, layers: int, logit_scale: float, activations: str | None = None
-) -> float:
-    """The KV-cache check's tolerance on a rank: ``base`` where every operator of the run ran float32.
+def cache_tolerance(activations: str, base: float, layers: int, logit_scale: float) -> float:
+    """The KV-cache check's tolerance on a rank: ``base`` in a float32 run.
 
-    ``activations``: the dtype the run asked every rank for (the rank's resolved ``--activations``).
-    A bfloat16 run holds every rank to the bfloat16 tolerance even where this rank's own operators all
-    fell back to float32: with pp > 1 the last stage's logits carry the earlier stages' roundings.
+    ``activations``: the dtype the run asked every rank for (the rank's resolved ``--activations``),
+    not this rank's own operators': with pp > 1 the last stage's logits carry the earlier stages'
+    roundings even where its own operators all fell back to float32.
 
-    Where some ran bfloat16, a decode step and a fresh prefill can differ by more than float32's order
+    In a bfloat16 run a decode step and a fresh prefill can differ by more than float32's order
     of sums: a float32 difference upstream (attention over a different number of rows, a gemv against
     a gemm) can round an operator's input to the neighbouring bfloat16 value. One such step per block,
     relative to the logits' scale: ``floor · growth(layers) · max(1, max|logit|)``, L4's tolerance
     without its amplification (:data:`.up_evidence.L4_BUDGETS`), never below ``base``.
     """
-    from .up_evidence import L4_BUDGETS, activations_run
+    from .up_evidence import L4_BUDGETS
 
-    dtype = activations_run([{"dispatch": [t.model_dump(mode="json") for t in ops.traces]}])
-    if activations == "bfloat16":
-        dtype = "bfloat16"
+    dtype = "bfloat16" if activations == "bfloat16" else "float32"
     if dtype == "float32":
         return base
     budget = L4_BUDGETS[dtype]
