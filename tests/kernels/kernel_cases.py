@@ -9,7 +9,10 @@ does: a column-parallel split cuts N, a row-parallel split cuts K, at whole grou
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -237,3 +240,16 @@ def rank_bounds(case: Case, tp: int, split: str, unit: int) -> list[dict[str, tu
     if split == "column":
         return [{"N": r, "K": (0, k)} for r in splits(n, tp, unit)]
     return [{"N": (0, n), "K": r} for r in splits(k, tp, unit)]
+
+
+def under_isa(script: str, isa: str) -> str:
+    """Stdout of ``tests/kernels/<script>`` run with torch forced to ``ATEN_CPU_CAPABILITY=isa``."""
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name(script))],
+        env={"ATEN_CPU_CAPABILITY": isa, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=240,
+    )
+    return out.stdout

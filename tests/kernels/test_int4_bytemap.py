@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import kernel_cases as kc
@@ -54,18 +51,10 @@ def test_map_is_a_bijection_and_reads_torch_packing_back(k: int, tail: int) -> N
 @pytest.mark.slow
 def test_maps_learnt_under_every_forced_isa_read_torch_packing_back() -> None:
     """ATEN_CPU_CAPABILITY avx2 and default (and the native ISA above): every map is exact."""
-    script = Path(__file__).with_name("bytemap_probe.py")
     for isa in ("avx2", "default"):
-        out = subprocess.run(
-            [sys.executable, str(script)],
-            env={"ATEN_CPU_CAPABILITY": isa, "PATH": "/usr/bin:/bin"},
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=240,
-        )
-        capability, verdict = out.stdout.split(maxsplit=1)
-        assert capability == isa.upper() and verdict.strip() == "maps=ok", out.stdout
+        out = kc.under_isa("bytemap_probe.py", isa)
+        capability, verdict = out.split(maxsplit=1)
+        assert capability == isa.upper() and verdict.strip() == "maps=ok", out
 
 
 def test_shapes_the_converter_does_not_take_are_refused() -> None:

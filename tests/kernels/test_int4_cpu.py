@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import pickle
-import subprocess
-import sys
-from pathlib import Path
 
 import kernel_cases as kc
 import numpy as np
@@ -177,19 +174,11 @@ def test_packed_layout_is_keyed_by_isa_and_never_persisted(cases):
 @pytest.mark.slow
 def test_packed_bytes_differ_per_isa_and_each_isa_reads_its_own():
     """Under ATEN_CPU_CAPABILITY avx2 and default codes pack to different bytes; L1 passes in each."""
-    script = Path(__file__).with_name("isa_probe.py")
     digests = {}
     for isa in ("avx2", "default"):
-        out = subprocess.run(
-            [sys.executable, str(script)],
-            env={"ATEN_CPU_CAPABILITY": isa, "PATH": "/usr/bin:/bin"},
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=240,
-        )
-        capability, digest, l1 = out.stdout.split()
-        assert l1 == "L1=ok", out.stdout
+        out = kc.under_isa("isa_probe.py", isa)
+        capability, digest, l1 = out.split()
+        assert l1 == "L1=ok", out
         digests[capability] = digest
     assert len(set(digests.values())) == 2, digests
 
