@@ -6,7 +6,8 @@ no store. Every number is a finite float or an int (the statement is canonical J
 
 - L4: the parallel logits against the single-process float32 reference built from the registry's
   reference decode of every weight — max |Δ| over the prompt positions, top-1 agreement per position,
-  identical greedy tokens for K steps, and each rank's KV-cache check (decode steps vs fresh prefills).
+  identical greedy tokens for K steps, and each rank's KV-cache check (decode steps vs one fresh
+  prefill of the whole sequence).
   The tolerance is derived from the admitted kernels' recorded L3 errors (see :func:`tolerance`).
 - L0-L3: the ranks' ladder records under the budget (``--ladder``, :mod:`.ladder_budget`): a
   ``sampled`` record (L0, L1, the witness rows) counts as proved only together with its class
@@ -453,7 +454,7 @@ def _graph_rows(
         },
         {
             "level": "L4",
-            "name": "KV cache: decode steps = fresh prefills",
+            "name": "KV cache: decode steps = one fresh prefill",
             "passed": cache_ok,
             "value": max((float(c["max_abs_diff"]) for c in caches), default=0.0),
             "tolerance": max((float(c["tolerance"]) for c in caches), default=0.0),

@@ -332,9 +332,19 @@ def compare(run: Generation, reference: Generation, tolerance: float) -> Parity:
 
 
 def check_cache(model: RankModel, prompt: Sequence[int], run: Generation, tolerance: float) -> CacheCheck:
-    """Re-run each decode step as a full prefill of prompt + tokens so far (every rank calls it)."""
-    worst = 0.0
-    for i in range(1, len(run.tokens)):
-        logits = model.forward([*prompt, *run.tokens[:i]], model.new_cache())[-1]
-        worst = max(worst, float((logits - run.token_logits[i]).abs().max()))
-    return CacheCheck(steps=len(run.tokens) - 1, max_abs_diff=worst, tolerance=tolerance)
+    """One fresh prefill of prompt + every decoded token but the last, against the decode steps.
+
+    Attention is causal, so the prefill's row at position ``len(prompt) - 1 + i`` is what a fresh
+    prefill of the first ``len(prompt) + i`` tokens yields at its last position: decode step ``i``'s
+    logits (computed through the KV cache) must match it. One forward over the whole sequence checks
+    every step at once (every rank calls it: the forward is collective).
+    """
+    steps = len(run.tokens) - 1
+    if steps < 1:
+        return CacheCheck(steps=0, max_abs_diff=0.0, tolerance=tolerance)
+    logits = model.forward([*prompt, *run.tokens[:-1]], model.new_cache())
+    fresh = logits[len(prompt) :]
+    if fresh.shape[0] != steps:
+        raise GraphLayoutError(f"check_cache: {fresh.shape[0]} fresh rows for {steps} decode steps")
+    worst = float((fresh - run.token_logits[1:]).abs().max())
+    return CacheCheck(steps=steps, max_abs_diff=worst, tolerance=tolerance)

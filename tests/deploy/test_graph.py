@@ -20,6 +20,7 @@ from shardport.deploy.graph import (
     shard,
     tp_split,
 )
+from shardport.deploy.graph.model import Generation
 from shardport.deploy.graph.reference import FloatModel
 
 PROMPT = [1, 5, 900, 33, 7, 1000, 2]
@@ -40,6 +41,15 @@ def test_kv_cache_decode_equals_full_prefill() -> None:
     cache.length -= 1
     stale = model.forward([run.tokens[0]], cache)[-1]
     assert float((stale - run.token_logits[1]).abs().max()) > 1e-3
+    # one whole-sequence prefill stands for a fresh prefill of each prefix (causal attention)
+    for i in range(1, 5):
+        prefix = model.forward([*PROMPT, *run.tokens[:i]], model.new_cache())[-1]
+        assert float((prefix - run.token_logits[i]).abs().max()) <= check.max_abs_diff + 1e-5
+    # and check_cache fails on a decode step whose logits came from elsewhere
+    bent = run.token_logits.clone()
+    bent[3] = stale
+    wrong = check_cache(model, PROMPT, Generation(run.prompt_logits, run.tokens, bent), tolerance=1e-4)
+    assert not wrong.ok and wrong.max_abs_diff > 1e-3 and wrong.steps == 4
 
 
 def test_parity_records_catch_a_perturbed_weight() -> None:
