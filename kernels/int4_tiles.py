@@ -67,6 +67,16 @@ class TileLayout:
         return int(self.inner_elem.size)
 
     @property
+    def n_elem(self) -> I64:
+        """The N row of each tile position along N (-1: padding)."""
+        return self.outer_elem if self.outer == "N" else self.inner_elem
+
+    @property
+    def k_elem(self) -> I64:
+        """The stored K column of each tile position along K (-1: padding)."""
+        return self.inner_elem if self.outer == "N" else self.outer_elem
+
+    @property
     def unit(self) -> int:
         """Outer positions a slab boundary must be a multiple of (one container line)."""
         return self.per if self.packed_outer else 1
@@ -113,7 +123,9 @@ def tile_layout(
         planes = 2
     if not (np.any(outer_elem >= 0) and np.any(inner_elem >= 0)):
         raise KernelInputError(where, "codes plane", f"fields for [{n}, {k}]", list(shape))
-    return TileLayout(outer, packing.axis == outer, per, packing.container_bits, outer_elem, inner_elem, planes)  # type: ignore[arg-type]
+    along: Literal["N", "K"] = "N" if outer == "N" else "K"
+    bits = packing.container_bits
+    return TileLayout(along, packing.axis == outer, per, bits, outer_elem, inner_elem, planes)
 
 
 def container_view(layout: TileLayout, plane: npt.NDArray[Any]) -> npt.NDArray[Any]:
