@@ -336,3 +336,21 @@ def test_no_persistent_float_copy_after_preparation_or_a_call():
         x.double() @ torch.from_numpy(decode_weight(weight.local_weight, weight.named_planes)).double().T
     )
     assert torch.allclose(y.double(), reference, rtol=1e-4, atol=1e-4)
+
+
+def test_release_counts_the_code_plane_as_used_and_the_qparams_as_released(cases):
+    """What bring-up's release walks from a rank's operators: the codes' buffer (used in place), not the
+    scale, zero or g_idx planes (their binary32 terms are the operator's own small copies)."""
+    from shardport.deploy.release import reachable_spans
+
+    case = cases["gptq"]
+    weight = rank_weight(case.weight, case.planes)
+    prepared = _prepared(weight, "float32", None)
+    spans = reachable_spans([prepared])
+
+    def used(array: np.ndarray) -> bool:
+        start = array.__array_interface__["data"][0]
+        return any(s < start + array.nbytes and start < e for s, e in spans)
+
+    assert used(weight.planes["codes"])
+    assert not any(used(weight.planes[role]) for role in ("scale", "zero", "g_idx"))
