@@ -57,7 +57,9 @@ from .weight import RankWeight
 #: for GPTQ, 9.1 / 7.1 / 6.7 ms for AWQ, 11.5 / 9.1 / 8.3 ms for compressed-tensors).
 TILE_ELEMENTS = 1 << 20
 #: Scratch per tile element: the float32 tile, the integer split (<= 4 bytes), a gathered scale or
-#: zero slab (4), the rounding to a 16-bit scale format (2).
+#: zero slab (4), the rounding to a 16-bit scale format (2). A slab is at least one container line, so
+#: a line wider than :data:`TILE_ELEMENTS` (an inner extent over 2**20) takes one line's worth instead
+#: (:attr:`PreparedInt4Direct.workspace` says what a weight uses).
 WORKSPACE_BYTES_PER_ELEMENT = 14
 ENCODINGS = ("u4", "s4_twos", "s4_offset8")
 _ROUND = {"binary16": "float16", "bfloat16": "bfloat16"}
@@ -94,6 +96,8 @@ def _contract(weight: RankWeight) -> AffineIntContract:
         raise _fail(weight, "codes", f"4-bit, one of {list(ENCODINGS)}", (c.codes.bits, c.codes.encoding))
     if c.scales.format not in ("binary16", "bfloat16", "binary32"):
         raise _fail(weight, "scales.format", "binary16, bfloat16 or binary32", c.scales.format)
+    if not np.little_endian:  # the planes are little-endian; the tile decoder reads them in place
+        raise _fail(weight, "host byte order", "little-endian", "big-endian")
     return c
 
 
