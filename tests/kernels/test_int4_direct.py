@@ -354,3 +354,49 @@ def test_release_counts_the_code_plane_as_used_and_the_qparams_as_released(cases
 
     assert used(weight.planes["codes"])
     assert not any(used(weight.planes[role]) for role in ("scale", "zero", "g_idx"))
+
+
+def _recontained(case: kc.Case, form: str) -> kc.Case:
+    """The same GPTQ codes in another container form (msb-first slots, 16- or 8-bit containers)."""
+    c = case.weight.contract
+    words = case.planes[c.codes.plane]
+    packing = c.codes.packing
+    if form == "msb_first":  # slot i at bits 28 - 4i holds element 7 - i: the very same bytes
+        update = {
+            "packing": packing.model_copy(
+                update={"bit_order": "msb_first", "slot_order": (7, 6, 5, 4, 3, 2, 1, 0)}
+            )
+        }
+        plane = words
+    elif form == "i16":  # each int32 word's low and high halves as two int16 lines along K
+        halves = words.view(np.uint32)
+        plane = np.empty((2 * words.shape[0], words.shape[1]), dtype=np.int16)
+        plane[0::2] = (halves & 0xFFFF).astype(np.uint16).view(np.int16)
+        plane[1::2] = (halves >> 16).astype(np.uint16).view(np.int16)
+        update = {"packing": packing.model_copy(update={"container_bits": 16, "slot_order": (0, 1, 2, 3)})}
+    else:  # "u8": each word's four bytes as four uint8 lines along K
+        lines = words.view(np.uint8).reshape(*words.shape, 4).transpose(0, 2, 1)
+        plane = np.ascontiguousarray(lines.reshape(4 * words.shape[0], words.shape[1]))
+        update = {"packing": packing.model_copy(update={"container_bits": 8, "slot_order": (0, 1)})}
+    dtype = {"msb_first": "I32", "i16": "I16", "u8": "U8"}[form]
+    codes = c.codes.model_copy(update={**update, "physical_dtype": dtype, "physical_shape": plane.shape})
+    refs = tuple(
+        p.model_copy(update={"shape": plane.shape, "dtype": dtype}) if p.tensor == c.codes.plane else p
+        for p in case.weight.planes
+    )
+    weight = case.weight.model_copy(
+        update={"contract": c.model_copy(update={"codes": codes}), "planes": refs, "witness": None}
+    )
+    return kc.Case(f"gptq_{form}", weight, {**case.planes, c.codes.plane: plane}, case.float_weight)
+
+
+@pytest.mark.parametrize("form", ["msb_first", "i16", "u8"])
+@pytest.mark.parametrize("tile", TILES, ids=["tile-default", "tile-300"])
+def test_other_containers_and_bit_orders_decode_the_same_weight(cases, form, tile):
+    case = cases["gptq"]
+    other = _recontained(case, form)
+    weight = rank_weight(other.weight, other.planes)
+    prepared = _prepared(weight, "float32", 300 if tile else None)
+    same = decode_weight(case.weight, case.planes)  # the original int32 form
+    assert np.array_equal(decode_weight(weight.local_weight, weight.named_planes), same)
+    assert np.array_equal(prepared.decode(), same) and prepared.broadcast
