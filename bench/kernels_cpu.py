@@ -242,10 +242,36 @@ def main() -> None:
 
 
 def direct(n: int, k: int, group: int, repeat: int) -> dict[str, Any]:
-    """``cpu.int4-direct`` (float32) vs int4pack (float32, bfloat16) on GPTQ, AWQ and compressed-tensors."""
+    """``cpu.int4-direct`` (float32) vs int4pack (float32, bfloat16) on GPTQ, AWQ and compressed-tensors.
+
+    One torch thread (a rank's share, as the repack part and bench_gguf_direct.py); the GGUF direct
+    kernel on Q4_0 of the same shape is timed in the same run.
+    """
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
     import kernel_cases
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _direct(kernel_cases, n, k, group, repeat)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _timed(fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
+    """(median wall seconds, median process CPU seconds) of ``repeat`` calls after a warm-up."""
+    fn()
+    wall, cpu = [], []
+    for _ in range(repeat):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def _direct(kernel_cases: Any, n: int, k: int, group: int, repeat: int) -> dict[str, Any]:
+    """Each weight's kernels at T = 1 and 32: wall and CPU ms (on a loaded machine CPU time is the work)."""
     builders = {
         "gptq": lambda: kernel_cases.gptq(n, k, group),
         "awq": lambda: kernel_cases.awq(n, k, group),
@@ -267,7 +293,8 @@ def direct(n: int, k: int, group: int, repeat: int) -> dict[str, Any]:
             x = torch.randn(tokens, k)
             for name, prepared in kernels.items():
                 xt = x.to(torch.bfloat16) if name.endswith("bf16") else x
-                row[f"{name}_T{tokens}_ms"] = _median(lambda p=prepared, xt=xt: p(xt), repeat) * 1e3
+                wall, cpu = _timed(lambda p=prepared, xt=xt: p(xt), repeat)
+                row[f"{name}_T{tokens}_ms"], row[f"{name}_T{tokens}_cpu_ms"] = wall * 1e3, cpu * 1e3
         out[label] = row
         del case, weight, kernels
     from shardport.kernels.gguf_direct import gguf_block_matmul
@@ -275,8 +302,9 @@ def direct(n: int, k: int, group: int, repeat: int) -> dict[str, Any]:
     blocks = _gguf_q4_0(n, k).planes["codes"]  # the GGUF direct kernel on Q4_0, same shape, same run
     for tokens in (1, 32):
         x = torch.randn(tokens, k)
-        seconds = _median(lambda x=x: gguf_block_matmul(x, blocks, "Q4_0", k), repeat)
-        out.setdefault("gguf_q4_0", {})[f"gguf_direct_T{tokens}_ms"] = seconds * 1e3
+        wall, cpu = _timed(lambda x=x: gguf_block_matmul(x, blocks, "Q4_0", k), repeat)
+        row = out.setdefault("gguf_q4_0", {})
+        row[f"gguf_direct_T{tokens}_ms"], row[f"gguf_direct_T{tokens}_cpu_ms"] = wall * 1e3, cpu * 1e3
     return out
 
 
