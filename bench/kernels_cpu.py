@@ -9,7 +9,11 @@ calls after a warm-up, at T = 1 (decode) and T = 32 (prefill) in float32 and bfl
   favourable start for the baseline) into the activation dtype and ``torch.matmul`` — what a runtime
   without a packed kernel does while keeping only the quantized weight resident;
 * ``dense matmul``: ``torch.matmul`` on a weight dequantized once (a full-size float copy resident; shown
-  for the memory/time trade, not the goal's baseline).
+  for the memory/time trade, not the goal's baseline);
+* ``int4_direct_ms``: ``cpu.int4-direct`` (:mod:`shardport.kernels.int4_direct`) on the same planes as
+  loaded, decoding a tile at a time inside the matmul (float32 compute; the activation dtype widened).
+  The ``int4_direct`` section times it on GPTQ, AWQ and compressed-tensors int4 weights of the same
+  shape in float32, next to ``_weight_int4pack_mm_for_cpu`` in float32 and bfloat16.
 
 Repack throughput is GB of codes (N·K/2 bytes for 4-bit, N·K for 8-bit) per second, median of
 ``--repeat`` preparations after a warm-up, one torch thread (a rank's share): the bare
@@ -22,8 +26,9 @@ for GPTQ (this weight), GGUF Q4_0 and compressed-tensors int8 (per-channel) weig
 in float32 and bfloat16. Compared with BLAKE3 over the same bytes (the verify half of a verified read)
 and with the rank's verified read throughput recorded in ``bench/results/rank-pull.json``.
 
-Usage: python bench/kernels_cpu.py [--size 4096] [--group 128] [--repeat 9] [--parts repack,matmul]
-(a subset of parts updates only those sections of the results file)
+Usage: python bench/kernels_cpu.py [--size 4096] [--group 128] [--repeat 9] [--threads T]
+[--parts repack,matmul,direct] (a subset of parts updates only those sections of the results file;
+``--threads``: torch threads for the timings, default torch's own)
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from shardport.kernels import default_catalog, dispatch, rank_weight
 from shardport.kernels.capability import operator_signature
 from shardport.kernels.device import this_cpu
 from shardport.kernels.int4_cpu import PreparedInt4, pack_codes
+from shardport.kernels.int4_direct import PreparedInt4Direct
 from shardport.kernels.int8_kernel import PreparedInt8
 from shardport.registry.contracts import infer_safetensors
 
@@ -159,16 +165,21 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--group", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=9)
-    parser.add_argument("--parts", default="repack,matmul")
+    parser.add_argument("--parts", default="repack,matmul,direct")
+    parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     parts = set(args.parts.split(","))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     n = k = args.size
     weight, planes, codes, zeros, scales = _weight(n, k, args.group)
     rw = rank_weight(weight, planes)
     threads = torch.get_num_threads()
     target = RESULTS / "kernels_cpu.json"
     out: dict[str, Any] = (
-        json.loads(target.read_text()) if target.exists() and parts != {"repack", "matmul"} else {}
+        json.loads(target.read_text())
+        if target.exists() and not {"repack", "matmul", "direct"} <= parts
+        else {}
     )
     out.update(
         {
@@ -189,6 +200,8 @@ def main() -> None:
         "bf16_equivalent_bytes": n * k * 2,
         "ratio": prepared_bf16.resident_bytes / (n * k * 2),
     }
+    if "direct" in parts:
+        out["int4_direct"] = direct(n, k, args.group, args.repeat)
     if "matmul" not in parts:
         _write(out)
         return
@@ -199,6 +212,8 @@ def main() -> None:
     for dtype_name in ("float32", "bfloat16"):
         dtype = getattr(torch, dtype_name)
         prepared, trace = dispatch(rw, default_catalog(), activation_dtype=dtype_name, phase="decode")
+        op = operator_signature(rw, dtype_name, "decode", this_cpu())
+        direct_op = PreparedInt4Direct(rw, op, "cpu.int4-direct@1")
         s = torch.from_numpy(scales).to(dtype)
         z = torch.from_numpy(zeros).to(dtype)
 
@@ -211,6 +226,7 @@ def main() -> None:
             int4 = _median(lambda x=x, p=prepared: p(x), args.repeat)
             per_call = _median(lambda x=x: x @ dequant().T, max(3, args.repeat // 3))
             dense_mm = _median(lambda x=x, dense=dense: x @ dense.T, args.repeat)
+            direct_ms = _median(lambda x=x, p=direct_op: p(x), args.repeat)
             out["matmul"][f"{dtype_name}_T{tokens}"] = {
                 "transformation": trace.transformation,
                 "int4_ms": int4 * 1e3,
@@ -218,8 +234,78 @@ def main() -> None:
                 "dense_matmul_ms": dense_mm * 1e3,
                 "speedup_vs_dequant_matmul": per_call / int4,
                 "speedup_vs_dense_matmul": dense_mm / int4,
+                "int4_direct_ms": direct_ms * 1e3,
+                "int4_direct_speedup_vs_int4": int4 / direct_ms,
+                "int4_direct_speedup_vs_dequant_matmul": per_call / direct_ms,
             }
     _write(out)
+
+
+def direct(n: int, k: int, group: int, repeat: int) -> dict[str, Any]:
+    """``cpu.int4-direct`` (float32) vs int4pack (float32, bfloat16) on GPTQ, AWQ and compressed-tensors.
+
+    One torch thread (a rank's share, as the repack part and bench_gguf_direct.py); the GGUF direct
+    kernel on Q4_0 of the same shape is timed in the same run.
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
+    import kernel_cases
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _direct(kernel_cases, n, k, group, repeat)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _timed(fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
+    """(median wall seconds, median process CPU seconds) of ``repeat`` calls after a warm-up."""
+    fn()
+    wall, cpu = [], []
+    for _ in range(repeat):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def _direct(kernel_cases: Any, n: int, k: int, group: int, repeat: int) -> dict[str, Any]:
+    """Each weight's kernels at T = 1 and 32: wall and CPU ms (on a loaded machine CPU time is the work)."""
+    builders = {
+        "gptq": lambda: kernel_cases.gptq(n, k, group),
+        "awq": lambda: kernel_cases.awq(n, k, group),
+        "ct": lambda: kernel_cases.compressed_tensors(n, k, group),
+    }
+    out: dict[str, Any] = {"threads": torch.get_num_threads()}
+    for label, build in builders.items():
+        case = build()
+        weight = rank_weight(case.weight, case.planes)
+        f32 = operator_signature(weight, "float32", "decode", this_cpu())
+        bf16 = operator_signature(weight, "bfloat16", "decode", this_cpu())
+        kernels = {
+            "int4_direct_f32": PreparedInt4Direct(weight, f32, "cpu.int4-direct@1"),
+            "int4pack_f32": PreparedInt4(weight, f32, "cpu.int4pack@1"),
+            "int4pack_bf16": PreparedInt4(weight, bf16, "cpu.int4pack@1"),
+        }
+        row: dict[str, Any] = {"resident_bytes": kernels["int4_direct_f32"].resident_bytes}
+        for tokens in (1, 32):
+            x = torch.randn(tokens, k)
+            for name, prepared in kernels.items():
+                xt = x.to(torch.bfloat16) if name.endswith("bf16") else x
+                wall, cpu = _timed(lambda p=prepared, xt=xt: p(xt), repeat)
+                row[f"{name}_T{tokens}_ms"], row[f"{name}_T{tokens}_cpu_ms"] = wall * 1e3, cpu * 1e3
+        out[label] = row
+        del case, weight, kernels
+    from shardport.kernels.gguf_direct import gguf_block_matmul
+
+    blocks = _gguf_q4_0(n, k).planes["codes"]  # the GGUF direct kernel on Q4_0, same shape, same run
+    for tokens in (1, 32):
+        x = torch.randn(tokens, k)
+        wall, cpu = _timed(lambda x=x: gguf_block_matmul(x, blocks, "Q4_0", k), repeat)
+        row = out.setdefault("gguf_q4_0", {})
+        row[f"gguf_direct_T{tokens}_ms"], row[f"gguf_direct_T{tokens}_cpu_ms"] = wall * 1e3, cpu * 1e3
+    return out
 
 
 def _write(out: dict[str, Any]) -> None:

@@ -50,12 +50,14 @@ def default_catalog() -> Catalog:
     from .gguf_kernel import GgufDirectKernel
     from .int4_cpu import Int4CpuKernel
     from .int4_cuda import Int4CudaKernel
+    from .int4_direct import Int4DirectKernel
     from .int8_kernel import Int8CpuKernel
     from .reference import FullDequantKernel, ReferenceKernel
 
     return Catalog(
         [
             Int4CpuKernel(),
+            Int4DirectKernel(),
             Int8CpuKernel(),
             GgufDirectKernel(),
             Int4CudaKernel(),

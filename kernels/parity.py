@@ -39,6 +39,7 @@ KERNEL_TOLERANCE: dict[str, dict[str, float]] = {
     "cpu.int4pack": {"float32": 1e-5, "bfloat16": 2e-2, "float16": 4e-3},
     "cpu.int8pack": {"float32": 1e-5, "bfloat16": 2e-2, "float16": 4e-3},
     "cpu.gguf-direct": {"float32": 1e-5, "bfloat16": 2e-2, "float16": 4e-3},
+    "cpu.int4-direct": {"float32": 1e-5, "bfloat16": 2e-2, "float16": 4e-3},
     "cuda.int4-tinygemm": {"bfloat16": 2e-2},
     "full-dequant": {"float32": 1e-6, "bfloat16": 2e-2, "float16": 4e-3},
     "reference": {"float32": 1e-6, "bfloat16": 1e-2, "float16": 2e-3},

@@ -10,8 +10,8 @@ GGUF mix, hidden 576      tp 1, tp 4                          -
 GGUF mix, hidden 192      SeaweedFS tp 3                      tp 3, tp 2 (tampered tile)
 GPTQ g32, hidden 576      tp 1; SeaweedFS tp 4 (tiled)        -
 GPTQ g64, hidden 192      -                                   tp 2, pp 2, SeaweedFS tp 2
-GPTQ g128, hidden 576     tp 2 (``--fallback allow``);        -
-                          warn and tp 3, 4 refused by design
+GPTQ g128, hidden 576     tp 2 (tails on cpu.int4-direct);     -
+                          tp 3, 4 refused by design
 AWQ g64, hidden 576       tp 2, tp 3                          -
 compressed-tensors g64    tp 2                                -
 Mixtral GPTQ (4 experts)  ep 2 x tp 2                         ep 2
@@ -33,9 +33,9 @@ to group boundaries (``aligned``) instead of cutting evenly:
   GGUF at tp 3, [64, 64, 64], ``ffn_down`` (Q4_K/Q6_K, K = 768) three whole superblocks.
 
 Refused by design (asserted): GPTQ g128 at tp 3 and 4 (576 holds one whole query-group-and-group unit
-of 384 and a partial one: three or four ranks cannot each get one); under the default policy, a GPTQ g128
-weight whose local K holds the partial group (``cpu.int4pack`` needs K a multiple of the group; full
-dequantization is forbidden unless ``--fallback allow``).
+of 384 and a partial one: three or four ranks cannot each get one). A GPTQ g128 weight whose local K
+holds the partial group is not one ``cpu.int4pack`` takes (K a multiple of the group); ``cpu.int4-direct``
+runs it from the planes as loaded, so no fallback is needed.
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ import pytest
 from bringup_artifacts import gguf_mix, gguf_tiny, gptq_mixtral, quantized_llama
 from llama_artifacts import ok
 
-from shardport.deploy.errors import RankFailedError
 from shardport.deploy.ray_ranks import run_in_process
 from shardport.deploy.up import UpRequest, UpResult, bring_up, ray_launcher
 from shardport.placement.errors import UnsplittableError
@@ -66,7 +65,7 @@ TINY_PROMPT = (1, 5, 300, 7, 396)
 """For the hidden-192 checkpoints (vocab 397)."""
 INT4 = "cpu.int4pack@1"
 DIRECT = "cpu.gguf-direct@1"
-DEQUANT = "full-dequant@1"
+DIRECT4 = "cpu.int4-direct@1"
 GGUF_KERNELS = {
     "attn_q": INT4,  # Q4_0
     "attn_k": INT4,  # Q4_0
@@ -242,28 +241,28 @@ def test_gptq_at_tp1(pushed: Pusher) -> None:
 
 
 def test_gptq_with_a_partial_last_group(pushed: Pusher, ray_ranks: Any) -> None:
-    """Group 128 over K = 576 (4.5 groups): int4pack takes a slice of whole groups only, so under
-    ``--fallback allow`` the weights whose local K holds the tail are dequantized, the rest packed."""
+    """Group 128 over K = 576 (4.5 groups): int4pack takes a slice of whole groups only; the weights whose
+    local K holds the tail run on cpu.int4-direct (no fallback under the default policy), the rest packed."""
     store = pushed("gptq128", "wide/gptq:g128")
     ref = "wide/gptq:g128"
 
     def expected(weight: str) -> str:
         a, b = k_range(weight)
-        return INT4 if (b - a) % 128 == 0 else DEQUANT
+        return INT4 if (b - a) % 128 == 0 else DIRECT4
 
-    result = up(store, ref, tp=2, fallback="allow")
-    dispatch = assert_cell(store, ref, result, expected, world=2, allowed=ALLOWED | {"full-dequant"})
+    result = up(store, ref, tp=2)
+    dispatch = assert_cell(store, ref, result, expected, world=2)
     assert k_ranges(dispatch, "model.layers.0.self_attn.o_proj.weight") == [(0, 384), (384, 576)]
     o_proj = {
         r["rank"]: r["kernel"] for r in dispatch if r["weight"].startswith("model.layers.0.self_attn.o_proj")
     }
-    assert o_proj == {0: INT4, 1: DEQUANT}  # rank 1: one whole group and the 64-column tail
+    assert o_proj == {0: INT4, 1: DIRECT4}  # rank 1: one whole group and the 64-column tail
     assert {r["kernel"] for r in dispatch if slot(r["weight"]) == "down_proj"} == {INT4}  # 768 = 6 x 128
-    assert set(result.predicate["l5"]["full_dequant_buffers"]) == {"0", "1"}
+    assert not result.predicate["l5"]["full_dequant_buffers"]
 
 
 def test_gptq_partial_group_refusals(pushed: Pusher) -> None:
-    """By design: no tp 3 or 4 split of 576 into whole 384-units; full dequantization forbidden by default."""
+    """By design: no tp 3 or 4 split of 576 into whole 384-units."""
     store = pushed("gptq128", "wide/gptq:g128")
     session = Session.open(store)
     for tp in (3, 4):
@@ -273,12 +272,6 @@ def test_gptq_partial_group_refusals(pushed: Pusher) -> None:
             match=rf"K=576 holds 2 whole unit\(s\) of 384 .*tp={tp} ranks cannot each get one",
         ):
             bring_up(session, request, launcher=run_in_process)
-    request = UpRequest(ref="wide/gptq:g128", tokens=PROMPT, store=store, ladder=False)
-    with pytest.raises(RankFailedError) as caught:
-        bring_up(session, request, launcher=run_in_process)
-    message = str(caught.value)
-    assert caught.value.stage == "repack" and caught.value.kind == "FallbackForbiddenError", message
-    assert "found K_local=576 (a partial last group)" in message and "--fallback allow" in message
 
 
 @pytest.mark.parametrize(("fmt", "tp"), [("awq", 2), ("awq", 3), ("ct", 2)])

@@ -34,6 +34,18 @@ def g16():
     return rank_weight(case.weight, case.planes)
 
 
+def _packed_only():
+    """The default catalog without ``cpu.int4-direct`` (which takes any group size): g16 then has no
+    kernel but the fallbacks, which is what the policy tests below need."""
+    return Catalog([k for k in default_catalog() if k.capability.id != "cpu.int4-direct"])
+
+
+def test_g16_needs_no_fallback_with_the_direct_kernel(g16):
+    _, trace = dispatch(g16, default_catalog(), activation_dtype="float32", phase="decode")
+    assert trace.selected == "cpu.int4-direct@1" and trace.transformation == "none"
+    assert trace.candidates[0].admission.reasons == (Reason.GROUP_SIZE,)  # int4pack: groups 32..256
+
+
 @pytest.fixture(scope="module")
 def gptq():
     case = kc.gptq(64, 256, 32)
@@ -42,7 +54,7 @@ def gptq():
 
 def test_forbid_fails_listing_every_candidates_reason(g16):
     with pytest.raises(NoAdmissibleKernelError) as caught:
-        dispatch(g16, default_catalog(), activation_dtype="float32", phase="decode")
+        dispatch(g16, _packed_only(), activation_dtype="float32", phase="decode")
     message = str(caught.value)
     assert isinstance(caught.value, FallbackForbiddenError)  # only the policy stood in the way
     assert "cpu.int4pack@1: refused (group_size: expected one of [32, 64, 128, 256], found 16)" in message
@@ -53,7 +65,7 @@ def test_forbid_fails_listing_every_candidates_reason(g16):
 def test_allow_runs_and_the_trace_says_full_dequant(g16):
     prepared, trace = dispatch(
         g16,
-        default_catalog(),
+        _packed_only(),
         activation_dtype="float32",
         phase="decode",
         policy=FallbackPolicy.from_cli("allow"),
@@ -82,7 +94,7 @@ def test_warn_runs_with_a_warning_recorded_in_the_trace(g16):
     with pytest.warns(FallbackWarning, match="full-dequant"):
         _, trace = dispatch(
             g16,
-            default_catalog(),
+            _packed_only(),
             activation_dtype="float32",
             phase="decode",
             policy=FallbackPolicy.from_cli("warn"),

@@ -200,7 +200,8 @@ def test_policy_forbidding_conversion_moves_to_the_next_candidate(cases):
     first = trace.candidates[0]
     assert first.kernel == "cpu.int4pack@1" and first.prepared and not first.selected
     assert "conversion" in str(first.admission)
-    assert trace.selected == "full-dequant@1" and trace.transformation == "full-dequant"
+    # the direct int4 kernel decodes exactly and multiplies in float32: no conversion, no fallback
+    assert trace.selected == "cpu.int4-direct@1" and trace.transformation == "none"
 
 
 def test_twos_complement_codes_take_the_fast_unpack_and_match_the_oracle(cases):

@@ -51,6 +51,7 @@ def test_full_dequant_reports_its_float_copy():
         activation_dtype="float32",
         phase="decode",
         policy=FallbackPolicy.from_cli("allow"),
+        preferred=["full-dequant"],  # cpu.int4-direct takes group 16 without a float copy
     )
     assert trace.transformation == "full-dequant"
     assert prepared.resident_bytes == n * k * 4 > weight.plane_bytes
