@@ -153,7 +153,8 @@ class Rank:
         self.stage = "start"
         self.clock: dict[str, float] = {"constructed": time.time()}
         """Wall-clock stamps (``time.time()``, comparable with the driver's on one host): when the rank
-        was constructed, began and ended :meth:`prepare` (the startup overlap's measure)."""
+        was constructed, began :meth:`prepare`, began its first stage (``resolve``: its imports done) and
+        ended :meth:`prepare` (the startup's measure)."""
         self.timeline: dict[str, float] = {}
         self.ledger: dict[str, int] = {}
         self.loaded: Any = None
@@ -203,6 +204,7 @@ class Rank:
             os.environ["SHARDPORT_HOME"] = spec.home
         self.rss_start = _rss()
         self.stage = "resolve"
+        self.clock["resolve"] = time.time()
         t0 = time.perf_counter()
         session = Session.open(spec.store, s3_endpoint=spec.s3_endpoint)
         resolved = resolve(session, parse_ref(spec.ref))

@@ -419,9 +419,11 @@ def _launch_seconds(report: dict[str, Any], wall0: float, counted: float) -> dic
     """``launch``: from the bring-up's start to the rank's first stage, less the driver's resolve and plan.
 
     Those are listed as such (they overlap the launch when the launcher starts early). From the rank's
-    wall clock (``clock.prepare``; across hosts as good as their clocks agree); none without one.
+    wall clock (``clock.resolve``, its first stage; across hosts as good as their clocks agree); none
+    without one.
     """
-    began = report.get("clock", {}).get("prepare")
+    clock = report.get("clock", {})
+    began = clock.get("resolve", clock.get("prepare"))
     if began is None:
         return {}
     return {"launch": max(0.0, float(began) - wall0 - counted)}
