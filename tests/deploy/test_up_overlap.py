@@ -160,10 +160,7 @@ def test_a_refused_plan_tears_the_started_actors_down(home: Path, tmp_path: Path
     request = UpRequest(ref="llama/gptq:v1", tokens=(1, 10**6), tp=2, store=store, ladder=False)
     with pytest.raises(UsageError, match="outside the vocabulary"):
         bring_up(
-            Session.open(store),
-            request,
-            launcher=ray_launcher(None),
-            progress=lambda r, w: events.append((r, w)),
+            Session.open(store), request, launcher=ray_launcher(None, lambda r, w: events.append((r, w)))
         )
     assert events == [(0, "started"), (1, "started")]  # both actors were up (importing) when the plan failed
     # the ray_ranks fixture asserts no actor and no placement group is left
