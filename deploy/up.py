@@ -429,6 +429,30 @@ def _launch_seconds(report: dict[str, Any], wall0: float, counted: float) -> dic
     return {"launch": max(0.0, float(began) - wall0 - counted)}
 
 
+def _plan_and_launch(
+    session: Session, request: UpRequest, launch: Launcher, progress: Progress | None
+) -> tuple[_Planned, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Plan, and launch with retries; a :class:`StartingLauncher` is started while the driver plans."""
+
+    def planning() -> _Planned:
+        return _plan(session, request)
+
+    if not isinstance(launch, StartingLauncher):
+        planned = planning()
+        return planned, *launch_with_retries(launch, planned.specs, request.retries, progress)
+    planned, started = start_while_planning(launch, request.tp * request.ep * request.pp, planning)
+    pending: list[Launcher] = [started.launch]
+
+    def launch_once(specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+        # the started ranks first; after a lost rank, a fresh start
+        return (pending.pop() if pending else launch)(specs)
+
+    try:
+        return planned, *launch_with_retries(launch_once, planned.specs, request.retries, progress)
+    finally:
+        started.close()
+
+
 def bring_up(
     session: Session,
     request: UpRequest,
@@ -440,36 +464,14 @@ def bring_up(
     """Run the whole bring-up (see the module docstring); raises a typed error on any failure."""
     check_request(request)
     wall0 = time.time()
-    world = request.tp * request.ep * request.pp
     launch = launcher or ray_launcher(request.address, progress)
-
-    def planning() -> _Planned:
-        return _plan(session, request)
-
-    started: Started | None = None
-    if isinstance(launch, StartingLauncher):
-        planned, started = start_while_planning(launch, world, planning)
-        fresh: Launcher = launch
-        pending: list[Launcher] = [started.launch]
-
-        def launch_once(specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
-            # the started ranks first; after a lost rank, a fresh start
-            return (pending.pop() if pending else fresh)(specs)
-
-        launch = launch_once
-    else:
-        planned = planning()
+    planned, reports, attempts = _plan_and_launch(session, request, launch, progress)
     resolved, request, contract, tokenizer = (
         planned.resolved,
         planned.request,
         planned.contract,
         planned.tokenizer,
     )
-    try:
-        reports, attempts = launch_with_retries(launch, planned.specs, request.retries, progress)
-    finally:
-        if started is not None:
-            started.close()
     for r in reports:  # the driver's resolve and plan are part of every rank's startup
         r["timeline"] = {
             "resolve": planned.resolve_s + r["timeline"].get("resolve", 0.0),
