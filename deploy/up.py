@@ -276,7 +276,7 @@ def start_while_planning(
         planned = pool.submit(planning)
         try:
             started = launcher.start(world)
-        except BaseException:
+        except Exception:  # not an interrupt: that propagates as it is
             refused = planned.exception()
             if refused is not None:
                 raise refused  # noqa: B904 - the start's error stays its __context__
