@@ -242,6 +242,7 @@ result = bring_up(Session.open(store), request, store_evidence=False, progress=p
 doc = result.to_json()
 doc["decode_seconds"] = result.predicate.get("decode_seconds")
 doc["events"] = events
+doc["clock"] = {str(r["rank"]): r.get("clock", {}) for r in result.reports}  # the ranks' wall-clock stamps
 doc["seconds_wall"] = time.time() - launch
 doc["driver_peak_rss_bytes"] = hwm()
 print(json.dumps(doc))
@@ -304,6 +305,10 @@ def run_up_lib(
         "generated": doc["generated"],
         "seconds_to_first_token": max(prepared) + run_to_first,
         "seconds_prepare_done": prepared,
+        # launch -> the rank's first stage (its imports done; ``clock.resolve``), per rank
+        "seconds_to_first_stage": {
+            r: c["resolve"] - launch for r, c in sorted(doc["clock"].items()) if "resolve" in c
+        },
         "seconds_wall": doc["seconds_wall"],
         "timeline": timeline,
         "memory": doc["memory"],
@@ -538,7 +543,11 @@ def main() -> int:
         cli = run_up(env, store, ref, args.tp, args.generate)
         print(f"registry up --tp {args.tp}: wall {cli['seconds_cli_wall']:.1f}", file=sys.stderr)
         up = run_up_lib(env, store, ref, args.tp, args.generate, ladder="sample")
-        print(f"bring_up tp {args.tp}: ttft {up['seconds_to_first_token']:.1f}", file=sys.stderr)
+        print(
+            f"bring_up tp {args.tp}: ttft {up['seconds_to_first_token']:.1f}, "
+            f"first stage {max(up['seconds_to_first_stage'].values(), default=0):.1f}",
+            file=sys.stderr,
+        )
         bf16 = run_up_lib(env, store, ref, args.tp, args.generate, ladder="sample", activations="bfloat16")
         print(
             f"bring_up tp {args.tp} --activations bfloat16: ttft {bf16['seconds_to_first_token']:.1f}, "
@@ -549,7 +558,11 @@ def main() -> int:
         env["RAY_AUTH_MODE"] = "disabled"
         with existing_cluster(env, max(args.tp, os.cpu_count() or 1)) as address:
             warm = run_up_lib(env, store, ref, args.tp, args.generate, ladder="sample", address=address)
-        print(f"bring_up tp {args.tp} --address: ttft {warm['seconds_to_first_token']:.1f}", file=sys.stderr)
+        print(
+            f"bring_up tp {args.tp} --address: ttft {warm['seconds_to_first_token']:.1f}, "
+            f"first stage {max(warm['seconds_to_first_stage'].values(), default=0):.1f}",
+            file=sys.stderr,
+        )
         no_ladder = run_up_lib(env, store, ref, args.tp, args.generate, ladder="off")
         print(
             f"bring_up tp {args.tp} no ladder: ttft {no_ladder['seconds_to_first_token']:.1f}",

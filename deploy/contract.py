@@ -14,7 +14,8 @@ from shardport.registry.contracts.graph import GraphContract
 from shardport.registry.model_graph import graph_of
 
 from .errors import UnsupportedModelError
-from .graph.checkpoint import _GGUF, _HF
+from .graph.stems import GGUF_STEMS as _GGUF
+from .graph.stems import HF_STEMS as _HF
 
 
 def contract_of(manifest: Manifest) -> GraphContract:

@@ -12,7 +12,7 @@ from shardport.placement.plan import Plan
 from shardport.registry.contracts.graph import GraphContract
 
 from .errors import GraphLayoutError
-from .graph.weights import Range, RankLayout, single_layout
+from .graph.layout import Range, RankLayout, single_layout
 
 
 def _one(what: str, found: dict[str, tuple[Range, ...]]) -> tuple[Range, ...] | None:

@@ -62,6 +62,42 @@ class RankSpec:
     :func:`.rank_ops.dispatch_activations`); the graph around them stays float32."""
 
 
+#: What a rank imports before it can prepare and run (torch, the loader, the kernels, the graph): a Ray
+#: actor imports them as it starts, while the driver still plans (:func:`warm_imports`).
+WARM_MODULES = (
+    "torch",
+    "torch.distributed",
+    "psutil",
+    "shardport.loader",
+    "shardport.placement",
+    "shardport.registry.session",
+    "shardport.registry.trust.resolve",
+    "shardport.deploy.contract",
+    "shardport.deploy.ladder_budget",
+    "shardport.deploy.rank_ops",
+    "shardport.deploy.release",
+    "shardport.deploy.plan_layout",
+    "shardport.deploy.graph.dist",
+    "shardport.deploy.graph.model",
+    "shardport.deploy.graph.reference",
+)
+
+
+def warm_imports() -> None:
+    """Import what :meth:`Rank.prepare` and :meth:`Rank.run` need, and build the kernel catalog.
+
+    Needs no spec: a rank process runs it before the driver has planned, so that its seconds of imports
+    (torch above all) overlap the driver's resolve and plan instead of following them.
+    """
+    import importlib
+
+    for name in WARM_MODULES:
+        importlib.import_module(name)
+    from shardport.kernels import default_catalog
+
+    default_catalog()
+
+
 def failure(rank: int, stage: str, exc: BaseException) -> dict[str, Any]:
     """A rank's failure as data: rank, stage, error type, message, exit code and the traceback tail."""
     code = getattr(exc, "exit_code", 1) if isinstance(exc, ShardportError) else 1
@@ -115,6 +151,10 @@ class Rank:
     def __init__(self, spec: RankSpec) -> None:
         self.spec = spec
         self.stage = "start"
+        self.clock: dict[str, float] = {"constructed": time.time()}
+        """Wall-clock stamps (``time.time()``, comparable with the driver's on one host): when the rank
+        was constructed, began :meth:`prepare`, began its first stage (``resolve``: its imports done) and
+        ended :meth:`prepare` (the startup's measure)."""
         self.timeline: dict[str, float] = {}
         self.ledger: dict[str, int] = {}
         self.loaded: Any = None
@@ -129,9 +169,11 @@ class Rank:
     # -- phase 1 ---------------------------------------------------------------------------------
     def prepare(self) -> dict[str, Any]:
         """Resolve, load, dispatch, ladder, release the unused planes; a summary, or ``{"failure": …}``."""
+        self.clock["prepare"] = time.time()
         try:
             summary = self._prepare()
             self._release()
+            self.clock["prepared"] = time.time()
             return summary
         except BaseException as exc:  # every failure goes back as data, with the stage it happened in
             return {"failure": failure(self.spec.rank, self.stage, exc)}
@@ -162,6 +204,7 @@ class Rank:
             os.environ["SHARDPORT_HOME"] = spec.home
         self.rss_start = _rss()
         self.stage = "resolve"
+        self.clock["resolve"] = time.time()
         t0 = time.perf_counter()
         session = Session.open(spec.store, s3_endpoint=spec.s3_endpoint)
         resolved = resolve(session, parse_ref(spec.ref))
@@ -273,6 +316,7 @@ class Rank:
             "ladders": [lad.model_dump(mode="json") for lad in self.ops.ladders],
             "ladder_mode": self.ladder_mode,
             "full_dequant_persistent": self.ops.persistent_full_dequant(),
+            "clock": dict(self.clock),
         }
 
     def _run(self) -> dict[str, Any]:

@@ -1,8 +1,11 @@
 """The thin Ray layer: one actor per rank in one placement group, torn down whatever happens.
 
-:class:`RayRanks` places one :class:`~.rank.Rank` per bundle (``{"GPU": 1}`` per rank where the
-cluster has GPUs for every rank, a share of the CPUs otherwise: :meth:`Cluster.bundle`), calls
-``prepare`` on every rank, and only when every rank prepared, ``run`` with the rendezvous port (a TCP
+:class:`RayRanks` places one actor per bundle (``{"GPU": 1}`` per rank where the cluster has GPUs for
+every rank, a share of the CPUs otherwise: :meth:`Cluster.bundle`) before the ranks' specs exist: each
+actor starts importing what a rank needs (:func:`~.rank.warm_imports`) at once, while the driver still
+resolves and plans (:class:`StartedRayRanks` joins the cluster and starts the actors; the driver hands
+it the specs when its plan is done). It then calls ``prepare`` on every rank (a :class:`~.rank.Rank`
+built from its spec), and only when every rank prepared, ``run`` with the rendezvous port (a TCP
 store on 127.0.0.1; each rank joins with gloo, or NCCL on a CUDA device: :mod:`.devices`). A rank
 that reports a failure aborts the bring-up with :class:`RankFailedError` (rank, stage, reason);
 an actor that dies (or whose answer is lost with its node) is a :class:`RankLostError` naming the rank
@@ -16,28 +19,47 @@ process is.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .cluster import Cluster, free_port
+from .cluster import Cluster, connect, free_port
 from .errors import ClusterError, RankFailedError, RankLostError
-from .rank import Rank, RankSpec
+from .rank import Rank, RankSpec, failure, warm_imports
 
 Progress = Callable[[int, str], None]
 
 
 class _RankActor:
-    """The actor body: a :class:`Rank` and its two calls."""
+    """The actor body: started without a spec (:meth:`warm`), then a :class:`Rank` and its two calls."""
 
-    def __init__(self, spec: RankSpec) -> None:
+    def __init__(self) -> None:
+        self.clock = {"started": time.time()}
+        self.warm_error: BaseException | None = None
+        self.rank: Rank | None = None
+
+    def warm(self) -> None:
+        """Import what a rank needs (no spec yet); a failure is the rank's, reported by :meth:`prepare`."""
+        try:
+            warm_imports()
+        except BaseException as exc:  # an import that fails here fails the rank's prepare, as data
+            self.warm_error = exc
+        self.clock["imported"] = time.time()
+
+    def prepare(self, spec: RankSpec, env: dict[str, str]) -> dict[str, Any]:
+        os.environ.update(env)
         self.rank = Rank(spec)
-
-    def prepare(self) -> dict[str, Any]:
+        self.rank.clock.update(self.clock)
+        if self.warm_error is not None:
+            return {"failure": failure(spec.rank, "start", self.warm_error)}
         return self.rank.prepare()
 
     def run(self, port: int | None) -> dict[str, Any]:
+        if self.rank is None:
+            raise ClusterError("run before prepare")
         out = self.rank.run(port)
         if "failure" not in out:  # the GPUs Ray gave this rank (its bundle's), whatever it computes on
             import ray
@@ -46,8 +68,6 @@ class _RankActor:
         return out
 
     def pid(self) -> int:
-        import os
-
         return os.getpid()
 
 
@@ -56,12 +76,11 @@ _PASSED_ENV = ("AWS_", "SHARDPORT_")
 
 
 def _env() -> dict[str, str]:
-    """The driver's store credentials and settings, for the rank actors.
+    """The driver's store credentials and settings, for the rank actors (passed with ``prepare``).
 
-    Ray workers do not inherit variables set after the cluster started.
+    Ray workers do not inherit variables set after the cluster started. Not a ``runtime_env``: an actor
+    with one cannot take one of the worker processes Ray already started, and waits seconds for its own.
     """
-    import os
-
     return {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV)}
 
 
@@ -84,12 +103,15 @@ def raise_failures(results: Sequence[dict[str, Any]]) -> None:
 
 
 class RayRanks:
-    """The actors of one bring-up on ``cluster``; use as a context manager (teardown on exit)."""
+    """The ``world`` actors of one bring-up on ``cluster``; use as a context manager (teardown on exit).
+
+    The actors start importing at construction; :meth:`prepare` hands them their specs.
+    """
 
     def __init__(
         self,
         cluster: Cluster,
-        specs: Sequence[RankSpec],
+        world: int,
         *,
         timeout: float = 600.0,
         progress: Progress | None = None,
@@ -98,9 +120,9 @@ class RayRanks:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.ray, self.specs, self.timeout, self.progress = ray, list(specs), timeout, progress
+        self.ray, self.timeout, self.progress = ray, timeout, progress
+        self.specs: list[RankSpec] = []
         self.id = uuid.uuid4().hex[:12]
-        world = len(self.specs)
         bundle = cluster.bundle(world)
         self.group = placement_group([dict(bundle) for _ in range(world)], strategy="PACK")
         self.actors: list[Any] = []
@@ -113,20 +135,21 @@ class RayRanks:
                     f"{cluster.gpus} GPUs): the placement group did not schedule in time"
                 )
             actor = ray.remote(_RankActor)
-            for i, spec in enumerate(self.specs):
+            for rank in range(world):
                 strategy = PlacementGroupSchedulingStrategy(
-                    placement_group=self.group, placement_group_bundle_index=i
+                    placement_group=self.group, placement_group_bundle_index=rank
                 )
-                self.actors.append(
-                    actor.options(
-                        name=actor_name(self.id, spec.rank),
-                        num_cpus=bundle.get("CPU", 0.0),
-                        num_gpus=bundle.get("GPU", 0.0),
-                        scheduling_strategy=strategy,
-                        max_restarts=0,
-                        runtime_env={"env_vars": _env()},
-                    ).remote(spec)
-                )
+                handle: Any = actor.options(
+                    name=actor_name(self.id, rank),
+                    num_cpus=bundle.get("CPU", 0.0),
+                    num_gpus=bundle.get("GPU", 0.0),
+                    scheduling_strategy=strategy,
+                    max_restarts=0,
+                ).remote()
+                self.actors.append(handle)
+                handle.warm.remote()  # the imports start now; prepare queues behind them
+                if progress is not None:
+                    progress(rank, "started")
         except BaseException:
             self.close()
             raise
@@ -182,9 +205,18 @@ class RayRanks:
         """The actors' process ids (tests)."""
         return [int(p) for p in self.ray.get([a.pid.remote() for a in self.actors], timeout=self.timeout)]
 
-    def prepare(self) -> list[dict[str, Any]]:
-        """Every rank's ``prepare``; raises for the first failed rank."""
-        results = self._gather([a.prepare.remote() for a in self.actors], "prepare")
+    def prepare(self, specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+        """Every rank's ``prepare`` with its spec (rank r to actor r); raises for the first failed rank."""
+        if [s.rank for s in specs] != list(range(len(self.actors))):
+            raise ClusterError(
+                f"specs for ranks {[s.rank for s in specs]}: expected one per started actor, "
+                f"ranks 0..{len(self.actors) - 1} in order"
+            )
+        self.specs = list(specs)
+        env = _env()
+        results = self._gather(
+            [a.prepare.remote(s, env) for a, s in zip(self.actors, specs, strict=True)], "prepare"
+        )
         raise_failures(results)
         return results
 
@@ -206,6 +238,47 @@ class RayRanks:
             with contextlib.suppress(Exception):  # already removed
                 ray.util.remove_placement_group(self.group)
             self.group = None
+
+
+class StartedRayRanks:
+    """One launch, started before its specs exist (the driver plans meanwhile).
+
+    The cluster joined (or its head started) and ``world`` actors placed and importing
+    (:class:`RayRanks`); :meth:`launch` hands them the specs, prepares and runs them, and tears everything
+    down. :meth:`close` tears down a launch never made (the driver's plan failed); both are safe to repeat.
+    """
+
+    def __init__(
+        self,
+        address: str | None,
+        world: int,
+        *,
+        progress: Progress | None = None,
+        timeout: float = 600.0,
+    ) -> None:
+        self._stack = contextlib.ExitStack()
+        try:
+            self.cluster = self._stack.enter_context(connect(address, world=world))
+            self.ranks = self._stack.enter_context(
+                RayRanks(self.cluster, world, timeout=timeout, progress=progress)
+            )
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def launch(self, specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+        """Prepare then run the ranks (threads capped by the cluster's CPUs per rank); every report."""
+        try:
+            cpus = self.cluster.cpus
+            threads = max(1, int(cpus // max(1, len(specs)))) if cpus else 1
+            self.ranks.prepare([dataclasses.replace(s, threads=min(s.threads, threads)) for s in specs])
+            return self.ranks.run()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Kill the actors, remove the placement group, stop a head started here (idempotent)."""
+        self._stack.close()
 
 
 def run_in_process(specs: Sequence[RankSpec]) -> list[dict[str, Any]]:

@@ -5,9 +5,13 @@ running bring-up: every rank loads ``NAME@sha256:…``), takes the graph contrac
 checks the inventory against the architecture strictly, builds the placement plan (refusing a
 topology the graph cannot run), then hands one :class:`~.rank.RankSpec` per rank to a launcher: Ray
 actors in a placement group (:mod:`.ray_ranks`), or the one rank in-process; a lost rank relaunches
-the whole launch up to ``UpRequest.retries`` times (:func:`launch_with_retries`). It builds the float32
-reference from the registry's reference decode of every weight, compares (L4), checks dispatch and
-resources (L5), signs and stores the evidence, and writes the logits and the HTML report on request.
+the whole launch up to ``UpRequest.retries`` times (:func:`launch_with_retries`). A launcher that can
+start before the specs exist (:class:`StartingLauncher`, as the Ray one does: join or start the cluster,
+place the actors, let them import torch) is started while the driver resolves and plans
+(:func:`start_while_planning`); a plan that fails tears the started ranks down and raises its error.
+It builds the float32 reference from the registry's reference decode of every weight, compares (L4),
+checks dispatch and resources (L5), signs and stores the evidence, and writes the logits and the HTML
+report on request.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar, get_args, runtime_checkable
 
 import numpy as np
 
@@ -32,6 +37,36 @@ from .errors import DeployError, GraphLayoutError, RankLostError
 from .rank import RankSpec
 
 Launcher = Callable[[Sequence[RankSpec]], list[dict[str, Any]]]
+Progress = Callable[[int, str], None]
+Activations = Literal["auto", "float32", "bfloat16"]
+"""``--activations``: the choices the driver accepts (each rank checks its own with
+:func:`.rank_ops.activations_of`; the driver does not import that module, which imports torch)."""
+T = TypeVar("T")
+
+
+class Started(Protocol):
+    """A launch started before its specs exist: ranks already booting."""
+
+    def launch(self, specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+        """Hand the ranks their specs, prepare and run them; every report. Tears the launch down."""
+        ...
+
+    def close(self) -> None:
+        """Tear down a launch (never made, or made); safe to repeat."""
+        ...
+
+
+@runtime_checkable
+class StartingLauncher(Protocol):
+    """A :data:`Launcher` that can also start ``world`` ranks before their specs exist."""
+
+    def __call__(self, specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+        """One whole launch, started fresh (a relaunch after a lost rank)."""
+        ...
+
+    def start(self, world: int) -> Started:
+        """Start ``world`` ranks now (returns once they are booting); the specs follow."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -54,7 +89,7 @@ class UpRequest:
     """Text, encoded with the checkpoint's tokenizer (verified against the digest recorded at push)."""
     retries: int = 0
     """Relaunches after a lost rank (actor died, node gone); never after a rank's failure."""
-    activations: Literal["auto", "float32", "bfloat16"] = "auto"
+    activations: Activations = "auto"
     """The quantized operators' activation dtype (``--activations``; float32: parity first, bfloat16:
     the CPU int4pack fast path, auto: float32 on CPU ranks and bfloat16 on CUDA ranks); norms, rotary,
     softmax, residual stream and KV cache stay float32."""
@@ -151,19 +186,34 @@ def reference_generation(
     return streamed_reference(session, resolved, contract, prompt, tokens)
 
 
-def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
-    """One spec per rank; threads = the rank's share of the cores."""
+def _modes(request: UpRequest) -> tuple[str, str]:
+    """The request's ladder mode and activations, checked (:class:`UsageError` naming the choices)."""
     from .ladder_budget import ladder_mode
-
-    world = request.tp * request.ep * request.pp
-    threads = max(1, int((cpus or os.cpu_count() or 1) // world))
-    from .rank_ops import activations_of
 
     try:
         ladder = ladder_mode(request.ladder)
-        activations = activations_of(request.activations)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    choices = get_args(Activations)
+    if request.activations not in choices:
+        raise UsageError(f"--activations {request.activations!r}: expected one of {', '.join(choices)}")
+    return ladder, request.activations
+
+
+def check_request(request: UpRequest) -> None:
+    """What the request alone can get wrong (before anything starts): retries, steps, modes."""
+    if request.retries < 0:
+        raise UsageError(f"--retries {request.retries}: expected 0 or more")
+    if request.steps < 1:
+        raise UsageError(f"--generate {request.steps}: expected at least 1")
+    _modes(request)
+
+
+def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
+    """One spec per rank; threads = the rank's share of the cores."""
+    world = request.tp * request.ep * request.pp
+    threads = max(1, int((cpus or os.cpu_count() or 1) // world))
+    ladder, activations = _modes(request)
     return [
         RankSpec(
             ref=pinned,
@@ -185,25 +235,57 @@ def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
     ]
 
 
-def ray_launcher(address: str | None, progress: Callable[[int, str], None] | None = None) -> Launcher:
-    """Run the ranks as Ray actors (an existing cluster at ``address``, or an embedded one on loopback).
+@dataclass(frozen=True)
+class RayLauncher:
+    """The ranks as Ray actors (an existing cluster at ``address``, or an embedded one on loopback).
 
-    ``progress(rank, what)``: called as each rank finishes a stage (prepare: load, dispatch, ladder;
-    run: graph, generation).
+    ``progress(rank, what)``: called as each rank starts and finishes a stage (prepare: load, dispatch,
+    ladder; run: graph, generation).
     """
 
-    def launch(specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
-        from .cluster import connect
-        from .ray_ranks import RayRanks
+    address: str | None
+    progress: Progress | None = None
 
-        with connect(address, world=len(specs)) as cluster:
-            threads = max(1, int(cluster.cpus // max(1, len(specs)))) if cluster.cpus else 1
-            specs = [dataclasses.replace(s, threads=min(s.threads, threads)) for s in specs]
-            with RayRanks(cluster, specs, progress=progress) as ranks:
-                ranks.prepare()
-                return ranks.run()
+    def start(self, world: int) -> Started:
+        """Join (or start) the cluster and start ``world`` actors, importing; the specs follow."""
+        from .ray_ranks import StartedRayRanks
 
-    return launch
+        return StartedRayRanks(self.address, world, progress=self.progress)
+
+    def __call__(self, specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+        """One launch from scratch (a relaunch after a lost rank)."""
+        return self.start(len(specs)).launch(specs)
+
+
+def ray_launcher(address: str | None, progress: Progress | None = None) -> RayLauncher:
+    """Run the ranks as Ray actors (:class:`RayLauncher`)."""
+    return RayLauncher(address, progress)
+
+
+def start_while_planning(
+    launcher: StartingLauncher, world: int, planning: Callable[[], T]
+) -> tuple[T, Started]:
+    """Start ``world`` ranks (this thread) while ``planning`` runs in another; both results.
+
+    The start (joining or starting the cluster, placing the actors) mostly waits on other processes,
+    and the ranks then import for seconds: the driver's resolve and plan fit inside. A planning failure
+    tears the started ranks down and is raised (also when the start failed too: a refused plan is what
+    the user has to fix; the start's error is its context); a start failure alone is raised as it is.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="shardport-plan") as pool:
+        planned = pool.submit(planning)
+        try:
+            started = launcher.start(world)
+        except Exception:  # not an interrupt: that propagates as it is
+            refused = planned.exception()
+            if refused is not None:
+                raise refused  # noqa: B904 - the start's error stays its __context__
+            raise
+        try:
+            return planned.result(), started
+        except BaseException:
+            started.close()
+            raise
 
 
 def launch_with_retries(
@@ -302,19 +384,21 @@ def _check(
     return run, parity, l5
 
 
-def bring_up(
-    session: Session,
-    request: UpRequest,
-    *,
-    launcher: Launcher | None = None,
-    store_evidence: bool = True,
-    progress: Callable[[int, str], None] | None = None,
-) -> UpResult:
-    """Run the whole bring-up (see the module docstring); raises a typed error on any failure."""
-    from shardport.registry import evidence as registry_evidence
+@dataclass(frozen=True)
+class _Planned:
+    """The driver's plan: the pinned manifest, the request (tokens encoded), contract and rank specs."""
 
-    from .up_evidence import predicate
+    resolved: Resolved
+    request: UpRequest
+    contract: Any
+    tokenizer: Any
+    specs: list[RankSpec]
+    resolve_s: float
+    plan_s: float
 
+
+def _plan(session: Session, request: UpRequest) -> _Planned:
+    """Resolve once to a digest, encode a text prompt, check contract, inventory and placement; specs."""
     t0 = time.perf_counter()
     resolved = resolve(session, parse_ref(request.ref))
     resolve_s = time.perf_counter() - t0
@@ -325,17 +409,80 @@ def bring_up(
         tokenizer = load_tokenizer(resolved.manifest, read_tokenizer(session.store, resolved.manifest))
         request = dataclasses.replace(request, tokens=tuple(tokenizer.encode(request.prompt)))
     contract = check_plan(resolved, request)
-    plan_s = time.perf_counter() - t0 - resolve_s
     pinned = f"{resolved.ref.name}@{resolved.digest}"
     specs = specs_for(request, pinned, float(os.cpu_count() or 1))
+    plan_s = time.perf_counter() - t0 - resolve_s
+    return _Planned(resolved, request, contract, tokenizer, specs, resolve_s, plan_s)
+
+
+def _launch_seconds(report: dict[str, Any], wall0: float, counted: float) -> dict[str, float]:
+    """``launch``: from the bring-up's start to the rank's first stage, less the driver's resolve and plan.
+
+    Those are listed as such (they overlap the launch when the launcher starts early). From the rank's
+    wall clock (``clock.resolve``, its first stage; across hosts as good as their clocks agree); none
+    without one.
+    """
+    clock = report.get("clock", {})
+    began = clock.get("resolve", clock.get("prepare"))
+    if began is None:
+        return {}
+    return {"launch": max(0.0, float(began) - wall0 - counted)}
+
+
+def _plan_and_launch(
+    session: Session, request: UpRequest, launch: Launcher, progress: Progress | None
+) -> tuple[_Planned, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Plan, and launch with retries; a :class:`StartingLauncher` is started while the driver plans."""
+
+    def planning() -> _Planned:
+        return _plan(session, request)
+
+    if not isinstance(launch, StartingLauncher):
+        planned = planning()
+        return planned, *launch_with_retries(launch, planned.specs, request.retries, progress)
+    planned, started = start_while_planning(launch, request.tp * request.ep * request.pp, planning)
+    pending: list[Launcher] = [started.launch]
+
+    def launch_once(specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+        # the started ranks first; after a lost rank, a fresh start
+        return (pending.pop() if pending else launch)(specs)
+
+    try:
+        return planned, *launch_with_retries(launch_once, planned.specs, request.retries, progress)
+    finally:
+        started.close()
+
+
+def bring_up(
+    session: Session,
+    request: UpRequest,
+    *,
+    launcher: Launcher | None = None,
+    store_evidence: bool = True,
+    progress: Callable[[int, str], None] | None = None,
+) -> UpResult:
+    """Run the whole bring-up (see the module docstring); raises a typed error on any failure."""
+    check_request(request)
+    wall0 = time.time()
     launch = launcher or ray_launcher(request.address, progress)
-    reports, attempts = launch_with_retries(launch, specs, request.retries, progress)
+    planned, reports, attempts = _plan_and_launch(session, request, launch, progress)
+    resolved, request, contract, tokenizer = (
+        planned.resolved,
+        planned.request,
+        planned.contract,
+        planned.tokenizer,
+    )
     for r in reports:  # the driver's resolve and plan are part of every rank's startup
         r["timeline"] = {
-            "resolve": resolve_s + r["timeline"].get("resolve", 0.0),
-            "plan": plan_s + r["timeline"].get("plan", 0.0),
+            "resolve": planned.resolve_s + r["timeline"].get("resolve", 0.0),
+            "plan": planned.plan_s + r["timeline"].get("plan", 0.0),
+            **_launch_seconds(r, wall0, planned.resolve_s + planned.plan_s),
             **{k: v for k, v in r["timeline"].items() if k not in ("resolve", "plan")},
         }
+    from shardport.registry import evidence as registry_evidence
+
+    from .up_evidence import predicate
+
     run, parity, l5 = _check(session, resolved, contract, request, reports)
     pred = predicate(
         repository=resolved.ref.name,

@@ -18,31 +18,10 @@ from shardport.registry.contracts.graph import GraphContract
 
 from ..errors import GraphWeightError
 from .reference import FloatLayer, FloatMlp, FloatModel
+from .stems import GGUF_STEMS, HF_STEMS
 
-_HF = {
-    "q": "self_attn.q_proj",
-    "k": "self_attn.k_proj",
-    "v": "self_attn.v_proj",
-    "o": "self_attn.o_proj",
-    "input_norm": "input_layernorm",
-    "post_norm": "post_attention_layernorm",
-    "gate": "mlp.gate_proj",
-    "up": "mlp.up_proj",
-    "down": "mlp.down_proj",
-    "router": "block_sparse_moe.gate",
-}
-_GGUF = {
-    "q": "attn_q",
-    "k": "attn_k",
-    "v": "attn_v",
-    "o": "attn_output",
-    "input_norm": "attn_norm",
-    "post_norm": "ffn_norm",
-    "gate": "ffn_gate",
-    "up": "ffn_up",
-    "down": "ffn_down",
-    "router": "ffn_gate_inp",
-}
+_HF = HF_STEMS
+_GGUF = GGUF_STEMS
 
 
 class _Names:

@@ -256,8 +256,8 @@ def test_a_killed_rank_fails_cleanly_and_leaks_nothing(home: Path, tmp_path: Pat
     store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
     pinned = f"llama/gptq@{resolve(Session.open(store), parse_ref('llama/gptq:v1')).digest}"
     request = UpRequest(ref=pinned, tokens=PROMPT, tp=2, store=store, ladder=False)
-    with connect(None, world=2) as cluster, RayRanks(cluster, specs_for(request, pinned, 2.0)) as ranks:
-        ranks.prepare()
+    with connect(None, world=2) as cluster, RayRanks(cluster, 2) as ranks:
+        ranks.prepare(specs_for(request, pinned, 2.0))
         ray_ranks.kill(ranks.actors[1], no_restart=True)
         with pytest.raises(RankLostError, match=r"rank 1: its actor died"):
             ranks.run()

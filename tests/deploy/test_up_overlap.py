@@ -1,0 +1,166 @@
+"""The launch starts while the driver plans (``start_while_planning``): a refused plan tears the started
+ranks down and raises its own error, a relaunch after a lost rank starts fresh, and the driver's plan
+imports no torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bringup_artifacts import gptq_tiny
+from llama_artifacts import ok
+
+from shardport.deploy.errors import ClusterError, RankLostError
+from shardport.deploy.rank import RankSpec
+from shardport.deploy.ray_ranks import run_in_process
+from shardport.deploy.up import Started, StartingLauncher, UpRequest, bring_up, ray_launcher
+from shardport.registry.errors import UsageError
+from shardport.registry.session import Session
+
+PROMPT = (1, 5, 300, 7)
+
+
+def _push(tmp: Path) -> str:
+    store = str(tmp / "store")
+    ok(store, "keygen")
+    ok(store, "push", gptq_tiny(tmp / "gptq"), "llama/gptq:v1")
+    return store
+
+
+class _Booted:
+    """A started launch: records what the driver did with it; ``lose`` makes its launch a lost rank."""
+
+    def __init__(self, log: list[str], world: int, lose: bool) -> None:
+        self.log, self.world, self.lose = log, world, lose
+        log.append(f"start {world}")
+
+    def launch(self, specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+        self.log.append(f"launch {len(specs)}")
+        if self.lose:
+            raise RankLostError("rank 0: its actor died during prepare", rank=0, stage="prepare")
+        return run_in_process(specs)
+
+    def close(self) -> None:
+        self.log.append("close")
+
+
+class _Starting:
+    """A launcher that starts before its specs exist; each rank runs in this process (world 1)."""
+
+    def __init__(self, *, lose_first: bool = False, start_error: Exception | None = None) -> None:
+        self.log: list[str] = []
+        self.lose_first, self.start_error = lose_first, start_error
+
+    def start(self, world: int) -> Started:
+        if self.start_error is not None:
+            self.log.append("start failed")
+            raise self.start_error
+        return _Booted(self.log, world, lose=self.lose_first and not self.log)
+
+    def __call__(self, specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+        self.log.append(f"fresh {len(specs)}")
+        return run_in_process(specs)
+
+
+def test_the_ray_launcher_starts_before_its_specs() -> None:
+    assert isinstance(ray_launcher(None), StartingLauncher)
+    assert isinstance(_Starting(), StartingLauncher)
+    assert not isinstance(run_in_process, StartingLauncher)
+
+
+def test_a_refused_plan_closes_the_started_launch_and_raises_the_plans_error(
+    home: Path, tmp_path: Path
+) -> None:
+    store = _push(tmp_path)
+    launcher = _Starting()
+    request = UpRequest(ref="llama/gptq:v1", tokens=(1, 10**6), store=store, ladder=False)
+    with pytest.raises(UsageError, match=r"--tokens \[1000000\]: outside the vocabulary"):
+        bring_up(Session.open(store), request, launcher=launcher)
+    assert launcher.log == ["start 1", "close"]  # started while planning, never launched, torn down
+    # an unknown reference: the resolve's own error, the start torn down alike
+    launcher = _Starting()
+    with pytest.raises(Exception, match="llama/absent") as caught:
+        bring_up(
+            Session.open(store),
+            UpRequest(ref="llama/absent:v1", tokens=PROMPT, store=store),
+            launcher=launcher,
+        )
+    assert not isinstance(caught.value, ClusterError) and launcher.log == ["start 1", "close"]
+
+
+def test_a_refused_plan_wins_over_a_failed_start(home: Path, tmp_path: Path) -> None:
+    store = _push(tmp_path)
+    refused = UpRequest(ref="llama/gptq:v1", tokens=(10**6,), store=store, ladder=False)
+    launcher = _Starting(start_error=ClusterError("cannot start or join Ray"))
+    with pytest.raises(UsageError, match="outside the vocabulary") as caught:
+        bring_up(Session.open(store), refused, launcher=launcher)
+    assert isinstance(caught.value.__context__, ClusterError)  # the start's failure is its context
+    fine = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, store=store, ladder=False)
+    with pytest.raises(ClusterError, match="cannot start or join Ray"):
+        bring_up(Session.open(store), fine, launcher=launcher)
+    assert launcher.log == ["start failed", "start failed"]
+
+
+def test_request_errors_are_raised_before_anything_starts(home: Path, tmp_path: Path) -> None:
+    store = _push(tmp_path)
+    launcher = _Starting()
+    for bad, message in [
+        ({"retries": -1}, r"--retries -1: expected 0 or more"),
+        ({"steps": 0}, r"--generate 0: expected at least 1"),
+        ({"ladder": "most"}, r"ladder"),
+        ({"activations": "fp8"}, r"--activations 'fp8': expected one of auto, float32, bfloat16"),
+    ]:
+        request = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, store=store, **bad)  # type: ignore[arg-type]
+        with pytest.raises(UsageError, match=message):
+            bring_up(Session.open(store), request, launcher=launcher)
+    assert launcher.log == []
+
+
+def test_the_started_launch_runs_first_and_a_relaunch_starts_fresh(home: Path, tmp_path: Path) -> None:
+    store = _push(tmp_path)
+    request = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, steps=2, store=store, ladder=False)
+    launcher = _Starting()
+    result = bring_up(Session.open(store), request, launcher=launcher, store_evidence=False)
+    assert launcher.log == ["start 1", "launch 1", "close"]
+    timeline = result.predicate["timeline"]["0"]
+    assert list(timeline)[:3] == ["resolve", "plan", "launch"] and timeline["launch"] >= 0.0
+    assert result.reports[0]["clock"]["prepare"] <= result.reports[0]["clock"]["resolve"]
+
+    lost_once = _Starting(lose_first=True)
+    retried = UpRequest(**{**request.__dict__, "retries": 1})
+    result = bring_up(Session.open(store), retried, launcher=lost_once, store_evidence=False)
+    assert lost_once.log == ["start 1", "launch 1", "fresh 1", "close"]  # the relaunch is a fresh start
+    assert [a["outcome"] for a in result.predicate["attempts"]] == ["lost", "ok"]
+
+
+def test_the_drivers_plan_imports_no_torch(home: Path, tmp_path: Path) -> None:
+    store = _push(tmp_path)
+    script = (
+        "import sys\n"
+        "from shardport.deploy.up import UpRequest, _plan\n"
+        "from shardport.registry.session import Session\n"
+        f"request = UpRequest(ref='llama/gptq:v1', tokens=(1, 5), tp=2, store={store!r})\n"
+        f"planned = _plan(Session.open({store!r}), request)\n"
+        "assert len(planned.specs) == 2, planned.specs\n"
+        "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_refused_plan_tears_the_started_actors_down(home: Path, tmp_path: Path, ray_ranks: Any) -> None:
+    store = _push(tmp_path)
+    events: list[tuple[int, str]] = []
+    request = UpRequest(ref="llama/gptq:v1", tokens=(1, 10**6), tp=2, store=store, ladder=False)
+    with pytest.raises(UsageError, match="outside the vocabulary"):
+        bring_up(
+            Session.open(store), request, launcher=ray_launcher(None, lambda r, w: events.append((r, w)))
+        )
+    assert events == [(0, "started"), (1, "started")]  # both actors were up (importing) when the plan failed
+    # the ray_ranks fixture asserts no actor and no placement group is left
