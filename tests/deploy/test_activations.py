@@ -153,3 +153,13 @@ def test_auto_resolves_by_the_ranks_device_and_the_report_says_so() -> None:
     assert runtime["ranks"] == {"0": "float32", "1": "bfloat16"} and runtime["float32"] == []
     page = render_report({"runtime": runtime, "dispatch": []})
     assert "auto (bfloat16, float32)" in page
+
+
+def test_activation_choices_agree_between_the_driver_and_the_ranks() -> None:
+    # the driver checks --activations without importing torch (deploy.up.Activations); ranks use rank_ops
+    from typing import get_args
+
+    from shardport.deploy.rank_ops import ACTIVATION_CHOICES
+    from shardport.deploy.up import Activations
+
+    assert get_args(Activations) == ACTIVATION_CHOICES
