@@ -67,11 +67,11 @@ TINY_PROMPT = (1, 5, 300, 7, 396)
 INT4 = "cpu.int4pack@1"
 DIRECT = "cpu.gguf-direct@1"
 DEQUANT = "full-dequant@1"
-GGUF_KERNELS = {
-    "attn_q": INT4,  # Q4_0
-    "attn_k": INT4,  # Q4_0
-    "attn_output": INT4,  # Q4_1
-    "ffn_gate": INT4,  # Q4_0
+GGUF_KERNELS = {  # float32 runs: int4pack's slow path comes after the direct kernel for Q4_0/Q4_1
+    "attn_q": DIRECT,  # Q4_0
+    "attn_k": DIRECT,  # Q4_0
+    "attn_output": DIRECT,  # Q4_1
+    "ffn_gate": DIRECT,  # Q4_0
     "attn_v": DIRECT,  # Q8_0
     "ffn_up": DIRECT,  # Q8_0
     "ffn_down": DIRECT,  # Q4_K (layer 0), Q6_K (layer 1)
