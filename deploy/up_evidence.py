@@ -164,6 +164,12 @@ def expected_kernel(op: OperatorSignature, policy: FallbackPolicy, preferred: Se
     return None
 
 
+def kernel_path(trace: Mapping[str, Any]) -> Literal["fast", "slow"]:
+    """``slow`` where a trace's selected kernel runs its slow path for the dtype (its candidate note)."""
+    slow = any(c.get("selected") and c.get("note") for c in trace.get("candidates", []))
+    return "slow" if slow else "fast"
+
+
 def device_check(device: str, ledger: Mapping[str, Any]) -> dict[str, Any]:
     """A rank's device memory against its ledger (pure: the rank's device and ledger in).
 
@@ -537,6 +543,7 @@ def predicate(
                 "kernel": t["selected"],
                 "transformation": t["transformation"],
                 "activations": t.get("requested", {}).get("activation_dtype"),
+                "path": kernel_path(t),
             }
             for r in by_rank
             for t in r["dispatch"]

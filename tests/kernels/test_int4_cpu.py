@@ -56,7 +56,12 @@ def _activations(k: int) -> tuple[np.ndarray, np.ndarray]:
 def _dispatch(weight, dtype, **kwargs):
     """Dispatch preferring int4pack: in float32 (its slow path) it otherwise comes after gguf-direct."""
     return dispatch(
-        weight, default_catalog(), activation_dtype=dtype, phase="decode", preferred=["cpu.int4pack"], **kwargs
+        weight,
+        default_catalog(),
+        activation_dtype=dtype,
+        phase="decode",
+        preferred=["cpu.int4pack"],
+        **kwargs,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import kernel_cases as kc
 import pytest
 
-from shardport.deploy.up_evidence import expected_kernel
+from shardport.deploy.up_evidence import expected_kernel, kernel_path
 from shardport.kernels import (
     Catalog,
     FallbackPolicy,
@@ -128,6 +128,7 @@ def test_float32_q4_0_selects_the_direct_kernel_and_notes_why_int4pack_came_late
     prepared, trace = dispatch(q4_0, default_catalog(), activation_dtype="float32", phase="prefill")
     assert trace.selected == "cpu.gguf-direct@1" and trace.transformation == "none"
     assert prepared.transformation == "none" and not trace.warnings
+    assert kernel_path(trace.model_dump(mode="json")) == "fast"
     (int4,) = [c for c in trace.candidates if c.kernel == "cpu.int4pack@1"]
     assert int4.admission.accepted and not int4.prepared  # admitted for the trace, never repacked
     assert int4.note == "slow path for float32 (unvectorised); tried after the kernels on their fast path"
@@ -147,6 +148,7 @@ def test_a_slow_path_kernel_selected_when_nothing_faster_is_admitted_is_noted(q4
     assert trace.warnings == (
         f"{q4_0.where} (decode): cpu.int4pack@1 runs its slow path for float32: no fast path was selectable",
     )
+    assert kernel_path(trace.model_dump(mode="json")) == "slow"  # the evidence's dispatch row says so
 
 
 def test_a_preferred_slow_kernel_goes_first_and_the_trace_says_the_manifest_chose_it(q4_0):
