@@ -35,6 +35,7 @@ from shardport.kernels import (
     rank_weight,
 )
 from shardport.kernels.capability import ActivationDtype, Phase
+from shardport.kernels.catalog import slow_path
 from shardport.loader import RankTensors
 from shardport.registry.contracts.decode import decode_weight
 from shardport.registry.contracts.graph import GraphContract
@@ -172,14 +173,22 @@ def _golden(k: int, tokens: int, seed: int) -> np.ndarray:
 Chosen = dict[Phase, tuple[PreparedLinear, DispatchTrace]]
 
 
-def _dtype_only(trace: DispatchTrace) -> list[str]:
-    """Kernels ranked before the selected one that refused the operator for its activation dtype alone."""
+def _dtype_only(trace: DispatchTrace, catalog: Catalog) -> list[str]:
+    """Kernels ranked before the selected one that refused the operator for its activation dtype alone.
+
+    Only those on their fast path in float32 (a kernel slow in float32 is not worth running there
+    instead of the selected one in the requested dtype).
+    """
+    fast32 = {
+        f"{k.capability.id}@{k.capability.version}" for k in catalog if not slow_path(k.capability, "float32")
+    }
     out = []
     for c in trace.candidates:
         if c.selected:
             break
         if c.admission.refusals and all(r.reason == Reason.ACTIVATION_DTYPE for r in c.admission.refusals):
-            out.append(c.kernel)
+            if c.kernel in fast32:
+                out.append(c.kernel)
     return out
 
 
@@ -204,7 +213,8 @@ def dispatch_activations(
     it; the operator falls back to float32 — and each of its traces says so, with the reason (never
     silently) — where no kernel admits the dtype, or where a kernel ranked before the one selected
     refused the operator for its activation dtype alone (that kernel runs it in float32 rather than a
-    lower-ranked one in the requested dtype). ``kwargs``: :func:`~shardport.kernels.dispatch_phases`'s.
+    lower-ranked one in the requested dtype), unless float32 is that kernel's slow path. ``kwargs``:
+    :func:`~shardport.kernels.dispatch_phases`'s.
     """
     if activations == "float32":
         return dispatch_phases(weight, catalog, activation_dtype="float32", **kwargs)
@@ -213,7 +223,7 @@ def dispatch_activations(
     except NoAdmissibleKernelError as exc:
         fallback = dispatch_phases(weight, catalog, activation_dtype="float32", **kwargs)
         return _noted(fallback, activations, f"no kernel admits {activations} here ({exc.found})")
-    ahead = sorted({k for _, trace in chosen.values() for k in _dtype_only(trace)})
+    ahead = sorted({k for _, trace in chosen.values() for k in _dtype_only(trace, catalog)})
     if not ahead:
         return chosen
     fallback = dispatch_phases(weight, catalog, activation_dtype="float32", **kwargs)

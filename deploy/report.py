@@ -16,7 +16,8 @@ The fields read (all optional; what is missing is shown as missing):
   with ``status`` "not run" for a level the bring-up did not run);
 - ``ladder``: the ladder's budget and coverage (``{"mode", "operators", "full", "sampled", "classes"}``,
   each class ``{"rank", "kernel", "representative", "represents", "covered"}``);
-- ``dispatch``: a list of ``{"rank", "weight", "phase", "kernel", "transformation", "activations"}``;
+- ``dispatch``: a list of ``{"rank", "weight", "phase", "kernel", "transformation", "activations",
+  "path"}`` (``path``: ``slow`` where the kernel runs its unvectorised path for the dtype);
 - ``timeline``: ``{rank: {stage: seconds}}`` (stages in the order they ran);
 - ``ledger``: ``{rank: {component: bytes}}`` (what the rank's memory is made of: drawn stacked);
 - ``memory``: ``{rank: {measure: bytes}}`` (bytes on disk = ``bytes_assigned``, the rank's share of the
@@ -229,7 +230,7 @@ def render_report(evidence: Mapping[str, Any]) -> str:
         "<h2>Dispatch</h2>",
         _table(
             dispatch,
-            ["rank", "weight", "phase", "kernel", "transformation", "activations"],
+            ["rank", "weight", "phase", "kernel", "transformation", "activations", "path"],
             "no dispatch trace",
         ),
         "<h2>Startup timeline per rank (seconds)</h2>",

@@ -14,11 +14,11 @@ no store. Every number is a finite float or an int (the statement is canonical J
   representative's full ladder on the same rank (:func:`ladder_coverage`); under ``off`` the rows say
   "not run" (``passed`` None) and the overall ``passed`` covers the levels that ran.
 - L5: every trace's selected kernel is the one the driver expects for that operator (admission
-  recomputed here, in priority order, under the policy); fallback counts per class within the policy;
-  no persistent full-dequant buffer unless the policy allows one; no loaded plane kept that no
-  operator uses (:mod:`.release`); each rank's resident growth within its component ledger; on a
-  CUDA rank, the device memory torch allocated against the prepared operators' bytes
-  (:func:`device_check`; a CPU rank has no device memory and says so).
+  recomputed here, in dispatch's order for the operator's activation dtype, under the policy);
+  fallback counts per class within the policy; no persistent full-dequant buffer unless the policy
+  allows one; no loaded plane kept that no operator uses (:mod:`.release`); each rank's resident
+  growth within its component ledger; on a CUDA rank, the device memory torch allocated against the
+  prepared operators' bytes (:func:`device_check`; a CPU rank has no device memory and says so).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from shardport.kernels import FallbackPolicy, OperatorSignature, admit, default_catalog
+from shardport.kernels import FallbackPolicy, OperatorSignature, admit, default_catalog, ordered
 
 #: Slack of the resident-memory check: the interpreter's, torch's lazy runtime (thread pools, kernel
 #: caches) and gloo's own growth on a rank. 96 MiB was too tight: on the quick bring-up benchmark
@@ -152,19 +152,23 @@ def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: fl
 
 
 def expected_kernel(op: OperatorSignature, policy: FallbackPolicy, preferred: Sequence[str]) -> str | None:
-    """The kernel the driver expects for ``op``: first admitted, policy-allowed, in priority order."""
-    catalog = list(default_catalog())
-    first = [
-        k
-        for p in preferred
-        for k in catalog
-        if p in (k.capability.id, f"{k.capability.id}@{k.capability.version}")
-    ]
-    for kernel in first + [k for k in catalog if k not in first]:
+    """The kernel the driver expects for ``op``: the first admitted and policy-allowed in dispatch's order.
+
+    The order is :func:`shardport.kernels.ordered`'s for the operator's activation dtype (the
+    manifest's preferred kernels, then the fast paths, then the slow paths, then the fallback classes),
+    the one function dispatch walks, so the two cannot disagree on order.
+    """
+    for kernel in ordered(default_catalog(), op.activation_dtype, preferred):
         cap = kernel.capability
         if admit(op, cap).accepted and policy.mode(cap.transformation) != "forbid":
             return f"{cap.id}@{cap.version}"
     return None
+
+
+def kernel_path(trace: Mapping[str, Any]) -> Literal["fast", "slow"]:
+    """``slow`` where a trace's selected kernel runs its slow path for the dtype (its candidate note)."""
+    slow = any(c.get("selected") and c.get("note") for c in trace.get("candidates", []))
+    return "slow" if slow else "fast"
 
 
 def device_check(device: str, ledger: Mapping[str, Any]) -> dict[str, Any]:
@@ -540,6 +544,7 @@ def predicate(
                 "kernel": t["selected"],
                 "transformation": t["transformation"],
                 "activations": t.get("requested", {}).get("activation_dtype"),
+                "path": kernel_path(t),
             }
             for r in by_rank
             for t in r["dispatch"]

@@ -12,7 +12,8 @@ runs.
 - :func:`admit` — the pure admission predicate over (:class:`OperatorSignature`, :class:`Capability`);
 - :func:`dispatch` — selection under a :class:`FallbackPolicy` (full dequant forbidden by default);
 - :func:`ladder` — parity levels 0-3; :func:`default_catalog` — the kernels in priority order
-  (CPU, then CUDA: optional, nothing CUDA at import);
+  (CPU, then CUDA: optional, nothing CUDA at import); :func:`ordered` — the order dispatch tries them
+  in for an activation dtype (fast paths before slow ones);
 - :func:`cuda_device` / :func:`this_cpu` — the device to dispatch for;
 - errors: :class:`KernelError` and its subclasses (:mod:`.errors` draws the tree).
 """
@@ -26,7 +27,7 @@ from shardport._lazy import lazy_exports
 if TYPE_CHECKING:
     from .admission import Admission, Reason, Refusal, admit
     from .capability import Capability, OperatorSignature, layout_id, operator_signature
-    from .catalog import Catalog, Kernel, default_catalog
+    from .catalog import Catalog, Kernel, default_catalog, ordered
     from .device import Device, cuda_device, this_cpu
     from .errors import KernelError, NoAdmissibleKernelError
     from .parity import Ladder, ladder, ladder_sampled, require
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 _HOME = {
     **dict.fromkeys(("Admission", "Reason", "Refusal", "admit"), "admission"),
     **dict.fromkeys(("Capability", "OperatorSignature", "layout_id", "operator_signature"), "capability"),
-    **dict.fromkeys(("Catalog", "Kernel", "default_catalog"), "catalog"),
+    **dict.fromkeys(("Catalog", "Kernel", "default_catalog", "ordered"), "catalog"),
     **dict.fromkeys(("Device", "cuda_device", "this_cpu"), "device"),
     **dict.fromkeys(("DispatchTrace", "FallbackWarning", "dispatch", "dispatch_phases"), "selection"),
     **dict.fromkeys(("KernelError", "NoAdmissibleKernelError"), "errors"),
@@ -76,6 +77,7 @@ __all__ = [
     "ladder_sampled",
     "layout_id",
     "operator_signature",
+    "ordered",
     "rank_weight",
     "require",
     "this_cpu",

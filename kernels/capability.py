@@ -72,8 +72,11 @@ class Capability(_Frozen):
     ``tail_group``: whether a last, partial group is taken; ``n_multiple``/``k_multiple``: of the
     rank-local extents; ``slice_alignment``: the slice's first
     column must be a multiple of it (besides the group size); ``workspace_bytes``: the most scratch one
-    call uses beyond its output; ``transformation``: what preparing does to the planes. The defaults
-    describe a CPU kernel taking any slice in either phase with float32/bfloat16/float16 activations.
+    call uses beyond its output; ``transformation``: what preparing does to the planes;
+    ``slow_activations``: activation dtypes the kernel admits but runs on an unvectorised (scalar)
+    path — admission is unchanged, only the order of the candidates is (:func:`.catalog.ordered`: a
+    kernel on its slow path comes after every kernel on its fast path). The defaults describe a CPU
+    kernel taking any slice in either phase with float32/bfloat16/float16 activations, each fast.
     """
 
     id: str
@@ -93,6 +96,7 @@ class Capability(_Frozen):
     permutation: bool = False
     tail_group: bool = False
     activation_dtypes: tuple[ActivationDtype, ...] = ("float32", "bfloat16", "float16")
+    slow_activations: tuple[ActivationDtype, ...] = ()
     accumulator_dtype: str = "float32"
     output_dtype: Literal["activation", "float32"] = "activation"
     n_multiple: int = 1

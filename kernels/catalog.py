@@ -1,11 +1,15 @@
-"""The kernels a rank may dispatch to: a small protocol and an ordered catalog (priority order)."""
+"""The kernels a rank may dispatch to: a small protocol, a catalog (priority order), and their order.
+
+:func:`ordered` gives the candidates' order for one activation dtype (fast paths before slow ones):
+the one order dispatch walks and the bring-up's L5 evidence recomputes.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
-from .capability import Capability, OperatorSignature
+from .capability import ActivationDtype, Capability, OperatorSignature, Transformation
 from .prepared import PreparedLinear
 from .weight import RankWeight
 
@@ -65,3 +69,45 @@ def default_catalog() -> Catalog:
             ReferenceKernel(),
         ]
     )
+
+
+#: Declared transformations of the fallback classes (:mod:`.policy`): kernels of these classes stay last
+#: whatever their speed (a full-size float copy is never preferred to a packed kernel's slow path).
+FALLBACK_CLASSES: tuple[Transformation, ...] = ("generic", "full-dequant")
+
+
+def _named(kernel: Kernel, ids: Sequence[str]) -> bool:
+    cap = kernel.capability
+    return cap.id in ids or f"{cap.id}@{cap.version}" in ids
+
+
+def slow_path(cap: Capability, activation_dtype: ActivationDtype) -> bool:
+    """Whether the kernel runs ``activation_dtype`` on its unvectorised path (``slow_activations``)."""
+    return activation_dtype in cap.slow_activations
+
+
+def ordered(
+    catalog: Iterable[Kernel], activation_dtype: ActivationDtype, preferred: Sequence[str] = ()
+) -> tuple[Kernel, ...]:
+    """The order dispatch tries the kernels in for ``activation_dtype`` (pure).
+
+    1. the kernels ``preferred`` names (``id`` or ``id@version``; the manifest's
+       ``runtime.kernels_preferred``), in its order, whatever their path;
+    2. the other kernels on their fast path for the dtype, in catalog order;
+    3. those on their slow path for it (:func:`slow_path`), in catalog order;
+    4. the fallback classes (:data:`FALLBACK_CLASSES`: the reference, full dequant), in catalog order.
+
+    Admission is not consulted: a kernel keeps its place whether or not it admits the operator.
+    """
+    kernels = tuple(catalog)
+    first = [k for p in preferred for k in kernels if _named(k, [p])]
+    first = list(dict.fromkeys(first))  # a kernel named twice (id and id@version) once
+
+    def tier(kernel: Kernel) -> int:
+        cap = kernel.capability
+        if cap.transformation in FALLBACK_CLASSES:
+            return 2
+        return 1 if slow_path(cap, activation_dtype) else 0
+
+    rest = sorted((k for k in kernels if k not in first), key=tier)  # stable: catalog order within a tier
+    return (*first, *rest)

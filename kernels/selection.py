@@ -1,13 +1,18 @@
 """Dispatch: pick, per weight, rank and phase, the kernel that runs it — and say why, as data.
 
-Candidates are walked in priority order: the manifest's ``runtime.kernels_preferred`` first, then the
-catalog's order; with ``runtime.kernels_required`` only those ids may be selected (the others are
-recorded as refused ``not_required``). Each candidate is admitted (:func:`~.admission.admit`), its
-declared transformation class checked against the fallback policy, then prepared; a preparation that
-turns out to be a ``conversion`` is checked again. The first that passes is selected; the remaining
-candidates are still admitted for the trace, not prepared. A weight with no admissible kernel raises
+Candidates are walked in the order :func:`~.catalog.ordered` gives for the activation dtype: the
+manifest's ``runtime.kernels_preferred`` first, then the kernels on their fast path in catalog order,
+then those on their slow path for the dtype (``Capability.slow_activations``: admitted, but
+unvectorised — each such candidate's line says so), then the fallback classes; with
+``runtime.kernels_required`` only those ids may be selected (the others are recorded as refused
+``not_required``). Each candidate is admitted (:func:`~.admission.admit`), its declared
+transformation class checked against the fallback policy, then prepared; a preparation that turns out
+to be a ``conversion`` is checked again. The first that passes is selected; the remaining candidates
+are still admitted for the trace, not prepared. A weight with no admissible kernel raises
 :class:`NoAdmissibleKernelError` (or :class:`FallbackForbiddenError` where only the policy stood in the
-way) listing every candidate's reasons — never a silent slow path.
+way) listing every candidate's reasons — never a silent slow path: a kernel selected on its slow path
+(nothing on a fast path was selectable, or the manifest preferred it) is noted in the trace's
+``warnings``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from shardport.registry.errors import RefusedError
 
 from .admission import Admission, Reason, Refusal, admit
 from .capability import ActivationDtype, OperatorSignature, Phase, Transformation, operator_signature
-from .catalog import Catalog, Kernel
+from .catalog import Catalog, Kernel, ordered, slow_path
 from .device import Device, this_cpu
 from .errors import FallbackForbiddenError, KernelError, NoAdmissibleKernelError
 from .policy import FallbackPolicy
@@ -44,6 +49,8 @@ class Candidate(BaseModel):
     selected: bool
     transformation: Transformation | None
     conversion_error: float | None
+    note: str | None = None
+    """Why the candidate stands where it does when that is not its catalog place (a slow path)."""
 
 
 class DispatchTrace(BaseModel):
@@ -69,9 +76,13 @@ def _matches(kernel: Kernel, ids: Sequence[str]) -> bool:
     return cap.id in ids or f"{cap.id}@{cap.version}" in ids
 
 
-def _order(catalog: Catalog, preferred: Sequence[str]) -> list[Kernel]:
-    first = [k for p in preferred for k in catalog if _matches(k, [p])]
-    return first + [k for k in catalog if k not in first]
+def _slow_note(kernel: Kernel, dtype: ActivationDtype, preferred: Sequence[str]) -> str | None:
+    """A slow-path candidate's note: why it stands after the fast-path kernels (or before them)."""
+    if not slow_path(kernel.capability, dtype):
+        return None
+    if _matches(kernel, preferred):
+        return f"slow path for {dtype} (unvectorised); tried first: the manifest prefers it"
+    return f"slow path for {dtype} (unvectorised); tried after the kernels on their fast path"
 
 
 def _refused(kernel: str, admission: Admission, reason: Reason, expected: str, found: str) -> Admission:
@@ -153,23 +164,27 @@ def dispatch(
     chosen: PreparedLinear | None = None
     chosen_name = ""
     notes: list[str] = []
-    for kernel in _order(catalog, preferred):
+    for kernel in ordered(catalog, activation_dtype, preferred):
         cap = kernel.capability
         name = f"{cap.id}@{cap.version}"
+        slow = _slow_note(kernel, activation_dtype, preferred)
         verdict = admit(op, cap)
         if required and not _matches(kernel, required):
             verdict = _refused(name, verdict, Reason.NOT_REQUIRED, f"one of {list(required)}", cap.id)
         if not verdict.accepted or chosen is not None:
-            outcomes.append(_candidate(name, verdict))
+            outcomes.append(_candidate(name, verdict).model_copy(update={"note": slow}))
             continue
         candidate, prepared = _try(kernel, name, verdict, weight, op, policy, reuse)
-        outcomes.append(candidate)
+        outcomes.append(candidate.model_copy(update={"note": slow}))
         if prepared is None:
             continue
         if policy.mode(prepared.transformation) == "warn":
             note = f"{weight.where} ({phase}): {name} runs as {prepared.transformation}"
             notes.append(note)
             warnings.warn(note, FallbackWarning, stacklevel=2)
+        if slow is not None:
+            why = "the manifest prefers it" if _matches(kernel, preferred) else "no fast path was selectable"
+            notes.append(f"{weight.where} ({phase}): {name} runs its slow path for {activation_dtype}: {why}")
         chosen, chosen_name = prepared, name
     if chosen is None:
         only_policy = any(

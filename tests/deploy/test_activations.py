@@ -16,7 +16,7 @@ from shardport.deploy.rank_ops import (
 )
 from shardport.deploy.report import render_report
 from shardport.deploy.up_evidence import runtime_section, tolerance
-from shardport.kernels import Catalog, RankWeight, default_catalog, rank_weight
+from shardport.kernels import Catalog, RankWeight, Reason, default_catalog, rank_weight
 from shardport.kernels.gguf_kernel import GgufDirectKernel
 from shardport.kernels.int4_cpu import CAPABILITY as INT4
 from shardport.kernels.int4_cpu import Int4CpuKernel
@@ -37,7 +37,16 @@ def q4_0() -> RankWeight:
 
 
 class Float32OnlyInt4(Int4CpuKernel):
-    """torch's int4pack declared for float32 activations only: a kernel that cannot take bfloat16."""
+    """torch's int4pack declared for float32 activations only (and fast there): a kernel that cannot
+    take bfloat16."""
+
+    capability = INT4.model_copy(
+        update={"id": "cpu.int4pack-f32", "activation_dtypes": ("float32",), "slow_activations": ()}
+    )
+
+
+class SlowFloat32OnlyInt4(Int4CpuKernel):
+    """The same, declared slow in float32 (as torch's int4pack is)."""
 
     capability = INT4.model_copy(update={"id": "cpu.int4pack-f32", "activation_dtypes": ("float32",)})
 
@@ -45,7 +54,8 @@ class Float32OnlyInt4(Int4CpuKernel):
 def test_operator_linear_casts_to_the_operators_dtype_and_back_to_float32(q4_0: RankWeight) -> None:
     op16 = dispatch_activations(q4_0, default_catalog(), "bfloat16")["prefill"][0]
     op32 = dispatch_activations(q4_0, default_catalog(), "float32")["decode"][0]
-    assert op16.kernel == op32.kernel == "cpu.int4pack@1"
+    # int4pack in bfloat16 (its fast path); in float32 the direct block kernel (int4pack's slow path)
+    assert (op16.kernel, op32.kernel) == ("cpu.int4pack@1", "cpu.gguf-direct@1")
     assert (op16.op.activation_dtype, op32.op.activation_dtype) == ("bfloat16", "float32")
     linear = operator_linear({"prefill": op16, "decode": op32})
     x = torch.randn(3, K, generator=torch.Generator().manual_seed(1))
@@ -77,6 +87,18 @@ def test_a_kernel_ranked_first_that_takes_only_float32_runs_the_operator_in_floa
             f"{q4_0.where} ({phase}): activations bfloat16 requested; runs float32: "
             "cpu.int4pack-f32@1 ranked first, refusing bfloat16 only",
         )
+
+
+def test_a_kernel_ranked_first_taking_only_float32_on_its_slow_path_does_not_pull_the_operator_to_float32(
+    q4_0: RankWeight,
+) -> None:
+    catalog = Catalog([SlowFloat32OnlyInt4(), GgufDirectKernel(), ReferenceKernel()])
+    chosen = dispatch_activations(q4_0, catalog, "bfloat16")
+    for op, trace in chosen.values():
+        assert trace.selected == "cpu.gguf-direct@1" and op.op.activation_dtype == "bfloat16"
+        assert not trace.warnings
+        assert trace.candidates[0].kernel == "cpu.int4pack-f32@1"  # refused bfloat16: ranked first anyway
+        assert trace.candidates[0].admission.reasons == (Reason.ACTIVATION_DTYPE,)
 
 
 def test_no_kernel_taking_bfloat16_falls_back_to_float32_with_the_reasons(q4_0: RankWeight) -> None:

@@ -2,7 +2,10 @@
 
 One rank of the tiny GGUF mix (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K; tied Q8_0 embedding) is loaded and
 dispatched in-process, as a bring-up's rank does it (:class:`~shardport.deploy.rank.Rank`), then the
-ladders run under each budget through :func:`~shardport.deploy.rank_ops.run_ladders`.
+ladders run under each budget through :func:`~shardport.deploy.rank_ops.run_ladders`. The checkpoint
+is pushed with ``--kernels-preferred cpu.int4pack``, so its Q4_0/Q4_1 weights are repacked in these
+float32 runs (float32 is int4pack's slow path: without the preference the GGUF direct kernel runs them
+in place, and L1 has no codes to read back).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
         mp.setenv("SHARDPORT_HOME", str(tmp / "home"))
         store = str(tmp / "store")
         ok(store, "keygen")
-        ok(store, "push", gguf_tiny(tmp / "gguf"), "llama/gguf:v1")
+        ok(store, "push", gguf_tiny(tmp / "gguf"), "llama/gguf:v1", "--kernels-preferred", "cpu.int4pack")
         resolved = resolve(Session.open(store), parse_ref("llama/gguf:v1"))
         yield store, f"{resolved.ref.name}@{resolved.digest}"
 

@@ -3,6 +3,9 @@
 In-process ranks (:class:`~shardport.deploy.rank.Rank`, no Ray): the tiny GGUF mix (Q4_0/Q4_1 repacked
 by int4pack, Q8_0/Q4_K/Q6_K and the tied Q8_0 embedding run in place by the GGUF direct kernel, F32
 norms), and a ~72 MB Q4_0 checkpoint where the released bytes show in the process's resident memory.
+The ranks run bfloat16 operators (int4pack's fast path, so Q4_0/Q4_1 are repacked and their planes
+released); in float32 the GGUF direct kernel runs every GGUF plane in place (int4pack's slow path comes
+after it), which one test asserts.
 """
 
 from __future__ import annotations
@@ -50,11 +53,19 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
         yield _push(tmp, gguf_tiny(tmp / "gguf"), "llama/gguf:v1")
 
 
-def _spec(pushed: tuple[str, str], *, tp: int = 1, ladder: str = "sample", keep: bool = False) -> RankSpec:
+def _spec(
+    pushed: tuple[str, str],
+    *,
+    tp: int = 1,
+    ladder: str = "sample",
+    keep: bool = False,
+    dtype: str = "bfloat16",
+) -> RankSpec:
     store, ref = pushed
     return RankSpec(
         ref=ref, store=store, home=os.environ["SHARDPORT_HOME"], s3_endpoint=None, tp=tp, ep=1, pp=1,
         rank=0, fallback="warn", prompt=PROMPT, steps=2, threads=1, ladder=ladder, keep_planes=keep,
+        activations=dtype,
     )  # fmt: skip
 
 
@@ -116,6 +127,23 @@ def test_the_planes_operators_run_in_place_are_kept_and_repacked_ones_released(t
     cache = result["cache"]
     assert cache["steps"] >= 1 and cache["max_abs_diff"] <= cache["tolerance"] and len(result["tokens"]) == 2
     assert result["witness"]["witness_weights_checked"] > 0  # metadata the report reads is kept
+
+
+def test_in_float32_every_gguf_plane_runs_in_place_and_nothing_is_repacked(tiny: tuple[str, str]) -> None:
+    r = _prepared(_spec(tiny, dtype="float32", keep=True))
+    kernels = _kernels(r)
+    assert set().union(*kernels.values()) == {"cpu.gguf-direct"}  # Q4_0 and Q4_1 too: no int4pack
+    assert {t.transformation for t in r.ops.traces} == {"none"}
+    planes = _planes(r)
+    release = PlaneRelease(r.loaded, r.ops)
+    r.loaded = release.metadata
+    released = release.measure()
+    gc.collect()
+    quantized = [p for p in planes if p["weight"] in kernels]
+    assert quantized and all(p["owner"]() is not None for p in quantized)  # every block plane kept
+    assert released.unused == 0 and released.shared >= sum(p["bytes"] for p in quantized)
+    result = r.run(None)
+    assert "failure" not in result, result
 
 
 def test_a_rank_releases_after_its_ladder_and_its_ledger_says_so(tiny: tuple[str, str]) -> None:

@@ -111,8 +111,11 @@ def test_gguf_mix_with_tied_q8_embedding_up_at_tp3(home: Path, tmp_path: Path, r
     _all_pass(result.predicate["parity"])
     kernels = {row["weight"].split("[")[0]: row["kernel"] for row in result.predicate["dispatch"]}
     assert (
-        kernels["blk.0.attn_q.weight"] == kernels["blk.0.attn_output.weight"] == "cpu.int4pack@1"
-    )  # Q4_0, Q4_1
+        kernels["blk.0.attn_q.weight"] == kernels["blk.0.attn_output.weight"] == "cpu.gguf-direct@1"
+    )  # Q4_0, Q4_1: float32 is int4pack's slow path, so the direct kernel runs them in place (bfloat16:
+    # int4pack, test_bfloat16_activations_up_at_tp2_on_a_q4_0_q8_0_gguf)
+    assert {r["transformation"] for r in result.predicate["dispatch"]} == {"none"}  # nothing repacked
+    assert {r["path"] for r in result.predicate["dispatch"]} == {"fast"}
     assert kernels["blk.0.ffn_up.weight"] == kernels["token_embd.weight"] == "cpu.gguf-direct@1"  # Q8_0
     assert (
         kernels["blk.0.ffn_down.weight"] == kernels["blk.1.ffn_down.weight"] == "cpu.gguf-direct@1"

@@ -91,13 +91,19 @@ def test_a_rank_of_ep2_runs_each_owned_expert_as_a_view_of_the_stacked_planes(
             decoded = decode_weight(expert_weight(weights[name], e), view_planes)
             np.testing.assert_array_equal(decoded, reference[name][e])  # Q4_0, Q4_K, Q6_K per expert
 
-    ops = prepare_ops(loaded, weights, policy=policy_of("warn"))
+    # int4pack preferred (as a manifest's kernels_preferred would): in float32, its slow path, the Q4_0
+    # and Q4_1 experts would otherwise run on the GGUF direct kernel; here the repack from a view is tested
+    ops = prepare_ops(loaded, weights, policy=policy_of("warn"), preferred=("cpu.int4pack",))
     experts = sorted(n for n in ops.ops if "_exps" in n)
     assert experts == sorted(
         expert_name(f"blk.{layer}.ffn_{w}_exps.weight", e) for layer in (0, 1) for w in ("gate", "up", "down")
         for e in (2, 3)
     )  # fmt: skip
     kernels = {t.weight.split("[N=")[0]: t.selected for t in ops.traces}
+    slow = [t for t in ops.traces if t.selected == "cpu.int4pack@1"]
+    assert slow and all(
+        w.endswith("slow path for float32: the manifest prefers it") for t in slow for w in t.warnings
+    )
     assert kernels[expert_name("blk.0.ffn_gate_exps.weight", 2)] == "cpu.int4pack@1"  # Q4_0
     assert kernels[expert_name("blk.1.ffn_gate_exps.weight", 3)] == "cpu.int4pack@1"  # Q4_1
     assert kernels[expert_name("blk.0.ffn_up_exps.weight", 2)] == "cpu.gguf-direct@1"  # Q8_0
@@ -232,11 +238,11 @@ def test_gguf_moe_up_over_two_expert_parallel_ranks_proves_parity_and_stores_evi
             experts[row["rank"]].add(int(name.split("[expert ")[1].rstrip("]")))
             kernels.setdefault(name.split(".weight")[0], set()).add(row["kernel"])
     assert experts == {0: {0, 1}, 1: {2, 3}}  # each ep rank prepared only its own experts
-    assert kernels == {
-        "blk.0.ffn_gate_exps": {"cpu.int4pack@1"},  # Q4_0
-        "blk.1.ffn_gate_exps": {"cpu.int4pack@1"},  # Q4_1
+    assert kernels == {  # float32: Q4_0/Q4_1 on the direct kernel too (int4pack's slow path comes after it)
+        "blk.0.ffn_gate_exps": {"cpu.gguf-direct@1"},  # Q4_0
+        "blk.1.ffn_gate_exps": {"cpu.gguf-direct@1"},  # Q4_1
         "blk.0.ffn_up_exps": {"cpu.gguf-direct@1"},  # Q8_0
-        "blk.1.ffn_up_exps": {"cpu.int4pack@1"},  # Q4_0
+        "blk.1.ffn_up_exps": {"cpu.gguf-direct@1"},  # Q4_0
         "blk.0.ffn_down_exps": {"cpu.gguf-direct@1"},  # Q4_K
         "blk.1.ffn_down_exps": {"cpu.gguf-direct@1"},  # Q6_K
     }

@@ -66,11 +66,11 @@ TINY_PROMPT = (1, 5, 300, 7, 396)
 INT4 = "cpu.int4pack@1"
 DIRECT = "cpu.gguf-direct@1"
 DIRECT4 = "cpu.int4-direct@1"
-GGUF_KERNELS = {
-    "attn_q": INT4,  # Q4_0
-    "attn_k": INT4,  # Q4_0
-    "attn_output": INT4,  # Q4_1
-    "ffn_gate": INT4,  # Q4_0
+GGUF_KERNELS = {  # float32 runs: int4pack's slow path comes after the direct kernel for Q4_0/Q4_1
+    "attn_q": DIRECT,  # Q4_0
+    "attn_k": DIRECT,  # Q4_0
+    "attn_output": DIRECT,  # Q4_1
+    "ffn_gate": DIRECT,  # Q4_0
     "attn_v": DIRECT,  # Q8_0
     "ffn_up": DIRECT,  # Q8_0
     "ffn_down": DIRECT,  # Q4_K (layer 0), Q6_K (layer 1)
@@ -165,10 +165,13 @@ def up(
     ep: int = 1,
     fallback: Literal["forbid", "warn", "allow"] = "warn",
     tokens: tuple[int, ...] = PROMPT,
+    activations: Literal["float32", "bfloat16"] = "float32",
 ) -> UpResult:
     """Bring ``ref`` up; one rank runs in this process (the rank code Ray actors run, without the actor
     start-up: the suite's time goes to the cells that need several ranks)."""
-    request = UpRequest(ref=ref, tokens=tokens, steps=3, tp=tp, ep=ep, store=store, fallback=fallback)
+    request = UpRequest(
+        ref=ref, tokens=tokens, steps=3, tp=tp, ep=ep, store=store, fallback=fallback, activations=activations
+    )
     launcher = run_in_process if tp * ep == 1 else ray_launcher(None)
     return bring_up(Session.open(store), request, launcher=launcher)
 
@@ -237,12 +240,14 @@ def test_gguf_mix_at_tp(pushed: Pusher, ray_ranks: Any, tp: int) -> None:
 
 def test_gptq_at_tp1(pushed: Pusher) -> None:
     store = pushed("gptq32", "wide/gptq:g32")
-    assert_cell(store, "wide/gptq:g32", up(store, "wide/gptq:g32"), every(INT4), world=1)
+    # float32: int4pack's float32 path is scalar, so the direct tile kernel runs GPTQ as loaded
+    assert_cell(store, "wide/gptq:g32", up(store, "wide/gptq:g32"), every(DIRECT4), world=1)
 
 
 def test_gptq_with_a_partial_last_group(pushed: Pusher, ray_ranks: Any) -> None:
-    """Group 128 over K = 576 (4.5 groups): int4pack takes a slice of whole groups only; the weights whose
-    local K holds the tail run on cpu.int4-direct (no fallback under the default policy), the rest packed."""
+    """Group 128 over K = 576 (4.5 groups), bfloat16 (int4pack's fast path): int4pack takes a slice of whole
+    groups only; the weights whose local K holds the tail run on cpu.int4-direct (no fallback under the
+    default policy), the rest packed."""
     store = pushed("gptq128", "wide/gptq:g128")
     ref = "wide/gptq:g128"
 
@@ -250,7 +255,7 @@ def test_gptq_with_a_partial_last_group(pushed: Pusher, ray_ranks: Any) -> None:
         a, b = k_range(weight)
         return INT4 if (b - a) % 128 == 0 else DIRECT4
 
-    result = up(store, ref, tp=2)
+    result = up(store, ref, tp=2, activations="bfloat16")
     dispatch = assert_cell(store, ref, result, expected, world=2)
     assert k_ranges(dispatch, "model.layers.0.self_attn.o_proj.weight") == [(0, 384), (384, 576)]
     o_proj = {
@@ -274,22 +279,29 @@ def test_gptq_partial_group_refusals(pushed: Pusher) -> None:
             bring_up(session, request, launcher=run_in_process)
 
 
-@pytest.mark.parametrize(("fmt", "tp"), [("awq", 2), ("awq", 3), ("ct", 2)])
-def test_awq_and_compressed_tensors_at_tp(pushed: Pusher, ray_ranks: Any, fmt: str, tp: int) -> None:
+@pytest.mark.parametrize(
+    ("fmt", "tp", "activations"), [("awq", 2, "float32"), ("awq", 3, "bfloat16"), ("ct", 2, "float32")]
+)
+def test_awq_and_compressed_tensors_at_tp(
+    pushed: Pusher, ray_ranks: Any, fmt: str, tp: int, activations: Literal["float32", "bfloat16"]
+) -> None:
+    """float32 runs use the planes as loaded (cpu.int4-direct); bfloat16 ones repack into int4pack."""
     ref = f"wide/{fmt}:g64"
     store = pushed(fmt, ref)
-    result = up(store, ref, tp=tp)
-    dispatch = assert_cell(store, ref, result, every(INT4), world=tp)
+    result = up(store, ref, tp=tp, activations=activations)
+    packed = activations == "bfloat16"
+    dispatch = assert_cell(store, ref, result, every(INT4 if packed else DIRECT4), world=tp)
     expected = {2: [(0, 384), (384, 576)], 3: [(0, 192), (192, 384), (384, 576)]}[tp]  # 288 would cut a group
     assert k_ranges(dispatch, "model.layers.0.self_attn.o_proj.weight") == expected
-    classes = set(result.predicate["l5"]["fallbacks"])  # compressed-tensors' law rounds each product
-    assert classes == ({"conversion"} if fmt == "ct" else {"repack"})
+    classes = set(result.predicate["l5"]["fallbacks"])
+    # int4pack in bfloat16 holds bfloat16 scales (a conversion); the direct kernel uses the bytes as they are
+    assert classes == ({"conversion"} if packed else {"none"}), classes
 
 
 def test_mixture_of_experts_at_ep2_tp2(pushed: Pusher, ray_ranks: Any) -> None:
     store = pushed("moe", "tiny/moe:v1")
     result = up(store, "tiny/moe:v1", tp=2, ep=2, tokens=TINY_PROMPT)
-    dispatch = assert_cell(store, "tiny/moe:v1", result, every(INT4), world=4)
+    dispatch = assert_cell(store, "tiny/moe:v1", result, every(DIRECT4), world=4)
     owners: dict[str, set[int]] = {}
     for row in dispatch:
         if ".experts." in row["weight"]:
@@ -307,7 +319,7 @@ def test_up_from_seaweedfs_s3(pushed_s3: Pusher, ray_ranks: Any, name: str) -> N
     tiled = name == "gptq32"
     ref, tp, kernels = {
         "gguf-tiny": ("tiny/gguf:v1", 3, by_slot(GGUF_KERNELS)),
-        "gptq32": ("wide/gptq:tiled", 4, every(INT4)),
+        "gptq32": ("wide/gptq:tiled", 4, every(DIRECT4)),
     }[name]
     store = pushed_s3(name, "wide/gptq:g32" if tiled else ref, tiled=tiled)
     manifest = resolve(Session.open(store), parse_ref(ref)).manifest

@@ -71,18 +71,21 @@ def test_allow_runs_and_the_trace_says_full_dequant(g16):
         policy=FallbackPolicy.from_cli("allow"),
     )
     assert trace.selected == "full-dequant@1" and trace.transformation == "full-dequant"
+    # float32: the packed CPU kernels are on their slow path, so they come after the fast ones (and
+    # before the fallback classes)
     assert [c.kernel for c in trace.candidates] == [
-        "cpu.int4pack@1",
-        "cpu.int8pack@1",
         "cpu.gguf-direct@1",
         "cuda.int4-tinygemm@1",
+        "cpu.int4pack@1",
+        "cpu.int8pack@1",
         "full-dequant@1",
         "reference@1",
     ]
-    assert trace.candidates[0].admission.reasons == (Reason.GROUP_SIZE,)
-    assert Reason.LAYOUT in trace.candidates[1].admission.reasons
-    assert trace.candidates[2].admission.reasons == (Reason.LAYOUT,)
-    assert Reason.DEVICE in trace.candidates[3].admission.reasons
+    assert trace.candidates[0].admission.reasons == (Reason.LAYOUT,)
+    assert Reason.DEVICE in trace.candidates[1].admission.reasons
+    assert trace.candidates[2].admission.reasons == (Reason.GROUP_SIZE,)
+    assert Reason.LAYOUT in trace.candidates[3].admission.reasons
+    assert [c.note is not None for c in trace.candidates] == [False, False, True, True, False, False]
     assert trace.candidates[4].selected and trace.candidates[5].admission.accepted
     assert not trace.candidates[5].prepared  # admitted for the trace, not prepared
     x = torch.randn(3, 256)
@@ -123,7 +126,8 @@ def test_required_and_preferred(gptq):
         policy=allow,
     )
     assert trace.selected == "reference@1"
-    assert trace.candidates[0].admission.reasons == (Reason.NOT_REQUIRED,)
+    (int4,) = [c for c in trace.candidates if c.kernel == "cpu.int4pack@1"]  # admissible but not required
+    assert int4.admission.reasons == (Reason.NOT_REQUIRED,)
     _, trace = dispatch(
         gptq,
         default_catalog(),

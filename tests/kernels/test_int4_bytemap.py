@@ -71,7 +71,9 @@ def test_shapes_the_converter_does_not_take_are_refused() -> None:
 
 def _prepared(case: kc.Case, bounds: dict[str, tuple[int, int]]):
     weight = rank_weight(case.weight, kc.slice_planes(case, bounds), bounds)
-    prepared, trace = dispatch(weight, default_catalog(), activation_dtype="float32", phase="decode")
+    prepared, trace = dispatch(  # preferred: in float32 (its slow path) int4pack comes after gguf-direct
+        weight, default_catalog(), activation_dtype="float32", phase="decode", preferred=["cpu.int4pack"]
+    )
     assert isinstance(prepared, PreparedInt4), trace.selected
     return weight, prepared
 

@@ -53,9 +53,21 @@ def _activations(k: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.standard_normal((1, k)).astype(np.float32), rng.standard_normal((64, k)).astype(np.float32)
 
 
+def _dispatch(weight, dtype, **kwargs):
+    """Dispatch preferring int4pack: in float32 (its slow path) it otherwise comes after gguf-direct."""
+    return dispatch(
+        weight,
+        default_catalog(),
+        activation_dtype=dtype,
+        phase="decode",
+        preferred=["cpu.int4pack"],
+        **kwargs,
+    )
+
+
 def _run_ladder(case, bounds, dtype="float32", *, with_float=True):
     weight = rank_weight(case.weight, kc.slice_planes(case, bounds), bounds)
-    prepared, trace = dispatch(weight, default_catalog(), activation_dtype=dtype, phase="decode")
+    prepared, trace = _dispatch(weight, dtype)
     assert trace.selected == "cpu.int4pack@1", [str(c.admission) for c in trace.candidates]
     float_slice = case.float_weight[slice(*bounds["N"]), slice(*bounds["K"])]
     result = ladder(
@@ -110,7 +122,7 @@ def test_compressed_tensors_bf16_scales_round_per_law_so_float32_is_a_conversion
 
 def _prepare(case, dtype="float32"):
     weight = rank_weight(case.weight, case.planes)
-    prepared, _ = dispatch(weight, default_catalog(), activation_dtype=dtype, phase="decode")
+    prepared, _ = _dispatch(weight, dtype)
     return weight, prepared
 
 
