@@ -42,6 +42,7 @@ class SlowEverywhere(Int4CpuKernel):
             (),
             (
                 "cpu.int4pack",
+                "cpu.int4-direct",
                 "cpu.int8pack",
                 "cpu.gguf-direct",
                 "cuda.int4-tinygemm",
@@ -53,6 +54,7 @@ class SlowEverywhere(Int4CpuKernel):
             "float32",
             (),
             (
+                "cpu.int4-direct",
                 "cpu.gguf-direct",
                 "cuda.int4-tinygemm",
                 "cpu.int4pack",
@@ -65,6 +67,7 @@ class SlowEverywhere(Int4CpuKernel):
             "float16",
             (),
             (
+                "cpu.int4-direct",
                 "cpu.gguf-direct",
                 "cuda.int4-tinygemm",
                 "cpu.int4pack",
@@ -80,6 +83,7 @@ class SlowEverywhere(Int4CpuKernel):
                 "cpu.int8pack",
                 "reference",
                 "cpu.int4pack",
+                "cpu.int4-direct",
                 "cpu.gguf-direct",
                 "cuda.int4-tinygemm",
                 "full-dequant",
@@ -90,6 +94,7 @@ class SlowEverywhere(Int4CpuKernel):
             ("cpu.int4pack", "cpu.int4pack@1", "cpu.nothing"),
             (
                 "cpu.int4pack",
+                "cpu.int4-direct",
                 "cpu.gguf-direct",
                 "cuda.int4-tinygemm",
                 "cpu.int8pack",
