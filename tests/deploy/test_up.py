@@ -34,11 +34,11 @@ from shardport.registry.trust.resolve import resolve
 PROMPT = (1, 5, 300, 7, 396)
 
 
-def _push(home: Path, tmp: Path, folder: Path, ref: str) -> str:
+def _push(home: Path, tmp: Path, folder: Path, ref: str, *options: str) -> str:
     store = str(tmp / "store")
     if not (home / "keys").exists():
         ok(store, "keygen")
-    ok(store, "push", folder, ref)
+    ok(store, "push", folder, ref, *options)
     return store
 
 
@@ -58,7 +58,10 @@ def _all_pass(parity: list[dict[str, Any]]) -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 def test_gptq_up_at_tp2_proves_parity_and_stores_evidence(home: Path, tmp_path: Path, ray_ranks: Any) -> None:
-    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
+    # pushed preferring int4pack, so the GPTQ linears are repacked even in this float32 run (by default
+    # float32 runs them as loaded on cpu.int4-direct: int4pack's float32 path is scalar; see test_up_matrix)
+    packed = ("--kernels-preferred", "cpu.int4pack")
+    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1", *packed)
     report, logits = tmp_path / "up.html", tmp_path / "logits.safetensors"
     tokens = ",".join(map(str, PROMPT))
     code, doc = _cli(

@@ -80,6 +80,8 @@ ALLOWED = {"none", "repack", "conversion"}
 """Transformation classes the default policy (``--fallback warn``) lets through without a warning."""
 
 Pusher = Callable[..., str]
+PACKED = ("--kernels-preferred", "cpu.int4pack")
+"""Push options naming int4pack first: its (slow) float32 path is then tried before the direct kernel."""
 """``push(builder name, ref, tiled=False) -> store``: a module fixture's once-only push."""
 Kernels = Callable[[str], str]
 """The expected kernel id of a dispatch row's weight (``name[N=a:b, K=c:d]``)."""
@@ -143,11 +145,15 @@ BUILDERS: dict[str, Callable[[Path], Path]] = {
 
 def _pusher(store: str, sources: Path) -> Pusher:
     done: set[str] = set()
+    built: dict[str, Path] = {}
 
-    def push(name: str, ref: str, *, tiled: bool = False) -> str:
-        """``ref`` pushed (``tiled``: and converted to ``NAME:tiled``, contiguous tiles); the store."""
+    def push(name: str, ref: str, *options: str, tiled: bool = False) -> str:
+        """``ref`` pushed with ``options`` (``tiled``: and converted to ``NAME:tiled``, contiguous tiles);
+        the store."""
         if ref not in done:
-            ok(store, "push", BUILDERS[name](sources / name), ref)
+            if name not in built:
+                built[name] = BUILDERS[name](sources / name)
+            ok(store, "push", built[name], ref, *options)
             done.add(ref)
         if tiled and f"{ref}+tiled" not in done:
             ok(store, "convert", ref, f"{ref.split(':')[0]}:tiled", "--layout", "tiled")
@@ -165,13 +171,10 @@ def up(
     ep: int = 1,
     fallback: Literal["forbid", "warn", "allow"] = "warn",
     tokens: tuple[int, ...] = PROMPT,
-    activations: Literal["float32", "bfloat16"] = "float32",
 ) -> UpResult:
     """Bring ``ref`` up; one rank runs in this process (the rank code Ray actors run, without the actor
     start-up: the suite's time goes to the cells that need several ranks)."""
-    request = UpRequest(
-        ref=ref, tokens=tokens, steps=3, tp=tp, ep=ep, store=store, fallback=fallback, activations=activations
-    )
+    request = UpRequest(ref=ref, tokens=tokens, steps=3, tp=tp, ep=ep, store=store, fallback=fallback)
     launcher = run_in_process if tp * ep == 1 else ray_launcher(None)
     return bring_up(Session.open(store), request, launcher=launcher)
 
@@ -245,17 +248,17 @@ def test_gptq_at_tp1(pushed: Pusher) -> None:
 
 
 def test_gptq_with_a_partial_last_group(pushed: Pusher, ray_ranks: Any) -> None:
-    """Group 128 over K = 576 (4.5 groups), bfloat16 (int4pack's fast path): int4pack takes a slice of whole
-    groups only; the weights whose local K holds the tail run on cpu.int4-direct (no fallback under the
-    default policy), the rest packed."""
-    store = pushed("gptq128", "wide/gptq:g128")
+    """Group 128 over K = 576 (4.5 groups), pushed preferring int4pack: it takes a slice of whole groups
+    only; the weights whose local K holds the tail run on cpu.int4-direct (no fallback under the default
+    policy), the rest packed."""
+    store = pushed("gptq128", "wide/gptq:g128", *PACKED)
     ref = "wide/gptq:g128"
 
     def expected(weight: str) -> str:
         a, b = k_range(weight)
         return INT4 if (b - a) % 128 == 0 else DIRECT4
 
-    result = up(store, ref, tp=2, activations="bfloat16")
+    result = up(store, ref, tp=2)
     dispatch = assert_cell(store, ref, result, expected, world=2)
     assert k_ranges(dispatch, "model.layers.0.self_attn.o_proj.weight") == [(0, 384), (384, 576)]
     o_proj = {
@@ -268,7 +271,7 @@ def test_gptq_with_a_partial_last_group(pushed: Pusher, ray_ranks: Any) -> None:
 
 def test_gptq_partial_group_refusals(pushed: Pusher) -> None:
     """By design: no tp 3 or 4 split of 576 into whole 384-units."""
-    store = pushed("gptq128", "wide/gptq:g128")
+    store = pushed("gptq128", "wide/gptq:g128", *PACKED)
     session = Session.open(store)
     for tp in (3, 4):
         request = UpRequest(ref="wide/gptq:g128", tokens=PROMPT, tp=tp, store=store)
@@ -279,23 +282,20 @@ def test_gptq_partial_group_refusals(pushed: Pusher) -> None:
             bring_up(session, request, launcher=run_in_process)
 
 
-@pytest.mark.parametrize(
-    ("fmt", "tp", "activations"), [("awq", 2, "float32"), ("awq", 3, "bfloat16"), ("ct", 2, "float32")]
-)
+@pytest.mark.parametrize(("fmt", "tp", "packed"), [("awq", 2, False), ("awq", 3, True), ("ct", 2, False)])
 def test_awq_and_compressed_tensors_at_tp(
-    pushed: Pusher, ray_ranks: Any, fmt: str, tp: int, activations: Literal["float32", "bfloat16"]
+    pushed: Pusher, ray_ranks: Any, fmt: str, tp: int, packed: bool
 ) -> None:
-    """float32 runs use the planes as loaded (cpu.int4-direct); bfloat16 ones repack into int4pack."""
-    ref = f"wide/{fmt}:g64"
-    store = pushed(fmt, ref)
-    result = up(store, ref, tp=tp, activations=activations)
-    packed = activations == "bfloat16"
+    """By default the planes run as loaded (cpu.int4-direct); pushed preferring int4pack, repacked."""
+    ref = f"wide/{fmt}:g64" + ("-packed" if packed else "")
+    store = pushed(fmt, ref, *(PACKED if packed else ()))
+    result = up(store, ref, tp=tp)
     dispatch = assert_cell(store, ref, result, every(INT4 if packed else DIRECT4), world=tp)
     expected = {2: [(0, 384), (384, 576)], 3: [(0, 192), (192, 384), (384, 576)]}[tp]  # 288 would cut a group
     assert k_ranges(dispatch, "model.layers.0.self_attn.o_proj.weight") == expected
     classes = set(result.predicate["l5"]["fallbacks"])
-    # int4pack in bfloat16 holds bfloat16 scales (a conversion); the direct kernel uses the bytes as they are
-    assert classes == ({"conversion"} if packed else {"none"}), classes
+    # the direct kernel uses the bytes as they are; int4pack repacks them
+    assert classes == ({"repack"} if packed else {"none"}), classes
 
 
 def test_mixture_of_experts_at_ep2_tp2(pushed: Pusher, ray_ranks: Any) -> None:
