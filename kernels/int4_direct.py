@@ -57,9 +57,11 @@ from .weight import RankWeight
 #: for GPTQ, 9.1 / 7.1 / 6.7 ms for AWQ, 11.5 / 9.1 / 8.3 ms for compressed-tensors).
 TILE_ELEMENTS = 1 << 20
 #: Scratch per tile element: the float32 tile, the integer split (<= 4 bytes), a gathered scale or
-#: zero slab (4), the rounding to a 16-bit scale format (2). A slab is at least one container line, so
-#: a line wider than :data:`TILE_ELEMENTS` (an inner extent over 2**20) takes one line's worth instead
-#: (:attr:`PreparedInt4Direct.workspace` says what a weight uses).
+#: zero slab (4), the rounding to a 16-bit scale format (2). A slab is at least one container line, which
+#: is ``unit`` tile rows (8 for 32-bit words packed along the outer axis, GPTQ's ``qweight [K/8, N]``), so
+#: an inner extent over ``TILE_ELEMENTS / unit`` (N > 131,072 for GPTQ, e.g. a 151,936-row quantized head)
+#: takes one line's worth, above the capability's declared bound; :attr:`PreparedInt4Direct.workspace`
+#: says what a weight uses.
 WORKSPACE_BYTES_PER_ELEMENT = 14
 ENCODINGS = ("u4", "s4_twos", "s4_offset8")
 _ROUND = {"binary16": "float16", "bfloat16": "bfloat16"}
@@ -170,6 +172,11 @@ class PreparedInt4Direct(PreparedLinear):
         identity = x_index.size == k and np.array_equal(x_index, np.arange(k))
         self.x_index = None if identity else torch.from_numpy(x_index)
         self.x_pad = bool(np.any(k_pos < 0))
+        # positions past the logical K (a tail container's unused fields) read a zero activation column,
+        # but (q - z)·s there can overflow to inf (their group's terms are borrowed) and 0·inf is NaN:
+        # the tile is zeroed there after the affine step
+        pads = np.flatnonzero(k_pos < 0)
+        self.pad = torch.from_numpy(pads) if pads.size else None
         out_index = np.empty(n, dtype=np.int64)
         out_index[n_pos[n_pos >= 0]] = np.flatnonzero(n_pos >= 0)
         identity = n_pos.size == n and np.array_equal(out_index, np.arange(n))
@@ -265,6 +272,13 @@ class PreparedInt4Direct(PreparedLinear):
             tile = workspace[: p1 - p0]
             decode_codes(self.layout, self.codes, p0, p1, tile, self.twos)
             self._affine(tile, p0, p1)
+            if self.pad is not None:
+                if self.layout.outer == "K":  # pad positions are tile rows
+                    inside = self.pad[(self.pad >= p0) & (self.pad < p1)]
+                    if inside.numel():
+                        tile.index_fill_(0, inside - p0, 0.0)
+                else:  # pad positions are tile columns
+                    tile.index_fill_(1, self.pad, 0.0)
             yield p0, p1, tile
 
     # -- the operator ---------------------------------------------------------------------------

@@ -400,3 +400,46 @@ def test_other_containers_and_bit_orders_decode_the_same_weight(cases, form, til
     same = decode_weight(case.weight, case.planes)  # the original int32 form
     assert np.array_equal(decode_weight(weight.local_weight, weight.named_planes), same)
     assert np.array_equal(prepared.decode(), same) and prepared.broadcast
+
+
+def test_padding_fields_never_turn_a_huge_scale_into_nan(cases):
+    """K = 100 in words of 8 fields: each row's last word carries 4 zero-filled padding fields, which the
+    tile decodes with their row's first group terms. With a huge (finite) bfloat16 scale, (0 - 8)·s there
+    overflows to -inf, and -inf times the zero activation column is NaN unless the tile is zeroed there.
+    Row 0's real codes in that group are all 8 (value 0), so the weight itself stays finite."""
+    case = cases["ct_bf16"]  # [64, 256], groups of 32, bfloat16 scales
+    c, k = case.weight.contract, 100
+    groups = -(-k // 32)
+    codes, scales = c.codes.plane, c.scales.plane
+    words = -(-k // 8)
+    planes = dict(case.planes)
+    planes[codes] = np.ascontiguousarray(case.planes[codes][:, :words])
+    planes[codes][0, :4] = np.array([0x88888888], dtype=np.uint32).view(planes[codes].dtype)[0]
+    bits = np.ascontiguousarray(case.planes[scales][:, :groups])
+    bits[0, 0] = torch.tensor([3e38], dtype=torch.bfloat16).view(torch.uint16).item()
+    planes[scales] = bits
+    shapes = {codes: planes[codes].shape, scales: bits.shape}
+    contract = c.model_copy(
+        update={
+            "codes": c.codes.model_copy(update={"physical_shape": shapes[codes]}),
+            "scales": c.scales.model_copy(
+                update={"group_count": groups, "physical_shape": bits.shape, "tail_rule": "partial_last"}
+            ),
+        }
+    )
+    refs = tuple(p.model_copy(update={"shape": shapes.get(p.tensor, p.shape)}) for p in case.weight.planes)
+    shape = case.weight.shape.model_copy(update={"extents": (64, k)})
+    weight = case.weight.model_copy(
+        update={"contract": contract, "planes": refs, "shape": shape, "witness": None}
+    )
+    rw = rank_weight(weight, planes)
+    prepared = PreparedInt4Direct(rw, operator_signature(rw, "float32", "decode", CPU), DIRECT)
+    reference = decode_weight(rw.local_weight, rw.named_planes)
+    assert np.isfinite(reference).all()
+    x = torch.randn(3, k)
+    y = prepared(x).numpy()
+    assert np.isfinite(y).all()
+    expected = x.double().numpy() @ reference.astype(np.float64).T
+    assert np.allclose(y, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    assert np.array_equal(prepared.decode(), reference)
+    assert prepared.pad is not None and prepared.pad.numel() == 4  # one word's tail: columns past K
