@@ -337,13 +337,17 @@ class Rank:
         topology = Topology(tp=spec.tp, ep=spec.ep, pp=spec.pp)
         at = topology.coords(spec.rank)
         world = topology.world_size
+        # warm-up: the process group, the rank's layout and its model over the prepared operators. No
+        # warm-up forward: on the direct kernels (GGUF blocks, int4 as loaded) a forward decodes every
+        # weight whatever the token count, so one would cost as much as the prefill it precedes; the
+        # first token pays its own one-time costs.
+        self.stage = "warm-up"
+        t0 = time.perf_counter()
         mesh = (
             dist_mesh(topology, spec.rank)
             if world > 1
             else Mesh(tp=LocalGroup(), stage=LocalGroup(), pipe=None, first=True, last=True)
         )
-        self.stage = "warm-up"
-        t0 = time.perf_counter()
         from shardport.placement import plan
 
         full_plan = plan(self.manifest, topology, ranks=[spec.rank])
@@ -355,7 +359,6 @@ class Rank:
             contract, self.ops, layers, first=mesh.first, last=mesh.last, experts=experts, device=dev
         )
         model = RankModel(contract, layout, weights, mesh, device=dev)
-        model.forward([0], model.new_cache())  # warm-up: every operator runs once
         self.timeline["warm-up"] = time.perf_counter() - t0
         self.stage = "first token"
         t1 = time.perf_counter()
