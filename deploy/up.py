@@ -380,7 +380,8 @@ def _check(
     parity = compare(run, reference, tol["value"]).model_dump(mode="json")
     parity["tolerance_derivation"] = tol
     policy = policy_of(request.fallback)
-    l5 = level5(reports, policy, tuple(resolved.manifest.runtime.kernels_preferred))
+    runtime = resolved.manifest.runtime
+    l5 = level5(reports, policy, tuple(runtime.kernels_preferred), tuple(runtime.kernels_required))
     return run, parity, l5
 
 

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from shardport.kernels import FallbackPolicy, OperatorSignature, admit, default_catalog, ordered
+from shardport.kernels import FallbackPolicy, OperatorSignature, admit, default_catalog, named, ordered
 
 #: Slack of the resident-memory check: the interpreter's, torch's lazy runtime (thread pools, kernel
 #: caches) and gloo's own growth on a rank. 96 MiB was too tight: on the quick bring-up benchmark
@@ -151,15 +151,20 @@ def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: fl
     }
 
 
-def expected_kernel(op: OperatorSignature, policy: FallbackPolicy, preferred: Sequence[str]) -> str | None:
+def expected_kernel(
+    op: OperatorSignature, policy: FallbackPolicy, preferred: Sequence[str], required: Sequence[str] = ()
+) -> str | None:
     """The kernel the driver expects for ``op``: the first admitted and policy-allowed in dispatch's order.
 
     The order is :func:`shardport.kernels.ordered`'s for the operator's activation dtype (the
     manifest's preferred kernels, then the fast paths, then the slow paths, then the fallback classes),
-    the one function dispatch walks, so the two cannot disagree on order.
+    the one function dispatch walks, so the two cannot disagree on order; with the manifest's
+    ``required`` kernels, only those (dispatch refuses the others as ``not_required``).
     """
     for kernel in ordered(default_catalog(), op.activation_dtype, preferred):
         cap = kernel.capability
+        if required and not named(kernel, required):
+            continue
         if admit(op, cap).accepted and policy.mode(cap.transformation) != "forbid":
             return f"{cap.id}@{cap.version}"
     return None
@@ -216,15 +221,24 @@ def components(ledger: Mapping[str, Any]) -> dict[str, int]:
 
 
 def level5(
-    reports: Sequence[Mapping[str, Any]], policy: FallbackPolicy, preferred: Sequence[str]
+    reports: Sequence[Mapping[str, Any]],
+    policy: FallbackPolicy,
+    preferred: Sequence[str],
+    required: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """L5: expected kernels per weight and rank, fallback counts, full-dequant buffers, resident memory."""
+    """L5: expected kernels per weight and rank, fallback counts, full-dequant buffers, resident memory.
+
+    ``preferred``/``required``: the pinned manifest's ``runtime.kernels_preferred``/``kernels_required``
+    (the driver's copy, not what the ranks report).
+    """
     unexpected: list[str] = []
     classes: Counter[str] = Counter()
     checked = 0
     for r in reports:
         for t in r["dispatch"]:
-            want = expected_kernel(OperatorSignature.model_validate(t["requested"]), policy, preferred)
+            want = expected_kernel(
+                OperatorSignature.model_validate(t["requested"]), policy, preferred, required
+            )
             checked += 1
             classes[t["transformation"]] += 1
             if want != t["selected"]:

@@ -27,7 +27,7 @@ from shardport._lazy import lazy_exports
 if TYPE_CHECKING:
     from .admission import Admission, Reason, Refusal, admit
     from .capability import Capability, OperatorSignature, layout_id, operator_signature
-    from .catalog import Catalog, Kernel, default_catalog, ordered
+    from .catalog import Catalog, Kernel, default_catalog, named, ordered
     from .device import Device, cuda_device, this_cpu
     from .errors import KernelError, NoAdmissibleKernelError
     from .parity import Ladder, ladder, ladder_sampled, require
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 _HOME = {
     **dict.fromkeys(("Admission", "Reason", "Refusal", "admit"), "admission"),
     **dict.fromkeys(("Capability", "OperatorSignature", "layout_id", "operator_signature"), "capability"),
-    **dict.fromkeys(("Catalog", "Kernel", "default_catalog", "ordered"), "catalog"),
+    **dict.fromkeys(("Catalog", "Kernel", "default_catalog", "named", "ordered"), "catalog"),
     **dict.fromkeys(("Device", "cuda_device", "this_cpu"), "device"),
     **dict.fromkeys(("DispatchTrace", "FallbackWarning", "dispatch", "dispatch_phases"), "selection"),
     **dict.fromkeys(("KernelError", "NoAdmissibleKernelError"), "errors"),
@@ -76,6 +76,7 @@ __all__ = [
     "ladder",
     "ladder_sampled",
     "layout_id",
+    "named",
     "operator_signature",
     "ordered",
     "rank_weight",

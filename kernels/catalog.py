@@ -76,7 +76,8 @@ def default_catalog() -> Catalog:
 FALLBACK_CLASSES: tuple[Transformation, ...] = ("generic", "full-dequant")
 
 
-def _named(kernel: Kernel, ids: Sequence[str]) -> bool:
+def named(kernel: Kernel, ids: Sequence[str]) -> bool:
+    """Whether ``ids`` (``id`` or ``id@version``: the manifest's preferred/required) name ``kernel``."""
     cap = kernel.capability
     return cap.id in ids or f"{cap.id}@{cap.version}" in ids
 
@@ -100,7 +101,7 @@ def ordered(
     Admission is not consulted: a kernel keeps its place whether or not it admits the operator.
     """
     kernels = tuple(catalog)
-    first = [k for p in preferred for k in kernels if _named(k, [p])]
+    first = [k for p in preferred for k in kernels if named(k, [p])]
     first = list(dict.fromkeys(first))  # a kernel named twice (id and id@version) once
 
     def tier(kernel: Kernel) -> int:

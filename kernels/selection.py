@@ -26,7 +26,7 @@ from shardport.registry.errors import RefusedError
 
 from .admission import Admission, Reason, Refusal, admit
 from .capability import ActivationDtype, OperatorSignature, Phase, Transformation, operator_signature
-from .catalog import Catalog, Kernel, ordered, slow_path
+from .catalog import Catalog, Kernel, named, ordered, slow_path
 from .device import Device, this_cpu
 from .errors import FallbackForbiddenError, KernelError, NoAdmissibleKernelError
 from .policy import FallbackPolicy
@@ -71,16 +71,11 @@ class DispatchTrace(BaseModel):
     warnings: tuple[str, ...]
 
 
-def _matches(kernel: Kernel, ids: Sequence[str]) -> bool:
-    cap = kernel.capability
-    return cap.id in ids or f"{cap.id}@{cap.version}" in ids
-
-
 def _slow_note(kernel: Kernel, dtype: ActivationDtype, preferred: Sequence[str]) -> str | None:
     """A slow-path candidate's note: why it stands after the fast-path kernels (or before them)."""
     if not slow_path(kernel.capability, dtype):
         return None
-    if _matches(kernel, preferred):
+    if named(kernel, preferred):
         return f"slow path for {dtype} (unvectorised); tried first: the manifest prefers it"
     return f"slow path for {dtype} (unvectorised); tried after the kernels on their fast path"
 
@@ -169,7 +164,7 @@ def dispatch(
         name = f"{cap.id}@{cap.version}"
         slow = _slow_note(kernel, activation_dtype, preferred)
         verdict = admit(op, cap)
-        if required and not _matches(kernel, required):
+        if required and not named(kernel, required):
             verdict = _refused(name, verdict, Reason.NOT_REQUIRED, f"one of {list(required)}", cap.id)
         if not verdict.accepted or chosen is not None:
             outcomes.append(_candidate(name, verdict).model_copy(update={"note": slow}))
@@ -183,7 +178,7 @@ def dispatch(
             notes.append(note)
             warnings.warn(note, FallbackWarning, stacklevel=2)
         if slow is not None:
-            why = "the manifest prefers it" if _matches(kernel, preferred) else "no fast path was selectable"
+            why = "the manifest prefers it" if named(kernel, preferred) else "no fast path was selectable"
             notes.append(f"{weight.where} ({phase}): {name} runs its slow path for {activation_dtype}: {why}")
         chosen, chosen_name = prepared, name
     if chosen is None:

@@ -289,6 +289,19 @@ def test_bfloat16_activations_beside_float16_embeddings_and_head(home: Path, tmp
     assert result.predicate["parity_l4"]["tolerance_derivation"]["activations"] == "bfloat16"
 
 
+def test_required_kernels_are_what_l5_expects(home: Path, tmp_path: Path) -> None:
+    """Pushed with --kernels-required cpu.int4pack: float32 runs it on int4pack's slow path (the faster
+    direct kernel is not allowed), and L5 expects exactly that (it once expected the direct kernel)."""
+    store = _push(
+        home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:req", "--kernels-required", "cpu.int4pack"
+    )
+    request = UpRequest(ref="llama/gptq:req", tokens=(1, 5, 300, 7), steps=2, store=store, ladder="off")
+    result = bring_up(Session.open(store), request, launcher=run_in_process, store_evidence=False)
+    assert {t["selected"] for t in result.reports[0]["dispatch"]} == {"cpu.int4pack@1"}
+    assert result.predicate["passed"] and not result.predicate["l5"]["unexpected_kernels"]
+    assert {row["path"] for row in result.predicate["dispatch"]} == {"slow"}
+
+
 def test_activations_flag_refuses_an_unknown_dtype(home: Path, tmp_path: Path) -> None:
     store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
     code, doc = _cli(store, "up", "llama/gptq:v1", "--tokens", "1,2", "--activations", "float16")

@@ -187,3 +187,32 @@ def test_l5_expects_what_dispatch_selects(q4_0, dtype, preferred, policy, expect
         q4_0, default_catalog(), activation_dtype=dtype, phase="prefill", preferred=preferred, policy=policy
     )
     assert trace.selected == expected_kernel(op, policy, preferred) == expected
+
+
+@pytest.fixture(scope="module")
+def gptq():
+    case = kc.gptq(64, 256, 32)
+    return rank_weight(case.weight, case.planes)
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "required", "expected"),
+    [  # the manifest's kernels_required narrows dispatch; L5's expectation must narrow the same way
+        ("gptq", "float32", ("cpu.int4pack",), "cpu.int4pack@1"),
+        ("q4_0", "float32", ("cpu.int4pack",), "cpu.int4pack@1"),
+        ("gptq", "bfloat16", ("cpu.int4-direct",), "cpu.int4-direct@1"),
+        ("q4_0", "bfloat16", ("cpu.gguf-direct@1",), "cpu.gguf-direct@1"),
+        ("q4_0", "float32", ("cpu.int8pack",), None),  # required but not admitted: nothing to expect
+    ],
+)
+def test_l5_expects_only_required_kernels(request, name, dtype, required, expected):
+    weight = request.getfixturevalue(name)
+    op = operator_signature(weight, dtype, "decode", this_cpu())
+    policy = FallbackPolicy()
+    assert expected_kernel(op, policy, ()) != expected  # without the requirement another kernel comes first
+    assert expected_kernel(op, policy, (), required) == expected
+    if expected is not None:
+        _, trace = dispatch(
+            weight, default_catalog(), activation_dtype=dtype, phase="decode", required=required, policy=policy
+        )
+        assert trace.selected == expected
