@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -201,11 +201,14 @@ def _modes(request: UpRequest) -> tuple[str, str]:
 
 
 def check_request(request: UpRequest) -> None:
-    """What the request alone can get wrong (before anything starts): retries, steps, modes."""
+    """What the request alone can get wrong (before anything starts): retries, steps, degrees, modes."""
     if request.retries < 0:
         raise UsageError(f"--retries {request.retries}: expected 0 or more")
     if request.steps < 1:
         raise UsageError(f"--generate {request.steps}: expected at least 1")
+    for flag, degree in (("--tp", request.tp), ("--ep", request.ep), ("--pp", request.pp)):
+        if degree < 1:  # before a cluster starts for a world of zero (or negative) ranks
+            raise UsageError(f"{flag} {degree}: expected at least 1")
     _modes(request)
 
 
@@ -272,20 +275,34 @@ def start_while_planning(
     tears the started ranks down and is raised (also when the start failed too: a refused plan is what
     the user has to fix; the start's error is its context); a start failure alone is raised as it is.
     """
-    with ThreadPoolExecutor(1, thread_name_prefix="shardport-plan") as pool:
-        planned = pool.submit(planning)
+    outcome: dict[str, Any] = {}
+
+    def plan() -> None:
         try:
-            started = launcher.start(world)
-        except Exception:  # not an interrupt: that propagates as it is
-            refused = planned.exception()
-            if refused is not None:
-                raise refused  # noqa: B904 - the start's error stays its __context__
-            raise
-        try:
-            return planned.result(), started
-        except BaseException:
-            started.close()
-            raise
+            outcome["planned"] = planning()
+        except BaseException as exc:  # handed to the caller's thread
+            outcome["error"] = exc
+
+    # a daemon thread, joined by hand: an interrupt (Ctrl-C) while the plan is stuck (a hung store)
+    # ends the driver at once; a pool's worker would be joined at exit, however long the plan takes
+    thread = threading.Thread(target=plan, name="shardport-plan", daemon=True)
+    thread.start()
+    try:
+        started = launcher.start(world)
+    except Exception:  # not an interrupt: that propagates as it is
+        thread.join()
+        refused = outcome.get("error")
+        if refused is not None:
+            raise refused  # noqa: B904 - the start's error stays its __context__
+        raise
+    try:
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["planned"], started
+    except BaseException:
+        started.close()
+        raise
 
 
 def launch_with_retries(

@@ -4,8 +4,11 @@ imports no torch."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import textwrap
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -111,6 +114,9 @@ def test_request_errors_are_raised_before_anything_starts(home: Path, tmp_path: 
     for bad, message in [
         ({"retries": -1}, r"--retries -1: expected 0 or more"),
         ({"steps": 0}, r"--generate 0: expected at least 1"),
+        ({"tp": 0}, r"--tp 0: expected at least 1"),
+        ({"ep": -2}, r"--ep -2: expected at least 1"),
+        ({"pp": 0}, r"--pp 0: expected at least 1"),
         ({"ladder": "most"}, r"ladder"),
         ({"activations": "fp8"}, r"--activations 'fp8': expected one of auto, float32, bfloat16"),
     ]:
@@ -164,3 +170,35 @@ def test_a_refused_plan_tears_the_started_actors_down(home: Path, tmp_path: Path
         )
     assert events == [(0, "started"), (1, "started")]  # both actors were up (importing) when the plan failed
     # the ray_ranks fixture asserts no actor and no placement group is left
+
+
+def test_an_interrupt_while_the_plan_hangs_ends_the_driver_at_once() -> None:
+    """Ctrl-C while resolve/plan hangs (a stalled store): the started ranks are closed and the process
+    exits without waiting for the planning thread."""
+    child = textwrap.dedent(
+        """
+        import time
+        from shardport.deploy.up import start_while_planning
+        class Booted:
+            def launch(self, specs): return []
+            def close(self): print("closed", flush=True)
+        class Starting:
+            def __call__(self, specs): return []
+            def start(self, world): return Booted()
+        def planning():
+            time.sleep(60)
+        print("ready", flush=True)
+        start_while_planning(Starting(), 1, planning)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=50)
+    assert time.monotonic() - sent < 20  # the plan would hold it 60 s
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert "closed" in out

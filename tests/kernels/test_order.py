@@ -212,7 +212,6 @@ def test_l5_expects_only_required_kernels(request, name, dtype, required, expect
     assert expected_kernel(op, policy, ()) != expected  # without the requirement another kernel comes first
     assert expected_kernel(op, policy, (), required) == expected
     if expected is not None:
-        _, trace = dispatch(
-            weight, default_catalog(), activation_dtype=dtype, phase="decode", required=required, policy=policy
-        )
+        catalog = default_catalog()
+        _, trace = dispatch(weight, catalog, activation_dtype=dtype, phase="decode", required=required)
         assert trace.selected == expected
