@@ -122,8 +122,14 @@ def _as_f32(array: npt.NDArray[Any], dtype: str) -> npt.NDArray[np.float32]:
     return array.astype(np.float32)
 
 
-def _architecture(root: Path, gguf_meta: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
-    """The architecture and the parameters the inventory rule needs, from config.json or GGUF keys."""
+def _architecture(
+    root: Path, gguf_meta: Mapping[str, Any], gguf_tensors: Iterable[str] = ()
+) -> tuple[str | None, dict[str, Any]]:
+    """The architecture and the parameters the inventory rule needs, from config.json or GGUF keys.
+
+    GGUF has no tie key: a file without ``output.weight`` ties the head to ``token_embd`` (as llama.cpp
+    reads it, and as the graph contract records it).
+    """
     config = read_json_object(root / "config.json")
     if config is not None:
         archs = config.get("architectures") or [config.get("model_type")]
@@ -135,6 +141,7 @@ def _architecture(root: Path, gguf_meta: Mapping[str, Any]) -> tuple[str | None,
     if f"{arch}.block_count" in gguf_meta:
         params["num_hidden_layers"] = gguf_meta[f"{arch}.block_count"]
     params["num_local_experts"] = gguf_meta.get(f"{arch}.expert_count") or 0
+    params["tie_word_embeddings"] = "output.weight" not in set(gguf_tensors)
     return arch, params
 
 
@@ -237,7 +244,7 @@ def analyze(
     entries += g_entries
     weights += g_weights
     by_name = {e.name: e for e in entries}
-    architecture, params = _architecture(root, gguf_meta)
+    architecture, params = _architecture(root, gguf_meta, (e.name for e in g_entries))
     remarks = check_architecture(architecture, params, weights, notes=notes)
     _check_tied(weights, by_name, reader, params)
     checked = _checked_weights(weights, reader, by_name, _reference_rows(reference), witnesses=witnesses)

@@ -85,6 +85,13 @@ def check_architecture(
     have = {(w.binding.layer, w.binding.slot, w.binding.expert) for w in weights}
     layers = _count(architecture, params, "num_hidden_layers")
     experts = _count(architecture, params, "num_local_experts")
+    # GGUF stacks a layer's experts in one [E, N, K] tensor: it holds experts 0..E-1 (E is the tensor's
+    # own extent, bounded by its bytes, so this enumerates no more than the file holds)
+    for w in weights:
+        b = w.binding
+        if b.slot in MOE_EXPERT_SLOTS and b.expert is None and len(w.shape.extents) == 3:
+            have.discard((b.layer, b.slot, None))
+            have |= {(b.layer, b.slot, e) for e in range(min(experts, w.shape.extents[0]))}
     if layers * max(experts, 1) > len(have):  # more slots than weights: never enumerate them (memory)
         notes.add(  # raised under --strict
             InventoryMismatchError(

@@ -261,3 +261,15 @@ def test_tied_embeddings_must_be_identical(cli: Cli, tmp_path: Path) -> None:
     code, out = cli("push", bad, "acme/t:v1")
     assert code == 5 and out["error"]["type"] == "TiedAliasError", out
     assert "lm_head.weight" in out["error"]["message"]
+
+
+def test_gguf_without_an_output_head_is_tied(cli: Cli, tmp_path: Path) -> None:
+    """GGUF has no tie key: no ``output.weight`` means the head is ``token_embd`` (llama.cpp's reading),
+    so the strict inventory does not miss a head; a GGUF with its own head still needs it."""
+    from bringup_artifacts import gguf_mixtral, gguf_tiny
+
+    tied = cli.ok("verify", gguf_tiny(tmp_path / "tied"), "--strict")
+    assert tied["notes"] == ["llama: 20 operator slots present"], tied["notes"]
+    untied = cli.ok("verify", gguf_mixtral(tmp_path / "moe"), "--strict")
+    assert any("operator slots present" in n for n in untied["notes"]), untied["notes"]
+    cli.ok("push", gguf_tiny(tmp_path / "again"), "acme/g:v1", "--strict")
