@@ -177,8 +177,10 @@ def test_an_interrupt_while_the_plan_hangs_ends_the_driver_at_once() -> None:
     exits without waiting for the planning thread."""
     child = textwrap.dedent(
         """
-        import time
+        import signal, time
         from shardport.deploy.up import start_while_planning
+        # a parent (pytest after Ray started in it) may ignore SIGINT, and children inherit that
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         class Booted:
             def launch(self, specs): return []
             def close(self): print("closed", flush=True)
