@@ -196,8 +196,9 @@ def graph_int4(device: Any, kernel_device: Any, expect: str) -> dict[str, Any]:
         random_model,
         reference_model,
     )
+    from shardport.deploy.graph.layout import single_layout
     from shardport.deploy.graph.reference import FloatMlp
-    from shardport.deploy.graph.weights import float_linear, float_lookup, single_layout
+    from shardport.deploy.graph.weights import float_linear, float_lookup
     from shardport.kernels import default_catalog, dispatch
 
     c = contract()

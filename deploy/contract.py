@@ -14,8 +14,7 @@ from shardport.registry.contracts.graph import GraphContract
 from shardport.registry.model_graph import graph_of
 
 from .errors import UnsupportedModelError
-from .graph.stems import GGUF_STEMS as _GGUF
-from .graph.stems import HF_STEMS as _HF
+from .graph.stems import layer_stem
 
 
 def contract_of(manifest: Manifest) -> GraphContract:
@@ -43,7 +42,7 @@ def expected_weights(contract: GraphContract) -> dict[str, tuple[int, ...]]:
         for op, shape in shapes.items():
             if contract.moe and op in ("gate", "up", "down"):
                 continue
-            stem = f"blk.{layer}.{_GGUF[op]}" if gguf else f"model.layers.{layer}.{_HF[op]}"
+            stem = layer_stem(layer, op, gguf)
             out[f"{stem}.weight"] = shape
             if contract.qkv_bias and op in ("q", "k", "v"):
                 out[f"{stem}.bias"] = (shape[0],)

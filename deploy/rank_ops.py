@@ -42,7 +42,7 @@ from shardport.registry.contracts.graph import GraphContract
 from shardport.registry.contracts.model import AffineIntContract, GgufBlockContract, LogicalWeight
 
 from .errors import GraphWeightError, UnsupportedModelError
-from .graph.checkpoint import _GGUF, _HF
+from .graph.stems import layer_stem
 from .graph.weights import (
     Attention,
     Experts,
@@ -409,8 +409,7 @@ class _Slots:
         return t
 
     def name(self, layer: int, op: str, leaf: str = "weight") -> str:
-        stem = f"blk.{layer}.{_GGUF[op]}" if self.gguf else f"model.layers.{layer}.{_HF[op]}"
-        return f"{stem}.{leaf}"
+        return f"{layer_stem(layer, op, self.gguf)}.{leaf}"
 
     def linear(self, name: str) -> Linear:
         if name in self.ops.ops:

@@ -18,10 +18,7 @@ from shardport.registry.contracts.graph import GraphContract
 
 from ..errors import GraphWeightError
 from .reference import FloatLayer, FloatMlp, FloatModel
-from .stems import GGUF_STEMS, HF_STEMS
-
-_HF = HF_STEMS
-_GGUF = GGUF_STEMS
+from .stems import layer_stem
 
 
 class _Names:
@@ -42,8 +39,7 @@ class _Names:
         return out
 
     def layer(self, index: int, op: str, leaf: str = "weight", optional: bool = False) -> torch.Tensor | None:
-        stem = f"blk.{index}.{_GGUF[op]}" if self.gguf else f"model.layers.{index}.{_HF[op]}"
-        return self.get(f"{stem}.{leaf}", optional)
+        return self.get(f"{layer_stem(index, op, self.gguf)}.{leaf}", optional)
 
     def experts(self, index: int, count: int) -> tuple[FloatMlp, ...]:
         if self.gguf:

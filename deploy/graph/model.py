@@ -30,8 +30,9 @@ from shardport.registry.contracts.graph import GraphContract
 
 from ..errors import GraphLayoutError, GraphWeightError
 from .collectives import Mesh
+from .layout import RankLayout
 from .rope import apply_rotary, rotary_tables
-from .weights import Attention, Experts, Layer, Mlp, RankLayout, RankWeights
+from .weights import Attention, Experts, Layer, Mlp, RankWeights
 
 
 @dataclass(slots=True)

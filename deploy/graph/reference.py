@@ -21,6 +21,7 @@ from shardport.registry.tiles.splits import split_points
 
 from ..errors import GraphLayoutError
 from .collectives import Mesh
+from .layout import Range, RankLayout, single_layout
 from .model import Generation, RankModel
 from .weights import (
     Attention,
@@ -29,12 +30,9 @@ from .weights import (
     Linear,
     Lookup,
     Mlp,
-    Range,
-    RankLayout,
     RankWeights,
     float_linear,
     float_lookup,
-    single_layout,
 )
 
 

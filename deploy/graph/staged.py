@@ -26,8 +26,9 @@ from shardport.registry.contracts.graph import GraphContract
 
 from ..errors import GraphLayoutError, GraphWeightError
 from .collectives import LocalGroup, Mesh
+from .layout import single_layout
 from .model import Generation, RankModel
-from .weights import Lookup, RankWeights, single_layout
+from .weights import Lookup, RankWeights
 
 
 class HandOff:

@@ -29,3 +29,8 @@ GGUF_STEMS: dict[str, str] = {
     "down": "ffn_down",
     "router": "ffn_gate_inp",
 }
+
+
+def layer_stem(layer: int, op: str, gguf: bool) -> str:
+    """Layer ``layer``'s ``op`` stem: ``blk.3.attn_q`` (GGUF), ``model.layers.3.self_attn.q_proj``."""
+    return f"blk.{layer}.{GGUF_STEMS[op]}" if gguf else f"model.layers.{layer}.{HF_STEMS[op]}"

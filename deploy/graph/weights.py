@@ -14,10 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .layout import Range as Range
-from .layout import RankLayout as RankLayout
-from .layout import single_layout as single_layout
-
 Linear = Callable[[torch.Tensor], torch.Tensor]
 """``x [T, K_local] -> [T, N_local]`` (the operator's ``x @ W_local.T``)."""
 Lookup = Callable[[torch.Tensor], torch.Tensor]

@@ -33,7 +33,7 @@ from shardport.deploy.graph import (
     shard,
     tp_split,
 )
-from shardport.deploy.graph.checkpoint import _HF
+from shardport.deploy.graph.stems import HF_STEMS
 from shardport.deploy.rank_ops import RankOps, rank_weights
 
 CPU = torch.device("cpu")
@@ -159,10 +159,10 @@ def _checkpoint_floats(model: FloatModel) -> dict[str, torch.Tensor]:
             "q": f.q, "k": f.k, "v": f.v, "o": f.o, "input_norm": f.input_norm, "post_norm": f.post_norm,
             "gate": f.mlp.gate, "up": f.mlp.up, "down": f.mlp.down,
         }  # fmt: skip
-        out |= {f"model.layers.{i}.{_HF[op]}.weight": t for op, t in parts.items()}
+        out |= {f"model.layers.{i}.{HF_STEMS[op]}.weight": t for op, t in parts.items()}
         for op, b in (("q", f.q_bias), ("k", f.k_bias), ("v", f.v_bias)):
             if b is not None:
-                out[f"model.layers.{i}.{_HF[op]}.bias"] = b
+                out[f"model.layers.{i}.{HF_STEMS[op]}.bias"] = b
     return out
 
 
