@@ -160,8 +160,6 @@ def check_plan(resolved: Resolved, request: UpRequest) -> Any:
     bad = [t for t in request.tokens if not 0 <= t < contract.vocab]
     if bad:
         raise UsageError(f"--tokens {bad}: outside the vocabulary 0..{contract.vocab - 1}")
-    if request.steps < 1:
-        raise UsageError(f"--generate {request.steps}: expected at least 1")
     if request.ep > 1 and not contract.moe:
         raise GraphLayoutError(f"--ep {request.ep}: {contract.architecture} has no experts to spread")
     topology = Topology(tp=request.tp, ep=request.ep, pp=request.pp)
