@@ -73,6 +73,22 @@ def expected_slots(params: Mapping[str, Any]) -> set[tuple[int | None, str, int 
     return out
 
 
+def _held_slots(weights: Iterable[LogicalWeight], experts: int) -> set[tuple[int | None, str, int | None]]:
+    """The ``(layer, slot, expert)`` slots the weights fill.
+
+    GGUF stacks a layer's experts in one ``[E, N, K]`` tensor: it fills experts ``0..E-1`` (E is the
+    tensor's own extent, bounded by its bytes, so this enumerates no more than the file holds).
+    """
+    out: set[tuple[int | None, str, int | None]] = set()
+    for w in weights:
+        b = w.binding
+        if b.slot in MOE_EXPERT_SLOTS and b.expert is None and len(w.shape.extents) == 3:
+            out |= {(b.layer, b.slot, e) for e in range(min(experts, w.shape.extents[0]))}
+        else:
+            out.add((b.layer, b.slot, b.expert))
+    return out
+
+
 def check_architecture(
     architecture: str | None, params: Mapping[str, Any], weights: Iterable[LogicalWeight], *, notes: Notes
 ) -> tuple[str, ...]:
@@ -82,16 +98,9 @@ def check_architecture(
     """
     if architecture not in LLAMA_FAMILY or "num_hidden_layers" not in params:
         return (f"unchecked: architecture {architecture!r} has no inventory rule",)
-    have = {(w.binding.layer, w.binding.slot, w.binding.expert) for w in weights}
     layers = _count(architecture, params, "num_hidden_layers")
     experts = _count(architecture, params, "num_local_experts")
-    # GGUF stacks a layer's experts in one [E, N, K] tensor: it holds experts 0..E-1 (E is the tensor's
-    # own extent, bounded by its bytes, so this enumerates no more than the file holds)
-    for w in weights:
-        b = w.binding
-        if b.slot in MOE_EXPERT_SLOTS and b.expert is None and len(w.shape.extents) == 3:
-            have.discard((b.layer, b.slot, None))
-            have |= {(b.layer, b.slot, e) for e in range(min(experts, w.shape.extents[0]))}
+    have = _held_slots(weights, experts)
     if layers * max(experts, 1) > len(have):  # more slots than weights: never enumerate them (memory)
         notes.add(  # raised under --strict
             InventoryMismatchError(
