@@ -152,4 +152,25 @@ def render(result: Any) -> str:
     for key in ("logits_out", "report"):
         if result.get(key):
             lines.append(f"  wrote {result[key]}")
+    lines.append(verdict_line(result))
     return "\n".join(lines)
+
+
+def verdict_line(result: Any) -> str:
+    """The one line a person acts on, last: the verdict, the failed rows, the evidence and the report."""
+    rows = result["parity"]
+    failed = [f"{r['level']} {r['name']}" for r in rows if r["passed"] is False]
+    measured = sum(1 for r in rows if r["passed"] is not None)
+    if result["passed"]:
+        verdict = f"PASSED: {measured} of {len(rows)} parity rows measured and within tolerance"
+    else:
+        verdict = "FAILED: " + ("; ".join(failed) if failed else "the bring-up did not pass")
+    where = []
+    if result.get("evidence"):
+        ref = f"{result['repository']}@{result['digest']}"
+        where.append(f"signed evidence {result['evidence']} (registry evidence {ref} --show {result['evidence']})")
+    else:
+        where.append("no evidence stored")
+    if result.get("report"):
+        where.append(f"report {result['report']}")
+    return f"{verdict} — " + ", ".join(where)
