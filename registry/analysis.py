@@ -60,6 +60,7 @@ class Analysis:
     recorded in the manifest). ``remarks``: what was checked, for people (not recorded).
     ``gguf_headers``: each GGUF file's header digest, by path (recorded on its file entry).
     ``gguf_meta``: the GGUF files' key/value pairs (long arrays as their type and length only).
+    ``gguf_versions``: each GGUF file's header version, by path.
     """
 
     kind: str
@@ -71,6 +72,7 @@ class Analysis:
     params: Mapping[str, Any] = field(default_factory=dict)
     gguf_headers: Mapping[str, GgufHeaderDigest] = field(default_factory=dict)
     gguf_meta: Mapping[str, Any] = field(default_factory=dict)
+    gguf_versions: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -240,7 +242,7 @@ def analyze(
     reader = PlaneReader(root)
     entries = _safetensors_entries(root, st_files, notes)
     weights = _safetensors_weights(root, entries, reader, declare) if st_files else []
-    g_entries, g_weights, gguf_meta, headers = _gguf_inventory(root, gguf_files, notes, declare)
+    g_entries, g_weights, gguf_meta, headers, versions = _gguf_inventory(root, gguf_files, notes, declare)
     entries += g_entries
     weights += g_weights
     by_name = {e.name: e for e in entries}
@@ -259,6 +261,7 @@ def analyze(
         params=_gguf_params(gguf_meta) if gguf_only else {},
         gguf_headers=headers,
         gguf_meta=gguf_meta,
+        gguf_versions=versions,
     )
 
 
@@ -306,15 +309,19 @@ def _safetensors_weights(
 
 def _gguf_inventory(
     root: Path, files: list[str], notes: Notes, declare: str | Mapping[str, Any] | DeclareSpec | None
-) -> tuple[list[TensorEntry], list[LogicalWeight], dict[str, Any], dict[str, GgufHeaderDigest]]:
-    """The GGUF ``files``' tensors (gated), logical weights, merged key-values and header digests."""
+) -> tuple[
+    list[TensorEntry], list[LogicalWeight], dict[str, Any], dict[str, GgufHeaderDigest], dict[str, int]
+]:
+    """The GGUF ``files``' tensors (gated), logical weights, merged key-values, header digests, versions."""
     entries: list[TensorEntry] = []
     weights: list[LogicalWeight] = []
     meta: dict[str, Any] = {}
     headers: dict[str, GgufHeaderDigest] = {}
+    versions: dict[str, int] = {}
     for rel in files:
         gheader = parse_gguf(root / rel, notes=notes)
         headers[rel] = header_digest(root / rel, gheader)
+        versions[rel] = gheader.version
         meta.update(gheader.kv)
         g_entries = [
             TensorEntry(
@@ -326,7 +333,7 @@ def _gguf_inventory(
             dict(gheader.kv), [TensorInfo(e.name, e.dtype, e.shape) for e in g_entries], declare=declare
         )
         entries += g_entries
-    return entries, weights, meta, headers
+    return entries, weights, meta, headers, versions
 
 
 def _checked_weights(
