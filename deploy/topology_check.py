@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from shardport import ShardportError
 from shardport.placement import Topology, plan
+from shardport.placement.inventory import resolve_dims
 from shardport.registry.artifact.manifest import Manifest, TopologyHints
 from shardport.registry.contracts.graph import GraphContract
 
@@ -67,9 +68,30 @@ def _count(manifest: Manifest, contract: GraphContract | None, key: str) -> int:
     return 1
 
 
+def _backed(manifest: Manifest) -> bool:
+    """Whether the layer and expert counts the planner would use are those the weights hold.
+
+    config.json is untrusted: the planner enumerates the layers and experts its parameters name, so a
+    count no weight backs (``num_hidden_layers: 10**15``) is not planned at all.
+    """
+    weights = manifest.weights or []
+    try:
+        dims = resolve_dims(weights, manifest.model.params)
+    except ShardportError:
+        return False
+    layers = max((w.binding.layer for w in weights if w.binding.layer is not None), default=-1) + 1
+    stacked = [w.shape.extents[0] for w in weights if w.shape.axes and w.shape.axes[0] == "E"]
+    bound = [w.binding.expert + 1 for w in weights if w.binding.expert is not None]
+    experts = max(bound + stacked, default=0)
+    return dims.num_layers <= max(layers, 1) and dims.num_experts <= experts
+
+
 def placeable_degrees(manifest: Manifest) -> TopologyHints | None:
-    """The degrees per axis (others at 1) bring-up can place ``manifest`` at; None without weights."""
-    if not manifest.weights or not manifest.tensors:
+    """The degrees per axis (others at 1) bring-up can place ``manifest`` at.
+
+    None without weights, or where the model's parameters name layers or experts its weights do not hold.
+    """
+    if not manifest.weights or not manifest.tensors or not _backed(manifest):
         return None
     contract = _graph(manifest)
     pp_max = min(MAX_DEGREE, _count(manifest, contract, "layers"))

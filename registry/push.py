@@ -232,8 +232,10 @@ def _with_kernels(
     preferred: Sequence[str],
     layers: Callable[[Manifest], Manifest] | None = None,
 ) -> Manifest:
-    """The manifest with the kernel ids bring-up's dispatch must use / should prefer (``runtime``), then
-    the ``layers`` above the registry (which the kernel ids steer)."""
+    """The manifest with the kernel ids dispatch must use / should prefer (``runtime``), then ``layers``.
+
+    ``layers`` (above the registry) runs after the ids are recorded: they steer its expected kernels.
+    """
     if required or preferred:
         runtime = manifest.runtime.model_copy(
             update={"kernels_required": list(required), "kernels_preferred": list(preferred)}

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bringup_artifacts import Shape, gguf_tiny, quantized_llama
+from bringup_artifacts import Shape, gguf_mixtral, gguf_tiny, quantized_llama
 from support import Cli
 
 import shardport
@@ -162,3 +162,12 @@ def test_the_library_push_fills_what_the_registry_reads_itself(tmp_path: Path) -
     assert m.runtime.kernels_preferred == ["cpu.int4pack"] and m.runtime.expected_kernels is None
     assert m.runtime.name is None and m.topology is None
     assert b'"expected_kernels"' not in m.to_bytes() and b'"catalogue"' not in m.to_bytes()
+
+
+def test_a_mixture_of_experts_lists_its_ep_degrees(cli: Cli, tmp_path: Path) -> None:
+    """Stacked ``[E, N, K]`` experts: ep 1..E place them (each ep rank owns whole experts); one expert's
+    ``[N, K]`` is pinned like any other weight."""
+    doc = _inspect(cli, gguf_mixtral(tmp_path / "moe", experts=4), "moe:v1")
+    assert doc["topology"]["ep"] == [1, 2, 3, 4] and doc["topology"]["pp"] == [1, 2]
+    assert doc["quantization"]["tensor_types"] and doc["container"]["spec_revision"] == "3"
+    _check_runtime(doc)
