@@ -14,7 +14,7 @@ checked by :func:`.up.check_plan`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from shardport import ShardportError
 from shardport.placement import Topology, plan
@@ -98,9 +98,22 @@ def placeable_degrees(manifest: Manifest) -> TopologyHints | None:
     ep_max = min(MAX_DEGREE, _count(manifest, contract, "experts"))
     return TopologyHints(
         tp=[tp for tp in TP_CANDIDATES if _fits(manifest, contract, Topology(tp=tp))],
-        ep=[ep for ep in range(1, ep_max + 1) if _fits(manifest, contract, Topology(tp=1, ep=ep))],
-        pp=[pp for pp in range(1, pp_max + 1) if _fits(manifest, contract, Topology(tp=1, pp=pp))],
+        ep=_up_to(manifest, contract, ep_max, lambda ep: Topology(tp=1, ep=ep)),
+        pp=_up_to(manifest, contract, pp_max, lambda pp: Topology(tp=1, pp=pp)),
     )
+
+
+def _up_to(
+    manifest: Manifest, contract: GraphContract | None, most: int, at: Callable[[int], Topology]
+) -> list[int]:
+    """The degrees 1..``most`` of an axis that cuts no weight (whole layers or experts per rank).
+
+    The plan refuses such a degree only above the count, so when 1 and ``most`` fit, every degree between
+    does (two plans instead of ``most``); otherwise each is tried.
+    """
+    if most > 2 and _fits(manifest, contract, at(1)) and _fits(manifest, contract, at(most)):
+        return list(range(1, most + 1))
+    return [d for d in range(1, most + 1) if _fits(manifest, contract, at(d))]
 
 
 def _listed(axis: str, want: int, valid: Sequence[int]) -> str | None:
