@@ -248,6 +248,12 @@ def render_report(evidence: Mapping[str, Any]) -> str:
 
 
 def write_report(evidence: Mapping[str, Any], path: Path) -> Path:
-    """Write the page to ``path`` (replacing it); return the path."""
-    path.write_text(render_report(evidence), encoding="utf-8")
+    """Write the page to ``path`` atomically; return the path.
+
+    A temporary file in its folder, created without following links, flushed and renamed over it; a
+    link or anything but a regular file at ``path`` is refused, never followed.
+    """
+    from shardport.registry.writers import write_file
+
+    write_file(path, render_report(evidence).encode("utf-8"), durable=True)
     return path
