@@ -497,7 +497,8 @@ def bring_up(
         }
     from shardport.registry import evidence as registry_evidence
 
-    from .up_evidence import predicate, seal
+    from .up_evidence import predicate
+    from .up_finite import seal
 
     run, parity, l5 = _check(session, resolved, contract, request, reports)
     pred = predicate(

@@ -4,7 +4,7 @@ Pure: the ranks' reports, the reference generation and the policy in; the eviden
 (``https://shardport.dev/evidence/v1``; the fields :mod:`.report` draws, plus the details). No Ray,
 no store. Every number is a finite float or an int (the statement is canonical JSON): a measured NaN
 or infinity is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` and fails its row
-and the row "every measured value finite" (:func:`seal`), so the evidence is still signed, and fails.
+and the row "every measured value finite" (:mod:`.up_finite`): the evidence is signed, and fails.
 
 - L4: the parallel logits against the single-process float32 reference built from the registry's
   reference decode of every weight — max |Δ| over the prompt positions, top-1 agreement per position,
@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from shardport.kernels import FallbackPolicy, OperatorSignature, admit, default_catalog, named, ordered
-from shardport.provenance.canonical import check_finite, finite_text
-from shardport.provenance.errors import NonFiniteNumberError
+
+from .up_finite import finite_row, seal, within, worst
 
 #: Slack of the resident-memory check: the interpreter's, torch's lazy runtime (thread pools, kernel
 #: caches) and gloo's own growth on a rank. 96 MiB was too tight: on the quick bring-up benchmark
@@ -56,29 +56,6 @@ LEDGER_COMPONENTS = (
     "kv_cache",
     "repack_workspace_peak",
 )
-
-
-#: The row that proves the predicate holds only finite numbers (:func:`seal`).
-FINITE_ROW = "every measured value finite"
-
-
-def _worst(values: Iterable[float], default: float = 0.0) -> float:
-    """The largest of ``values``, or NaN when one is NaN (Python's ``max`` keeps or drops a NaN by
-    its position)."""
-    out = default
-    for i, v in enumerate(values):
-        v = float(v)
-        if math.isnan(v):
-            return v
-        out = v if i == 0 else max(out, v)
-    return out
-
-
-def _within(value: Any, bound: Any) -> bool:
-    """``value <= bound`` with both finite numbers (a NaN, an infinity or a string never passes)."""
-    if not isinstance(value, int | float) or not isinstance(bound, int | float):
-        return False
-    return math.isfinite(value) and math.isfinite(bound) and value <= bound
 
 
 @dataclass(frozen=True)
@@ -156,7 +133,7 @@ def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: fl
     follow the operators' activation dtype (:data:`L4_BUDGETS`): float32 ``64 · max(E, 1e-6) ·
     (layers + 1)``, bfloat16 ``16 · max(E, 2^-8) · sqrt(layers + 1)``.
     """
-    worst = _worst(
+    e_max = worst(
         float(v)
         for r in reports
         for lad in r.get("ladders", [])
@@ -168,12 +145,12 @@ def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: fl
     # a NaN anywhere stays NaN (max() would drop it): the tolerance is then NaN and L4 fails, sealed
     value = (
         budget.amplification
-        * _worst([worst, budget.e_floor])
+        * worst([e_max, budget.e_floor])
         * budget.growth(layers)
-        * _worst([1.0, float(logit_scale)])
+        * worst([1.0, float(logit_scale)])
     )
     return {
-        "e_kernel_max": worst,
+        "e_kernel_max": e_max,
         "logit_scale": float(logit_scale),
         "value": value,
         "activations": dtype,
@@ -453,8 +430,8 @@ def _ladder_rows(
             "level": "L2",
             "name": "layout decode = reference decode; witness rows",
             "passed": all(lad["l2"]["passed"] for lad in ladders) and covered,
-            "value": _worst(float(lad["l2"]["max_abs_error"]) for lad in full),
-            "tolerance": _worst(float(lad["l2"]["tolerance"]) for lad in full),
+            "value": worst(float(lad["l2"]["max_abs_error"]) for lad in full),
+            "tolerance": worst(float(lad["l2"]["tolerance"]) for lad in full),
             "detail": f"{sum(int(lad['l2']['witness_checked']) for lad in ladders)} witness cells or rows "
             f"on all {len(ladders)} operators; reconstruction: {scope}" + (f"; {gaps}" if gaps else ""),
         },
@@ -462,8 +439,8 @@ def _ladder_rows(
             "level": "L3",
             "name": "operator error vs reference (max E_kernel)",
             "passed": all(x["passed"] for x in l3) and covered,
-            "value": _worst(float(x["e_kernel"]) for x in l3),
-            "tolerance": _worst(float(x["tol_kernel"]) + float(x["e_conversion"]) for x in l3),
+            "value": worst(float(x["e_kernel"]) for x in l3),
+            "tolerance": worst(float(x["tol_kernel"]) + float(x["e_conversion"]) for x in l3),
             "detail": f"{len(l3)} golden batches; {scope}" + (f"; {gaps}" if gaps else ""),
         },
     ]
@@ -475,7 +452,7 @@ def _graph_rows(
     """The L4 and L5 rows of the parity table."""
     rows: list[dict[str, Any]] = []
     caches = [r["cache"] for r in reports]
-    cache_ok = all(_within(c["max_abs_diff"], c["tolerance"]) for c in caches)
+    cache_ok = all(within(c["max_abs_diff"], c["tolerance"]) for c in caches)
     top1 = parity["top1_agree"]
     degenerate = list(parity.get("degenerate_positions", []))
     steps = list(parity.get("degenerate_steps", []))
@@ -483,8 +460,8 @@ def _graph_rows(
         {
             "level": "L4",
             "name": "logits max |Δ| vs float32 reference",
-            "passed": _within(parity["max_abs_diff"], parity["tolerance"])
-            and _within(parity["decode_max_abs_diff"], parity["tolerance"]),
+            "passed": within(parity["max_abs_diff"], parity["tolerance"])
+            and within(parity["decode_max_abs_diff"], parity["tolerance"]),
             "value": parity["max_abs_diff"],
             "tolerance": parity["tolerance"],
             "detail": f"{parity['positions']} positions; decode max |Δ| {parity['decode_max_abs_diff']:.3g}",
@@ -496,7 +473,7 @@ def _graph_rows(
             "value": sum(top1),
             "tolerance": len(top1),
             "detail": "".join("1" if x else "0" for x in top1)
-            + (f"; degenerate logits (non-finite or all equal) at positions {degenerate}" if degenerate else ""),
+            + (f"; degenerate logits (non-finite or all equal) at positions {degenerate}" * bool(degenerate)),
         },
         {
             "level": "L4",
@@ -505,14 +482,14 @@ def _graph_rows(
             "value": len(parity["tokens"]),
             "tolerance": None,
             "detail": f"{list(parity['tokens'])} vs {list(parity['reference_tokens'])}"
-            + (f"; degenerate logits (non-finite or all equal) at decode steps {steps}" if steps else ""),
+            + (f"; degenerate logits (non-finite or all equal) at decode steps {steps}" * bool(steps)),
         },
         {
             "level": "L4",
             "name": "KV cache: decode steps = one fresh prefill",
             "passed": cache_ok,
-            "value": _worst(float(c["max_abs_diff"]) for c in caches),
-            "tolerance": _worst(float(c["tolerance"]) for c in caches),
+            "value": worst(float(c["max_abs_diff"]) for c in caches),
+            "tolerance": worst(float(c["tolerance"]) for c in caches),
             "detail": f"{len(caches)} ranks",
         },
         {
@@ -567,13 +544,13 @@ def predicate(
     """The evidence predicate (what is signed) and what ``--json`` / ``--report`` show.
 
     ``activations``: the dtype the bring-up asked its quantized operators to run in (the ``runtime``
-    section records it beside what each operator was admitted with). Sealed (:func:`seal`): a NaN or
-    infinity measured anywhere is written as text and fails the evidence.
+    section records it beside what each operator was admitted with). Sealed (:func:`.up_finite.seal`):
+    a NaN or infinity measured anywhere is written as text and fails the evidence.
     """
     coverage = ladder_coverage(reports)
-    rows = _ladder_rows(reports, digest, coverage) + _graph_rows(reports, parity, l5) + [_finite_row()]
+    rows = _ladder_rows(reports, digest, coverage) + _graph_rows(reports, parity, l5) + [finite_row()]
     by_rank = sorted(reports, key=lambda r: int(r["rank"]))
-    return seal({
+    out = {
         "manifest": digest,
         "repository": repository,
         "tag": dict(tag) if tag else None,
@@ -613,58 +590,5 @@ def predicate(
         "tiles_verified": {str(r["rank"]): int(r["tiles_verified"]) for r in by_rank},
         "witness": {str(r["rank"]): r["witness"] for r in by_rank},
         "decode_seconds": {str(r["rank"]): float(r["decode_seconds"]) for r in by_rank},
-    })
-
-
-def _finite_row() -> dict[str, Any]:
-    return {
-        "level": "L5",
-        "name": FINITE_ROW,
-        "passed": True,
-        "value": 0,
-        "tolerance": 0,
-        "detail": "every number in the evidence is finite",
     }
-
-
-def seal(pred: dict[str, Any]) -> dict[str, Any]:
-    """``pred`` as canonical JSON can sign it: each NaN or infinity written as text, and failing.
-
-    The one check the statement's canonicalisation runs (:func:`shardport.provenance.canonical.check_finite`)
-    names every non-finite value by its JSON pointer; here each becomes ``"NaN"``, ``"Infinity"`` or
-    ``"-Infinity"``, a parity row whose value or tolerance it is fails, and so do the row
-    :data:`FINITE_ROW` (value: how many) and the whole predicate. Idempotent: run again after fields
-    are added (the bring-up's attempts), it counts only what is new. A predicate without the row
-    gets one.
-    """
-    try:
-        check_finite(pred)
-        return pred
-    except NonFiniteNumberError as exc:
-        paths = exc.paths
-    out: dict[str, Any] = finite_text(pred)
-    rows = out.setdefault("parity", [])
-    row = next((r for r in rows if r.get("name") == FINITE_ROW), None)
-    if row is None:
-        row = _finite_row()
-        rows.append(row)
-    for path in paths:
-        parts = path.split("/")
-        if len(parts) == 4 and parts[1] == "parity" and parts[3] in ("value", "tolerance"):
-            failed = rows[int(parts[2])]
-            failed["passed"] = False
-            failed["detail"] = f"{failed.get('detail') or ''}; {parts[3]} not finite".lstrip("; ")
-    count = int(row["value"]) + len(paths) if row["passed"] is False else len(paths)
-    shown = ", ".join(f"{p} = {_text_at(out, p)}" for p in paths[:8])
-    more = f" and {len(paths) - 8} more" if len(paths) > 8 else ""
-    earlier = f"{row['detail']}; " if row["passed"] is False else ""
-    row.update(passed=False, value=count, detail=f"{earlier}not finite: {shown}{more}")
-    out["passed"] = False
-    return out
-
-
-def _text_at(doc: Any, pointer: str) -> Any:
-    for part in pointer.split("/")[1:]:
-        key = part.replace("~1", "/").replace("~0", "~")
-        doc = doc[int(key)] if isinstance(doc, list) else next(v for k, v in doc.items() if str(k) == key)
-    return doc
+    return seal(out)

@@ -19,15 +19,13 @@ import rfc8785
 
 from .errors import NonFiniteNumberError
 
-
 #: How a non-finite float is written where a document records one as a failed measurement (JSON has
 #: no NaN; Python's ``float`` and JavaScript's ``Number`` read these back).
 NONFINITE_TEXT = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
 def finite_text(doc: Any) -> Any:
-    """A copy of ``doc`` with every non-finite float written as its text (:data:`NONFINITE_TEXT`)
-    and tuples as lists, as JSON has them."""
+    """A copy of ``doc``: each non-finite float as its text (:data:`NONFINITE_TEXT`), tuples as lists."""
     if isinstance(doc, float):
         if math.isfinite(doc):
             return doc

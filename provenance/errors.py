@@ -54,7 +54,9 @@ class NonFiniteNumberError(ProvenanceError):
 
     def __init__(self, paths: list[str]) -> None:
         self.paths = list(paths)
-        shown = ", ".join(self.paths[:8]) + (f" and {len(self.paths) - 8} more" if len(self.paths) > 8 else "")
+        shown = ", ".join(self.paths[:8]) + (
+            f" and {len(self.paths) - 8} more" if len(self.paths) > 8 else ""
+        )
         super().__init__(
             f"a document to sign holds {len(self.paths)} non-finite number(s) (NaN or inf; canonical JSON, "
             f"RFC 8785, has none) at {shown}: record them as failed measurements, not as numbers"

@@ -29,8 +29,10 @@ class Statement:
     predicate: dict[str, Any]
 
     def to_bytes(self) -> bytes:
-        """Canonical (RFC 8785) JSON bytes of the statement; a NaN or inf anywhere in the predicate is
-        :class:`~.errors.NonFiniteNumberError` (:mod:`.canonical`)."""
+        """Canonical (RFC 8785) JSON bytes of the statement.
+
+        A NaN or inf anywhere in the predicate is :class:`~.errors.NonFiniteNumberError` (:mod:`.canonical`).
+        """
         doc: dict[str, Any] = {
             "_type": STATEMENT_TYPE,
             "subject": [{"name": s.name, "digest": {"sha256": s.sha256}} for s in self.subjects],

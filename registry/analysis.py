@@ -272,10 +272,13 @@ def analyze(
 def _check_finite(
     root: Path, entries: Iterable[TensorEntry], weights: Iterable[LogicalWeight], notes: Notes, *, allow: bool
 ) -> None:
-    """Every stored float tensor finite: refused, or with ``allow`` noted (a quantized weight's plane:
-    refused whatever ``allow`` says)."""
-    quantized = {  # the float planes beside a quantized weight's codes (a GGUF tensor is its own plane)
-        p.tensor for w in weights if not isinstance(w.contract, FloatContract | GgufBlockContract) for p in w.planes
+    """Every stored float tensor finite: refused, or noted with ``allow`` (a quantized plane: refused)."""
+    # the float planes beside a quantized weight's codes (a GGUF tensor is its own plane)
+    quantized = {
+        p.tensor
+        for w in weights
+        if not isinstance(w.contract, FloatContract | GgufBlockContract)
+        for p in w.planes
     }
 
     def report(error: NonFiniteValueError, fatal: bool) -> None:

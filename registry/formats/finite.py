@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from io import BufferedIOBase
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
@@ -91,7 +91,7 @@ class StoredFloat:
     dtype: str
 
 
-def _read(handle: BinaryIO, into: memoryview) -> None:
+def _read(handle: BufferedIOBase, into: memoryview) -> None:
     got = 0
     while got < len(into):
         n = handle.readinto(into[got:])
@@ -100,7 +100,9 @@ def _read(handle: BinaryIO, into: memoryview) -> None:
         got += n
 
 
-def scan(handle: BinaryIO, start: int, end: int, dtype: str, chunk_bytes: int = CHUNK_BYTES) -> NonFinite | None:
+def scan(
+    handle: BufferedIOBase, start: int, end: int, dtype: str, chunk_bytes: int = CHUNK_BYTES
+) -> NonFinite | None:
     """The non-finite elements of the ``dtype`` tensor at bytes ``[start, end)`` of ``handle``, or None."""
     element = ELEMENTS[dtype]
     pattern = _PATTERNS[str(element.float_format)]

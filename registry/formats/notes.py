@@ -82,8 +82,7 @@ class Notes:
         self.keep(error)
 
     def keep(self, error: ShardportError) -> None:
-        """Record ``error`` as a note whatever ``strict`` says: a finding the user's own switch allows
-        (``push --allow-nonfinite``)."""
+        """Record ``error`` as a note whatever ``strict`` says (a finding the user's switch allows)."""
         file = self._relative(getattr(error, "file", None))
         tensor = getattr(error, "tensor", None)
         field, expected, found = (str(getattr(error, k, "")) for k in ("field", "expected", "found"))

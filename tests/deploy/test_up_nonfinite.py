@@ -28,7 +28,7 @@ from shardport.deploy.graph.reference import compare
 from shardport.deploy.ray_ranks import run_in_process
 from shardport.deploy.report import render_report
 from shardport.deploy.up import UpRequest, bring_up
-from shardport.deploy.up_evidence import FINITE_ROW, seal
+from shardport.deploy.up_finite import FINITE_ROW, seal
 from shardport.provenance.canonical import canonical_bytes
 from shardport.provenance.errors import NonFiniteNumberError
 from shardport.registry.evidence import read_evidence
@@ -88,7 +88,11 @@ def test_nan_logits_give_failing_signed_stored_evidence(home: Path, tmp_path: Pa
     greedy = rows["greedy tokens identical"]  # the same tokens (argmax of NaN), which prove nothing
     assert greedy["passed"] is False and "decode steps [0, 1]" in greedy["detail"]
     finite = rows[FINITE_ROW]
-    assert finite["passed"] is False and finite["value"] >= 3 and "/parity_l4/max_abs_diff = NaN" in finite["detail"]
+    assert (
+        finite["passed"] is False
+        and finite["value"] >= 3
+        and "/parity_l4/max_abs_diff = NaN" in finite["detail"]
+    )
     # signed and stored: it verifies and says it failed
     assert result.evidence is not None
     [stored] = read_evidence(session, "llama/nan", result.digest).verified

@@ -51,7 +51,9 @@ def poke_gguf(folder: Path, tensor: str, index: int, value: float) -> Path:
     return folder
 
 
-def test_push_refuses_a_nan_in_a_safetensors_norm_naming_file_tensor_and_index(cli: Cli, tmp_path: Path) -> None:
+def test_push_refuses_a_nan_in_a_safetensors_norm_naming_file_tensor_and_index(
+    cli: Cli, tmp_path: Path
+) -> None:
     folder = poke_safetensors(gptq_tiny(tmp_path / "ck"), NORM, {37: np.nan})
     code, doc = cli("push", folder, "llama/nan:v1")
     assert code == 5, doc

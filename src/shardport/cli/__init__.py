@@ -2,8 +2,9 @@
 
 Exit codes (:data:`shardport.EXIT_CODES`; each means one thing): 0 ok, 1 verification failed, 2 usage,
 3 not found, 4 conflict (retry), 5 refused input (a container or contract gate), 6 unavailable,
-70 internal error. ``--json`` prints one strict JSON document on stdout (a non-finite number as the
-text ``"NaN"``/``"Infinity"``); errors then go to stdout as ``{"error": {...}}`` too. Progress bars appear only on an interactive terminal without ``--json``.
+70 internal error. ``--json`` prints one strict JSON document on stdout (a non-finite number as
+the text ``"NaN"`` or ``"Infinity"``); errors then go to stdout as ``{"error": {...}}`` too.
+Progress bars appear only on an interactive terminal without ``--json``.
 
 Modules: :mod:`~shardport.cli.parser` (the arguments), :mod:`~shardport.cli.dispatch` (which function
 runs a command), one module per command group (:mod:`~shardport.cli.keys`,
@@ -70,8 +71,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def _strict_json(result: object) -> str:
-    """``--json``: strict JSON (no bare ``NaN``, which strict parsers refuse); a non-finite number is
-    written as the text ``"NaN"`` / ``"Infinity"`` / ``"-Infinity"``, as the evidence records it."""
+    """``--json``: strict JSON; a non-finite number as text (``"NaN"``), as the evidence records it."""
     from shardport.provenance.canonical import finite_text
 
     return json.dumps(finite_text(result), sort_keys=True, allow_nan=False)
