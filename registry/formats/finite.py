@@ -41,17 +41,21 @@ class _Pattern:
     view: str
     exponent: int
     mantissa: int | None
+    magnitude: int
+    """Every bit but the sign: a value is non-finite exactly when ``bits & magnitude >= exponent``."""
+    native: str | None = None
+    """A numpy float view whose ``isfinite`` is the faster test (binary32, binary64)."""
 
 
 #: float format → the raw-bits view and the fields that make a value non-finite.
 _PATTERNS: dict[str, _Pattern] = {
-    "binary64": _Pattern("<u8", 0x7FF0_0000_0000_0000, 0x000F_FFFF_FFFF_FFFF),
-    "binary32": _Pattern("<u4", 0x7F80_0000, 0x007F_FFFF),
-    "binary16": _Pattern("<u2", 0x7C00, 0x03FF),
-    "bfloat16": _Pattern("<u2", 0x7F80, 0x007F),
-    "e5m2": _Pattern("u1", 0x7C, 0x03),
-    "e4m3": _Pattern("u1", 0x7F, None),  # the fn variant: S.1111.111 is NaN, no inf
-    "e8m0": _Pattern("u1", 0xFF, None),
+    "binary64": _Pattern("<u8", 0x7FF0_0000_0000_0000, 0x000F_FFFF_FFFF_FFFF, (1 << 63) - 1, "<f8"),
+    "binary32": _Pattern("<u4", 0x7F80_0000, 0x007F_FFFF, 0x7FFF_FFFF, "<f4"),
+    "binary16": _Pattern("<u2", 0x7C00, 0x03FF, 0x7FFF),
+    "bfloat16": _Pattern("<u2", 0x7F80, 0x007F, 0x7FFF),
+    "e5m2": _Pattern("u1", 0x7C, 0x03, 0x7F),
+    "e4m3": _Pattern("u1", 0x7F, None, 0x7F),  # the fn variant: S.1111.111 is NaN, no inf
+    "e8m0": _Pattern("u1", 0xFF, None, 0xFF),  # unsigned: 0xFF is NaN
 }
 
 
@@ -113,15 +117,19 @@ def scan(
     first: tuple[int, str] | None = None
     nan = inf = 0
     exponent = np.array(pattern.exponent, dtype=pattern.view)
+    magnitude = np.array(pattern.magnitude, dtype=pattern.view)
+    scratch = np.empty(len(buffer) // size, dtype=pattern.view)
     handle.seek(start)
     for offset in range(start, end, step):
         length = min(step, end - offset)
         _read(handle, view[:length])
         bits = buffer[:length].view(pattern.view)
-        bad = (bits & exponent) == exponent
-        if not bad.any():
+        if pattern.native is not None:  # one pass each; no boolean array beyond isfinite's
+            if np.isfinite(bits.view(pattern.native)).all():
+                continue
+        elif np.bitwise_and(bits, magnitude, out=scratch[: len(bits)]).max() < exponent:
             continue
-        where = np.flatnonzero(bad)
+        where = np.flatnonzero((bits & exponent) == exponent)
         values = bits[where]
         infinite = (
             (values & np.array(pattern.mantissa, dtype=pattern.view)) == 0

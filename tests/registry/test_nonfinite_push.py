@@ -115,7 +115,9 @@ def test_a_quantized_weights_nan_scale_is_refused_even_with_the_switch(cli: Cli,
     folder = poke_safetensors(gptq_tiny(tmp_path / "ck"), scales, {4: np.nan})
     code, doc = cli("push", folder, "llama/scale:v1", "--allow-nonfinite")
     assert code == 5, doc
-    assert "q_proj" in doc["error"]["message"] and "NaN" in doc["error"]["message"]
+    assert doc["error"]["type"] == "ScaleValueError"
+    message = doc["error"]["message"]
+    assert "q_proj" in message and "1 NaN/inf, the first at flat index 4" in message
 
 
 def test_verify_strict_of_a_checkpoint_folder_fails_on_nan(cli: Cli, tmp_path: Path) -> None:
@@ -172,3 +174,18 @@ def test_scan_reads_the_eight_bit_float_patterns() -> None:
     assert scan(io.BytesIO(bytes([0x00, 0xFE])), 0, 2, "F8_E8M0") is None  # 0xFF alone is NaN
     assert float_dtype("F32") and float_dtype("BF16") and float_dtype("F8_E8M0")
     assert not float_dtype("Q4_0") and not float_dtype("I32") and not float_dtype("U8")
+
+
+def test_a_nan_gguf_q8_0_block_scale_is_refused_naming_its_block(cli: Cli, tmp_path: Path) -> None:
+    folder = gguf_tiny(tmp_path / "g")
+    path = folder / "model.gguf"
+    record = next(t for t in parse_gguf(path).tensors if t.name == "blk.0.attn_v.weight")
+    assert record.ggml_type == "Q8_0"  # blocks of 34 bytes: f16 d, then 32 int8 codes
+    block = 13  # hidden 192 = 6 blocks a row: row 2, the second block
+    with path.open("r+b") as f:
+        f.seek(record.start + 34 * block)
+        f.write(np.float16(np.nan).tobytes())
+    code, doc = cli("push", folder, "llama/q8nan:v1", "--allow-nonfinite")  # the switch: float tensors only
+    assert code == 5, doc
+    assert doc["error"]["type"] == "ScaleValueError"
+    assert "1 NaN/inf, the first in block 13 (row 2, flat elements 416..447)" in doc["error"]["message"]
