@@ -189,3 +189,11 @@ def test_a_nan_gguf_q8_0_block_scale_is_refused_naming_its_block(cli: Cli, tmp_p
     assert code == 5, doc
     assert doc["error"]["type"] == "ScaleValueError"
     assert "1 NaN/inf, the first in block 13 (row 2, flat elements 416..447)" in doc["error"]["message"]
+
+
+def test_decode_of_a_local_checkpoint_shows_the_nan(cli: Cli, tmp_path: Path) -> None:
+    folder = poke_safetensors(gptq_tiny(tmp_path / "ck"), NORM, {2: np.nan})
+    out = tmp_path / "norm.safetensors"
+    cli.ok("decode", folder, NORM, "--out", out)  # inspection, not a gate: the value is what is shown
+    values = next(iter(load_file(str(out)).values()))
+    assert np.isnan(values.reshape(-1)[2]) and np.isfinite(np.delete(values.reshape(-1), 2)).all()
