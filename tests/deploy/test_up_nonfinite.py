@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from bringup_artifacts import gptq_tiny
-from llama_artifacts import ok
+from llama_artifacts import cli, ok
 from safetensors.numpy import load_file, save_file
 
 from shardport.cli import main
@@ -137,8 +137,8 @@ def test_cli_up_on_nan_logits_exits_1_with_strict_json_and_a_drawn_report(
     assert code == 1, doc
     assert doc["passed"] is False and doc["evidence"] is not None
     assert _rows(doc)[FINITE_ROW]["passed"] is False
-    listed = ok(store, "evidence", "llama/nan:v1")
-    assert [e["passed"] for e in listed["evidence"]] == [False]
+    _, listed = cli(store, "evidence", "llama/nan:v1")  # it verifies, and records a failed bring-up
+    assert [e["passed"] for e in listed["evidence"]] == [False] and not listed.get("failures")
     page = report.read_text()
     assert "NaN" in page
     browser = shutil.which("chromium-headless-shell") or shutil.which("chromium")
