@@ -20,7 +20,6 @@ from shardport.provenance.errors import NonFiniteNumberError
 FINITE_ROW = "every measured value finite"
 
 
-
 def worst(values: Iterable[float], default: float = 0.0) -> float:
     """The largest of ``values``, or NaN when one is NaN (``max`` keeps or drops a NaN by position)."""
     out = default
