@@ -584,6 +584,7 @@ def bring_up(
     from shardport.registry import evidence as registry_evidence
 
     from .up_evidence import predicate
+    from .up_finite import seal
 
     run, parity, l5 = _check(session, resolved, contract, request, reports)
     pred = predicate(
@@ -604,6 +605,7 @@ def bring_up(
     if tokenizer is not None:
         pred["tokenizer"] = {"source": tokenizer.source, "digest": str(tokenizer.digest)}
         pred["text"] = {"prompt": request.prompt, "generated": tokenizer.decode(run.tokens)}
+    pred = seal(pred)  # what was added since: a NaN is text and fails, never an unsignable number
     stored = None
     if store_evidence:
         stored = registry_evidence.store_evidence(session, resolved.ref.name, resolved.digest, pred)

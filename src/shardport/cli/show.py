@@ -44,9 +44,9 @@ def verify(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple
     local = Path(args.target)
     if local.exists():
         if local.is_dir():
-            report = verify_dir(session, local, strict=args.strict)
+            report = verify_dir(session, local, strict=args.strict, allow_nonfinite=args.allow_nonfinite)
         else:
-            report = verify_checkpoint(local, strict=args.strict)
+            report = verify_checkpoint(local, strict=args.strict, allow_nonfinite=args.allow_nonfinite)
     else:
         report = verify_ref(session, parse_ref(args.target))
     return report.to_json(), report.exit_code
