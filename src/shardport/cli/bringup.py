@@ -209,7 +209,8 @@ def verdict_line(result: Any) -> str:
     where = []
     if result.get("evidence"):
         ref = f"{result['repository']}@{result['digest']}"
-        where.append(f"signed evidence {result['evidence']} (registry evidence {ref} --show {result['evidence']})")
+        shown = f"registry evidence {ref} --show {result['evidence']}"
+        where.append(f"signed evidence {result['evidence']} ({shown})")
     else:
         where.append("no evidence stored")
     if result.get("report"):
