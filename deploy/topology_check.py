@@ -116,8 +116,13 @@ def _up_to(
     return [d for d in range(1, most + 1) if _fits(manifest, contract, at(d))]
 
 
+def _tried(axis: str, degree: int) -> bool:
+    """Whether push tried ``degree`` on ``axis`` (a degree it did not try is left to the plan's checks)."""
+    return degree in TP_CANDIDATES if axis == "tp" else 1 <= degree <= MAX_DEGREE
+
+
 def _listed(axis: str, want: int, valid: Sequence[int]) -> str | None:
-    if want in valid:
+    if want in valid or not _tried(axis, want):
         return None
     return f"--{axis} {want}: the artifact can be placed at {axis} in {list(valid) or 'none'}"
 
@@ -125,7 +130,9 @@ def _listed(axis: str, want: int, valid: Sequence[int]) -> str | None:
 def check_degrees(manifest: Manifest, tp: int, ep: int, pp: int) -> None:
     """Refuse (:class:`GraphLayoutError`, exit 5) a degree the manifest's ``topology`` does not list.
 
-    A manifest without a topology layer (pushed before it was recorded) is not checked here.
+    A manifest without a topology layer (pushed before it was recorded) is not checked here, nor a
+    degree push did not try (tp outside :data:`TP_CANDIDATES`, ep or pp over :data:`MAX_DEGREE`): the
+    world-size bounds and the plan-time checks decide those.
     """
     hints = manifest.topology
     if hints is None:

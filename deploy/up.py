@@ -459,6 +459,7 @@ def admit(session: Session, request: UpRequest, *, store_evidence: bool = False)
     """
     from .bounds import check_prompt_bytes, check_sequence, check_world, context_length
     from .contract import contract_of
+    from .topology_check import check_degrees
 
     check_request(request)
     if store_evidence and session.key is None:
@@ -472,6 +473,7 @@ def admit(session: Session, request: UpRequest, *, store_evidence: bool = False)
     contract = contract_of(resolved.manifest)
     context = context_length(resolved.manifest)
     check_world(contract, request.tp, request.ep, request.pp)
+    check_degrees(resolved.manifest, request.tp, request.ep, request.pp)  # the topology layer
     tokenizer = None
     if request.prompt is not None:
         from .tokenizer import load_tokenizer, read_tokenizer

@@ -55,3 +55,22 @@ def test_a_degree_outside_the_layer_is_refused_naming_the_valid_ones(manifest: M
 
 def test_a_manifest_without_the_layer_is_left_to_the_plan_checks(manifest: Manifest) -> None:
     check_degrees(manifest.model_copy(update={"topology": None}), tp=4, ep=1, pp=1)
+
+
+def test_a_degree_push_did_not_try_is_left_to_the_plan_checks(manifest: Manifest) -> None:
+    assert 5 not in TP_CANDIDATES
+    check_degrees(manifest, tp=5, ep=1, pp=1)  # not refused here: the world bounds and plan decide
+
+
+def test_registry_up_refuses_an_unlisted_degree_before_anything_starts(home: Path, tmp_path: Path) -> None:
+    from llama_artifacts import ok
+
+    from shardport.deploy.up import admit
+    from shardport.registry.session import Session
+
+    store = str(tmp_path / "store")
+    ok(store, "keygen")
+    ok(store, "push", gguf_tiny(tmp_path / "gguf"), "llama/gguf:v1")
+    session = Session.open(store)
+    with pytest.raises(GraphLayoutError, match=r"the artifact can be placed at tp in \["):
+        admit(session, UpRequest(ref="llama/gguf:v1", tokens=(1, 2), tp=6, store=store))

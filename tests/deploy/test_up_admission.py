@@ -94,7 +94,7 @@ def test_refused_before_anything_starts(
 
 def test_the_largest_request_that_fits_is_admitted(store: str) -> None:
     session = Session.open(store)
-    fits = UpRequest(ref="llama/gptq:v1", tokens=(1,) * (DEFAULT_CONTEXT - 4), steps=4, tp=6, store=store)
+    fits = UpRequest(ref="llama/gptq:v1", tokens=(1,) * (DEFAULT_CONTEXT - 4), steps=4, tp=3, store=store)
     admitted = admit(session, fits)
     assert admitted.request.tokens == fits.tokens and admitted.contract.heads == 6
 

@@ -36,6 +36,19 @@ def _push(tmp: Path) -> str:
     return store
 
 
+def _push_unlisted(tmp: Path, folder: Path, name: str) -> str:
+    """Pushed by the library without the CLI's runtime/topology layers (as before the layer existed):
+    the driver's ``check_degrees`` has no list to refuse from, so the placement plan refuses, after the
+    launch started."""
+    from shardport.registry.push import push
+
+    store = str(tmp / "store")
+    ok(store, "keygen")
+    repository, tag = name.split(":")
+    push(Session.open(store), folder, repository, tag)
+    return store
+
+
 class _Booted:
     """A started launch: records what the driver did with it; ``lose`` makes its launch a lost rank."""
 
@@ -80,7 +93,7 @@ def test_the_ray_launcher_starts_before_its_specs() -> None:
 def test_a_refused_plan_closes_the_started_launch_and_raises_the_plans_error(
     home: Path, tmp_path: Path
 ) -> None:
-    store = _push(tmp_path)
+    store = _push_unlisted(tmp_path, Path(gptq_tiny(tmp_path / "gptq")), "llama/gptq:v1")
     launcher = _Starting()
     # tp 6 fits the 6 heads (3 kv heads, 2 each), but o_proj's K = 192 holds 3 groups of 64: the
     # placement plan refuses it, while the launch is already started
@@ -100,7 +113,7 @@ def test_a_refused_plan_closes_the_started_launch_and_raises_the_plans_error(
 
 
 def test_a_refused_plan_wins_over_a_failed_start(home: Path, tmp_path: Path) -> None:
-    store = _push(tmp_path)
+    store = _push_unlisted(tmp_path, Path(gptq_tiny(tmp_path / "gptq")), "llama/gptq:v1")
     refused = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, tp=6, store=store, ladder=False)
     launcher = _Starting(start_error=ClusterError("cannot start or join Ray"))
     with pytest.raises(UnsplittableError, match="o_proj") as caught:
@@ -165,9 +178,7 @@ def test_the_drivers_plan_imports_no_torch(home: Path, tmp_path: Path) -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_refused_plan_tears_the_started_actors_down(home: Path, tmp_path: Path, ray_ranks: Any) -> None:
-    store = str(tmp_path / "store")
-    ok(store, "keygen")
-    ok(store, "push", gguf_mixtral(tmp_path / "moe"), "llama/gmoe:v1")
+    store = _push_unlisted(tmp_path, Path(gguf_mixtral(tmp_path / "moe")), "llama/gmoe:v1")
     events: list[tuple[int, str]] = []
     # the K-quant experts' K = 256 cannot split at tp 2 (test_up_gguf_moe): refused by the placement plan
     request = UpRequest(ref="llama/gmoe:v1", tokens=PROMPT, tp=2, ep=2, store=store, ladder=False)
