@@ -1,0 +1,163 @@
+"""Fuzzing every parser of untrusted bytes: each returns an object or raises one of our errors.
+
+Parsers (:mod:`fuzz_targets`): the safetensors and GGUF header gates, the sharded index, the manifest
+(with its consistency check), tag documents (through the chain check), DSSE envelopes, manifest
+signatures, trust policies, evidence statements, tile indexes and producer witnesses. Inputs: valid
+seeds taken from a real store, mutated (bit flips, truncation, extension, length and count fields set
+to huge values, JSON numbers replaced by edge cases, splicing, deep nesting) and, for the JSON ones,
+changed structurally (a field's value replaced, removed, retyped). Any exception that is not a
+``ShardportError`` fails the test; so does an input that takes longer than the per-example deadline
+or (on a sample, under ``tracemalloc``) allocates more than :func:`fuzz_targets.memory_bound`.
+``bench/bench_fuzz.py`` runs the same with many more inputs and reports the figures.
+
+Bugs these found and that are fixed (each with its regression case in :data:`REGRESSIONS`):
+RecursionError from deeply nested JSON and ValueError from numbers of more than 4300 digits escaped
+from the manifest, DSSE envelope (so tag documents, signatures, evidence), in-toto statement, tile
+index (digits only) and trust policy parsers; cryptography's UnsupportedAlgorithm escaped from a trust
+policy whose PEM key has an unknown algorithm.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import timedelta
+
+import pytest
+from fuzz_targets import BYTE_OPS, Target, memory_bound, mutate_bytes, mutate_json, run_one, targets
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tamper_world import World, build, home_at
+
+PER_PARSER = settings(
+    max_examples=300,
+    deadline=timedelta(seconds=2),  # no hang: every example parses within 2 s (the slowest takes ~0.1 s)
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    derandomize=True,  # CI runs the same inputs every time; bench/bench_fuzz.py explores
+)
+NAMES = (
+    "safetensors header",
+    "gguf header",
+    "shard index",
+    "manifest",
+    "tag document",
+    "dsse envelope",
+    "manifest signature",
+    "trust policy",
+    "evidence statement",
+    "tile index",
+    "producer witness",
+)
+
+
+@pytest.fixture(scope="module")
+def parsers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Target]:
+    root = tmp_path_factory.mktemp("fuzz-world")
+    with home_at(root / "home"):
+        return targets(World(root, build(root)), root)
+
+
+def check(target: Target, raw: bytes, *, memory: bool = False) -> None:
+    outcome = run_one(target, raw, measure_memory=memory)
+    assert outcome.bug is None, f"{target.name}: {outcome.bug} on {raw[:200]!r}"
+    if memory:
+        assert outcome.peak_bytes is not None and outcome.peak_bytes <= memory_bound(raw), (
+            f"{target.name}: {outcome.peak_bytes} bytes allocated for a {len(raw)}-byte input"
+        )
+
+
+def test_every_parser_accepts_its_seeds(parsers: dict[str, Target]) -> None:
+    assert set(parsers) == set(NAMES)
+    for target in parsers.values():
+        for seed in target.seeds:
+            outcome = run_one(target, seed)
+            assert outcome.accepted, (target.name, outcome)
+
+
+_ops = st.lists(
+    st.tuples(st.integers(0, len(BYTE_OPS) - 1), st.integers(0, 2**32), st.integers(0, 2**64 - 1)),
+    min_size=1,
+    max_size=4,
+)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@PER_PARSER
+@given(ops=_ops, pick=st.integers(0, 7))
+def test_mutated_seeds(parsers: dict[str, Target], name: str, ops: list[tuple[int, int, int]], pick: int) -> None:
+    target = parsers[name]
+    check(target, mutate_bytes(target.seeds[pick % len(target.seeds)], ops, target.seeds))
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("safetensors header", "gguf header", "producer witness")])
+@PER_PARSER
+@given(seed=st.integers(0, 2**32), pick=st.integers(0, 7))
+def test_structurally_mutated_json(parsers: dict[str, Target], name: str, seed: int, pick: int) -> None:
+    target = parsers[name]
+    check(target, mutate_json(target.seeds[pick % len(target.seeds)], seed))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(PER_PARSER, max_examples=100)
+@given(raw=st.binary(max_size=512))
+def test_arbitrary_bytes(parsers: dict[str, Target], name: str, raw: bytes) -> None:
+    check(parsers[name], raw)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(PER_PARSER, max_examples=25)
+@given(ops=_ops, pick=st.integers(0, 7))
+def test_allocations_stay_within_the_bound(
+    parsers: dict[str, Target], name: str, ops: list[tuple[int, int, int]], pick: int
+) -> None:
+    """Huge counts and lengths allocate nothing of their size: peak <= 8 MiB + 64 x the input."""
+    target = parsers[name]
+    check(target, mutate_bytes(target.seeds[pick % len(target.seeds)], ops, target.seeds), memory=True)
+
+
+def _deep(n: int) -> bytes:
+    return b"[" * n + b"]" * n
+
+
+def _envelope(payload: bytes) -> bytes:
+    doc = {"payloadType": "application/vnd.in-toto+json", "payload": base64.b64encode(payload).decode(), "signatures": []}
+    return json.dumps(doc).encode()
+
+
+REGRESSIONS: list[tuple[str, bytes, str]] = [
+    # (parser, input, the error it must now raise) — each escaped as a bare Python exception before
+    ("manifest", _deep(100_000), "VerificationError"),
+    ("manifest", b'{"schema_version": ' + b"9" * 5000 + b"}", "VerificationError"),
+    ("dsse envelope", _deep(100_000), "EnvelopeFormatError"),
+    ("dsse envelope", b'{"payload": ' + b"1" * 5000 + b"}", "EnvelopeFormatError"),
+    ("tag document", _deep(100_000), "TagChainError"),
+    ("tag document", _envelope(_deep(100_000)), "TagChainError"),
+    ("manifest signature", _deep(100_000), "SignatureError"),
+    ("manifest signature", _envelope(b"[" * 100_000), "SignatureError"),
+    ("evidence statement", _deep(100_000), "SignatureError"),
+    ("tile index", b'{"version": ' + b"2" * 5000 + b"}", "TileIndexError"),
+    ("tile index", _deep(100_000), "TileIndexError"),
+    ("trust policy", _deep(100_000), "UsageError"),
+]
+
+
+@pytest.mark.parametrize(("name", "raw", "error"), REGRESSIONS, ids=[f"{n}-{k}" for k, (n, _, _) in enumerate(REGRESSIONS)])
+def test_found_bugs_stay_fixed(parsers: dict[str, Target], name: str, raw: bytes, error: str) -> None:
+    outcome = run_one(parsers[name], raw)
+    assert outcome.refused == error, outcome
+
+
+def test_a_pem_key_of_an_unknown_algorithm_is_a_key_format_error(parsers: dict[str, Target]) -> None:
+    """Found by mutation: one changed byte of the key's algorithm OID raised cryptography's
+    UnsupportedAlgorithm out of the trust policy parser."""
+    pem = parsers["trust policy"].seeds[1]
+    der = base64.b64decode(b"".join(pem.splitlines()[1:-1]))
+    oid = der.index(bytes.fromhex("2b6570"))  # 1.3.101.112, Ed25519
+    bad_der = der[:oid] + bytes.fromhex("2b656c") + der[oid + 3 :]  # 1.3.101.108: no such key type
+    bad = b"-----BEGIN PUBLIC KEY-----\n" + base64.b64encode(bad_der) + b"\n-----END PUBLIC KEY-----\n"
+    outcome = run_one(parsers["trust policy"], bad)
+    assert outcome.bug is None and outcome.refused == "UsageError", outcome
+    doc = {"keys": [{"name": "k", "public_key": bad.decode(), "scopes": ["*"]}]}
+    outcome = run_one(parsers["trust policy"], json.dumps(doc).encode())
+    assert outcome.bug is None and outcome.refused == "UsageError", outcome
+
