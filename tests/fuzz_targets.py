@@ -76,7 +76,10 @@ def gguf_seed(path: Path) -> bytes:
 SHARD_INDEX = json.dumps(
     {
         "metadata": {"total_size": 1024, "total_parameters": 256},
-        "weight_map": {"a.weight": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors"},
+        "weight_map": {
+            "a.weight": "model-00001-of-00002.safetensors",
+            "b.weight": "model-00002-of-00002.safetensors",
+        },
     }
 ).encode()
 
@@ -91,7 +94,11 @@ def targets(world: Any, scratch: Path) -> dict[str, Target]:
     weights = list(manifest.weights or [])
     tag1, tag2 = store.read(tag_key(NAME, TAG, 1)), store.read(tag_key(NAME, TAG, 2))
     policy = session.policy
-    trust = (world.root / "home" / "trust.json").read_bytes() if (world.root / "home" / "trust.json").exists() else policy.to_bytes()
+    trust = (
+        (world.root / "home" / "trust.json").read_bytes()
+        if (world.root / "home" / "trust.json").exists()
+        else policy.to_bytes()
+    )
     blob = store.read_blob
 
     def manifest_parse(raw: bytes) -> object:
@@ -125,7 +132,12 @@ def targets(world: Any, scratch: Path) -> dict[str, Target]:
             ),
             Target("manifest", manifest_parse, (blob(v2), blob(world.d.other)), True),
             Target("tag document", tag_parse, (tag2,), True),
-            Target("dsse envelope", lambda raw: Envelope.from_bytes(raw, source="fuzz envelope"), (blob(world.signature()),), True),
+            Target(
+                "dsse envelope",
+                lambda raw: Envelope.from_bytes(raw, source="fuzz envelope"),
+                (blob(world.signature()),),
+                True,
+            ),
             Target(
                 "manifest signature",
                 lambda raw: check_envelope(session, raw, NAME, v2, "fuzz signature", TAG),
@@ -144,7 +156,12 @@ def targets(world: Any, scratch: Path) -> dict[str, Target]:
                 (blob(world.evidence()),),
                 True,
             ),
-            Target("tile index", lambda raw: TileIndex.from_bytes(raw, source="fuzz tile index"), (blob(world.tile_index_digest()),), True),
+            Target(
+                "tile index",
+                lambda raw: TileIndex.from_bytes(raw, source="fuzz tile index"),
+                (blob(world.tile_index_digest()),),
+                True,
+            ),
             Target(
                 "producer witness",
                 lambda raw: parse_witness(raw, weights, "fuzz witness"),
@@ -316,7 +333,7 @@ def run_one(target: Target, raw: bytes, *, measure_memory: bool = False) -> Outc
         accepted = True
     except ShardportError as exc:
         refused = type(exc).__name__
-    except Exception as exc:  # noqa: BLE001 - the point: anything else is a finding
+    except Exception as exc:
         bug = f"{type(exc).__name__}: {str(exc)[:200]}"
     seconds = time.perf_counter() - t0
     peak = None

@@ -62,7 +62,9 @@ def gptq_checkpoint(folder: Path, seed: int) -> Path:
     save_file({k: np.ascontiguousarray(v) for k, v in planes.items()}, str(folder / "model.safetensors"))
     config = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1, "quantization_config": GPTQ}
     (folder / "config.json").write_text(json.dumps(config))
-    save_file({f"{WEIGHT}.rows": ROWS, f"{WEIGHT}.values": original[ROWS]}, str(folder.parent / f"w{seed}.st"))
+    save_file(
+        {f"{WEIGHT}.rows": ROWS, f"{WEIGHT}.values": original[ROWS]}, str(folder.parent / f"w{seed}.st")
+    )
     return folder
 
 
@@ -73,9 +75,10 @@ class Digests:
     other: str
 
 
-def build(root: Path) -> Digests:
-    """Build the world under ``root`` (``root/store``, ``root/home``); ``$SHARDPORT_HOME`` must point there."""
-    store = str(root / "store")
+def build(root: Path, store: str | None = None) -> Digests:
+    """Build the world in ``store`` (default ``root/store``) and ``root/home`` (``$SHARDPORT_HOME`` must
+    name the latter)."""
+    store = store or str(root / "store")
     ok(store, "keygen")
     src = root / "src"
     digests = []
@@ -107,9 +110,9 @@ def home_at(path: Path) -> Iterator[None]:
 class World:
     """A copy of the built world: its store, its client home, and readers for its objects."""
 
-    def __init__(self, root: Path, digests: Digests) -> None:
+    def __init__(self, root: Path, digests: Digests, store: str | None = None) -> None:
         self.root, self.d = root, digests
-        self.store = str(root / "store")
+        self.store = store or str(root / "store")
         self.session = Session.open(self.store)
 
     def manifest(self, digest: str | None = None) -> Manifest:

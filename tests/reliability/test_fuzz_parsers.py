@@ -84,12 +84,16 @@ _ops = st.lists(
 @pytest.mark.parametrize("name", NAMES)
 @PER_PARSER
 @given(ops=_ops, pick=st.integers(0, 7))
-def test_mutated_seeds(parsers: dict[str, Target], name: str, ops: list[tuple[int, int, int]], pick: int) -> None:
+def test_mutated_seeds(
+    parsers: dict[str, Target], name: str, ops: list[tuple[int, int, int]], pick: int
+) -> None:
     target = parsers[name]
     check(target, mutate_bytes(target.seeds[pick % len(target.seeds)], ops, target.seeds))
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("safetensors header", "gguf header", "producer witness")])
+@pytest.mark.parametrize(
+    "name", [n for n in NAMES if n not in ("safetensors header", "gguf header", "producer witness")]
+)
 @PER_PARSER
 @given(seed=st.integers(0, 2**32), pick=st.integers(0, 7))
 def test_structurally_mutated_json(parsers: dict[str, Target], name: str, seed: int, pick: int) -> None:
@@ -120,7 +124,11 @@ def _deep(n: int) -> bytes:
 
 
 def _envelope(payload: bytes) -> bytes:
-    doc = {"payloadType": "application/vnd.in-toto+json", "payload": base64.b64encode(payload).decode(), "signatures": []}
+    doc = {
+        "payloadType": "application/vnd.in-toto+json",
+        "payload": base64.b64encode(payload).decode(),
+        "signatures": [],
+    }
     return json.dumps(doc).encode()
 
 
@@ -141,7 +149,9 @@ REGRESSIONS: list[tuple[str, bytes, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "raw", "error"), REGRESSIONS, ids=[f"{n}-{k}" for k, (n, _, _) in enumerate(REGRESSIONS)])
+@pytest.mark.parametrize(
+    ("name", "raw", "error"), REGRESSIONS, ids=[f"{n}-{k}" for k, (n, _, _) in enumerate(REGRESSIONS)]
+)
 def test_found_bugs_stay_fixed(parsers: dict[str, Target], name: str, raw: bytes, error: str) -> None:
     outcome = run_one(parsers[name], raw)
     assert outcome.refused == error, outcome
@@ -160,4 +170,3 @@ def test_a_pem_key_of_an_unknown_algorithm_is_a_key_format_error(parsers: dict[s
     doc = {"keys": [{"name": "k", "public_key": bad.decode(), "scopes": ["*"]}]}
     outcome = run_one(parsers["trust policy"], json.dumps(doc).encode())
     assert outcome.bug is None and outcome.refused == "UsageError", outcome
-

@@ -2,9 +2,12 @@
 
 An attacker controls the store (every key and byte in it) but not the signing key. For each kind of
 stored object and each attack, the consumers that read that object (full pull, rank pull, ``verify
-REF``, ``fsck``, ``evidence REF``) must refuse: exit 1 with a typed verification error or finding,
-never exit 0 and never exit 70. The table below says what each cell does; a cell that could not be
-made is listed in :data:`NOT_APPLICABLE` with the reason (none today: all 40 cells run).
+REF``, ``fsck``, ``evidence REF``, and ``registry up``'s driver resolve plus a rank's load) must
+refuse: exit 1 with a typed verification error or finding, never exit 0 and never exit 70. The table
+below says what each cell does and which consumers read the object; a cell that could not be made is
+listed in :data:`NOT_APPLICABLE` with the reason (none today: all 40 cells run). On a local store; the
+blob and tile attacks run again on S3 (moto) for the readers of ranges (rank pull, up), with the one
+cell they cannot see in :data:`S3_NOT_DETECTED`.
 
 Attacks: *flip* one bit; *truncate* (half the object, or one byte off a tile); *extend* (junk
 appended, or one byte inserted into a tile); *swap* in another valid object of the same kind (from
@@ -35,9 +38,18 @@ from shardport.registry.store.keys import blob_key, referrer_key, tag_key
 from shardport.registry.tiles.model import tile_pieces
 from shardport.registry.trust.signatures import SIGNATURE_ARTIFACT
 
-KINDS = ("file blob", "tile", "tile index", "manifest", "signature", "tag document", "evidence", "producer witness")
+KINDS = (
+    "file blob",
+    "tile",
+    "tile index",
+    "manifest",
+    "signature",
+    "tag document",
+    "evidence",
+    "producer witness",
+)
 ATTACKS = ("flip", "truncate", "extend", "swap", "replay")
-CONSUMERS = ("pull", "rank pull", "verify", "fsck", "evidence")
+CONSUMERS = ("pull", "rank pull", "verify", "fsck", "evidence", "up")
 
 NOT_APPLICABLE: dict[tuple[str, str], str] = {}
 """Cells that cannot be made, with the reason (empty: every cell of KINDS x ATTACKS runs)."""
@@ -128,7 +140,10 @@ class Cell:
 
 
 def _blob_cells(
-    kind: str, digest: Callable[[World, str | None], str], other: Callable[[World], str], consumers: tuple[str, ...]
+    kind: str,
+    digest: Callable[[World, str | None], str],
+    other: Callable[[World], str],
+    consumers: tuple[str, ...],
 ) -> dict[tuple[str, str], Cell]:
     cells = {
         (kind, a): Cell(
@@ -154,7 +169,9 @@ def _linked_cells(
 ) -> dict[tuple[str, str], Cell]:
     cells = {
         (kind, a): Cell(
-            f"{a} the {kind} blob's bytes", lambda w, f=f: rewrite(w, blob_key(blob(w, NAME, None)), f), consumers
+            f"{a} the {kind} blob's bytes",
+            lambda w, f=f: rewrite(w, blob_key(blob(w, NAME, None)), f),
+            consumers,
         )
         for a, f in BYTE_ATTACKS.items()
     }
@@ -173,7 +190,7 @@ def _linked_cells(
 
 def _tag_cells() -> dict[tuple[str, str], Cell]:
     key = tag_key(NAME, TAG, 2)
-    consumers = ("pull", "rank pull", "verify", "fsck")
+    consumers = ("pull", "rank pull", "verify", "fsck", "up")
     cells = {
         ("tag document", a): Cell(f"{a} version 2's document", lambda w, f=f: rewrite(w, key, f), consumers)
         for a, f in BYTE_ATTACKS.items()
@@ -186,22 +203,25 @@ def _tag_cells() -> dict[tuple[str, str], Cell]:
     cells[("tag document", "replay")] = Cell(
         "the tag rolled back to version 1 (version 2 withheld) for a client that saw version 2",
         lambda w: w.session.store.delete(key),
-        ("pull", "rank pull", "verify"),  # fsck has no client memory: version 1 alone is a valid store
+        ("pull", "rank pull", "verify", "up"),  # fsck has no client memory: version 1 alone is a valid store
     )
     return cells
 
 
-ALL_READERS = ("pull", "rank pull", "verify", "fsck")
+ALL_READERS = ("pull", "rank pull", "verify", "fsck", "up")
 MATRIX: dict[tuple[str, str], Cell] = {
-    **_blob_cells("file blob", lambda w, d: w.file_digest(d), lambda w: w.file_digest(w.d.other), ALL_READERS),
+    **_blob_cells(
+        "file blob", lambda w, d: w.file_digest(d), lambda w: w.file_digest(w.d.other), ALL_READERS
+    ),
     **{("tile", a): Cell(f"{a} tile 0 of the code plane", tile_attack(a), ALL_READERS) for a in ATTACKS},
     **_blob_cells(  # a full pull hashes whole files and does not read the tile index
         "tile index",
         lambda w, d: w.tile_index_digest(d),
         lambda w: w.tile_index_digest(w.d.other),
-        ("rank pull", "verify", "fsck"),
+        ("rank pull", "verify", "fsck", "up"),
     ),
     **_blob_cells("manifest", lambda w, d: d or w.d.v2, lambda w: w.d.other, (*ALL_READERS, "evidence")),
+    # up reads neither evidence (it writes it) nor the producer witness file
     **_linked_cells("signature", SIGNATURE_ARTIFACT, lambda w, n, d: w.signature(n, d), ALL_READERS),
     **_tag_cells(),
     **_linked_cells("evidence", EVIDENCE_ARTIFACT, lambda w, n, d: w.evidence(n, d), ("verify", "evidence")),
@@ -226,8 +246,31 @@ def consume(w: World, consumer: str) -> tuple[int, dict[str, Any]]:
         return cli(w.store, "verify", REF)
     if consumer == "fsck":
         return cli(w.store, "fsck")
+    if consumer == "up":
+        return up(w)
     assert consumer == "evidence"
     return cli(w.store, "evidence", REF)
+
+
+def up(w: World) -> tuple[int, dict[str, Any]]:
+    """What ``registry up`` reads before a model runs: the driver resolves the tag (tag history, manifest,
+    signatures), each rank resolves the pinned digest again and loads its tensors (``load_rank``, tp 2).
+    In-process, without Ray: the same functions the driver and a rank actor call."""
+    from shardport import ShardportError
+    from shardport.loader import load_rank
+    from shardport.placement.topology import Topology
+    from shardport.registry.artifact.refs import parse_ref
+    from shardport.registry.session import Session
+    from shardport.registry.trust.resolve import resolve
+
+    try:
+        session = Session.open(w.store)
+        driver = resolve(session, parse_ref(REF))
+        pinned = resolve(session, parse_ref(f"{NAME}@{driver.digest}"))
+        load_rank(session, pinned, Topology(tp=2), 0)
+    except ShardportError as exc:
+        return exc.exit_code, {"error": {"type": type(exc).__name__, "message": str(exc)}}
+    return 0, {"ok": True}
 
 
 def refusal(out: dict[str, Any]) -> str:
@@ -281,7 +324,9 @@ def test_the_matrix_covers_every_kind_and_attack() -> None:
     assert all(NOT_APPLICABLE.values())  # every excluded cell says why
 
 
-@pytest.mark.parametrize(("kind", "attack"), list(MATRIX), ids=[f"{k}-{a}".replace(" ", "_") for k, a in MATRIX])
+@pytest.mark.parametrize(
+    ("kind", "attack"), list(MATRIX), ids=[f"{k}-{a}".replace(" ", "_") for k, a in MATRIX]
+)
 def test_tampering_is_detected(kind: str, attack: str, world: World) -> None:
     cell = MATRIX[(kind, attack)]
     cell.tamper(world)
@@ -293,3 +338,55 @@ def test_tampering_is_detected(kind: str, attack: str, world: World) -> None:
             assert typed(out["error"]["type"]), (cell.what, consumer, out)
     assert not (world.root / "pulled").exists()
     assert not (world.root / "rank0").exists() or "rank pull" not in cell.consumers
+
+
+# ---- the same attacks on an S3 store, where ranks read ranges over HTTP ---------------------------------
+
+S3_CELLS = [("file blob", a) for a in ("flip", "truncate", "swap", "replay")] + [("tile", a) for a in ATTACKS]
+S3_NOT_DETECTED: dict[tuple[str, str], str] = {
+    ("file blob", "extend"): (
+        "a rank pull (and an up rank) on S3 reads only its own ranges, with no HEAD request, and verifies "
+        "every byte it loads: bytes appended after the file's end are loaded by no rank, so nothing it "
+        "loads differs; pull, verify and fsck refuse the blob (as on a local store, above)"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def s3_world(moto_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    root = tmp_path_factory.mktemp("tamper-s3")
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in moto_server.env().items():
+            mp.setenv(k, v)
+        store = f"s3://{moto_server.new_bucket()}/registry"
+        with home_at(root / "home"):
+            digests = build(root, store)
+        yield root, digests, store
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "attack"), S3_CELLS, ids=[f"{k}-{a}".replace(" ", "_") for k, a in S3_CELLS]
+)
+def test_tampering_is_detected_by_ranks_reading_s3(
+    kind: str, attack: str, s3_world: tuple[Path, Digests, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, digests, store = s3_world
+    monkeypatch.setenv("SHARDPORT_HOME", str(root / "home"))
+    w = World(root, digests, store)
+    key = blob_key(w.file_digest())
+    original = w.session.store.read(key)
+    MATRIX[(kind, attack)].tamper(w)
+    try:
+        for consumer in ("rank pull", "up"):
+            code, out = consume(w, consumer)
+            assert code == 1 and typed(out["error"]["type"]), (kind, attack, consumer, out)
+            assert not (root / "rank0").exists()
+    finally:
+        w.session.store.put(key, original)
+
+
+def test_the_s3_table_covers_the_blob_attacks() -> None:
+    blob_cells = {(k, a) for k in ("file blob", "tile") for a in ATTACKS}
+    assert set(S3_CELLS) | set(S3_NOT_DETECTED) == blob_cells
