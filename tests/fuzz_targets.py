@@ -30,10 +30,10 @@ from shardport.registry.artifact.witness_file import parse_witness
 from shardport.registry.evidence import check_evidence
 from shardport.registry.formats import BytesSource, parse_gguf_source, parse_safetensors_source
 from shardport.registry.formats.shard_index import parse_shard_index
-from shardport.registry.store.keys import tag_key
+from shardport.registry.store.keys import referrer_key, tag_key
 from shardport.registry.tiles.model import TileIndex
 from shardport.registry.trust.policy import TrustPolicy
-from shardport.registry.trust.signatures import check_envelope
+from shardport.registry.trust.signatures import check_envelope, referrers
 from shardport.registry.trust.tags import verify_history
 
 NOW = datetime(2026, 12, 5, tzinfo=UTC)
@@ -109,6 +109,18 @@ def targets(world: Any, scratch: Path) -> dict[str, Target]:
     def tag_parse(raw: bytes) -> object:
         return verify_history({1: tag1, 2: raw}, repository=NAME, tag=TAG, policy=policy, seen=None, now=NOW)
 
+    signature = world.signature()
+    link = referrer_key(NAME, v2, signature)
+
+    def link_parse(raw: bytes) -> object:  # the unsigned link that finds a manifest's signature
+        store.put(link, raw)
+        try:
+            return referrers(session, NAME, v2)
+        finally:
+            store.put(link, link_seed)
+
+    link_seed = store.read(link)
+
     return {
         t.name: t
         for t in (
@@ -168,6 +180,7 @@ def targets(world: Any, scratch: Path) -> dict[str, Target]:
                 (blob(world.witness_digest()),),
                 False,
             ),
+            Target("referrer link", link_parse, (link_seed,), True),
         )
     }
 
