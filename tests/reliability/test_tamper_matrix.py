@@ -282,15 +282,20 @@ def refusal(out: dict[str, Any]) -> str:
 
 
 def typed(name: str) -> bool:
-    """Whether ``name`` is one of our verification errors (exit 1), not a crash or an internal error."""
+    """Whether ``name`` is one of our errors that means "verification failed" (exit 1): a
+    ``VerificationError``, or a loader error of exit 1; not a crash, not an internal error."""
+    from shardport import ShardportError
+    from shardport.loader import errors as loader_errors
     from shardport.provenance import errors as provenance_errors
     from shardport.registry.contracts import errors as contract_errors
     from shardport.registry.tiles import errors as tile_errors
 
-    for module in (registry_errors, contract_errors, tile_errors, provenance_errors):
+    for module in (registry_errors, contract_errors, tile_errors, provenance_errors, loader_errors):
         cls = getattr(module, name, None)
         if isinstance(cls, type) and issubclass(cls, registry_errors.VerificationError):
             return True
+        if isinstance(cls, type) and issubclass(cls, ShardportError) and module is loader_errors:
+            return cls.exit_code == 1
     return False
 
 
