@@ -88,7 +88,9 @@ def build(root: Path, store: str | None = None) -> Digests:
     d = Digests(*digests)
     session = Session.open(store)
     for name, digest in ((NAME, d.v1), (NAME, d.v2), (OTHER, d.other)):
-        store_evidence(session, name, digest, {"created": "2026-12-01T00:00:00Z", "topology": {"tp": 2}})
+        store_evidence(
+            session, name, digest, {"created": "2026-12-01T00:00:00Z", "topology": {"tp": 2}, "passed": True}
+        )
     ok(store, "pull", REF, root / "seen")  # the client now trusts version 2
     shutil.rmtree(root / "seen")
     return d
