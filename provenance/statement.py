@@ -46,7 +46,7 @@ class Statement:
         """Parse a statement; raises ``ValueError`` naming the field that is wrong."""
         try:
             doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep, a huge number
             raise ValueError(f"statement is not JSON: {exc}") from exc
         if not isinstance(doc, dict):
             raise ValueError("statement is not a JSON object")

@@ -342,7 +342,7 @@ class Manifest(BaseModel):
             pass
         try:
             doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep, a huge number
             raise VerificationError(f"{source}: not valid JSON ({exc})") from exc
         try:
             return cls.model_validate(doc)
