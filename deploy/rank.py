@@ -6,10 +6,11 @@ Two calls, so that no rank waits in a collective for a rank that already failed:
    (verified tiles, witness rows), dispatch every quantized linear weight and run its parity ladder,
    then release the loaded planes no operator uses (:mod:`.release`). No collectives. Returns a
    summary or a failure (rank, stage, error type, message, exit code).
-2. :meth:`Rank.run` — join the torch.distributed group on 127.0.0.1 (gloo on the CPU, NCCL on a CUDA
-   device: :mod:`.devices`; world 1: none), build the graph, warm up, prefill and greedily decode,
-   re-check the KV cache. Returns the rank's report: timeline, ledger (host and device memory),
-   device, dispatch traces, ladders, and on the reporting rank the logits.
+2. :meth:`Rank.run` — join the torch.distributed group at the driver's rendezvous
+   (:mod:`.rendezvous`; gloo on the CPU, NCCL on a CUDA device: :mod:`.devices`; world 1: none), build
+   the graph, warm up, prefill and greedily decode, re-check the KV cache. Returns the rank's report:
+   timeline, ledger (host and device memory), device, dispatch traces, ladders, and on the reporting
+   rank the logits.
 
 Everything returned is plain data (lists, dicts, numpy arrays), picklable across processes.
 """
@@ -56,6 +57,8 @@ class RankSpec:
     keep_planes: bool = False
     """Keep the loaded planes after preparation (tests and benches that run ladders again); by default
     the planes no operator uses are released (:mod:`.release`)."""
+    model_bytes: int = 0
+    """The checkpoint's size in bytes: the driver scales its stage timeouts with it (:mod:`.stage_budget`)."""
     activations: str = "auto"
     """The dtype of the quantized operators' activations, ``float32``, ``bfloat16`` or ``auto`` (by the
     rank's device: :func:`.rank_ops.activations_for`) (``--activations``;
@@ -275,8 +278,11 @@ class Rank:
         self.timeline["release"] = kept.seconds
 
     # -- phase 2 ---------------------------------------------------------------------------------
-    def run(self, port: int | None) -> dict[str, Any]:
-        """Join the group, build the graph, generate; the rank's report, or ``{"failure": …}``."""
+    def run(self, init_method: str | None) -> dict[str, Any]:
+        """Join the group at ``init_method`` (world 1: none), build the graph, generate.
+
+        Returns the rank's report, or ``{"failure": …}``.
+        """
         import torch.distributed as dist
 
         world = self.spec.tp * self.spec.ep * self.spec.pp
@@ -286,7 +292,7 @@ class Rank:
             if world > 1:
                 dist.init_process_group(
                     self.device.backend,
-                    init_method=f"tcp://127.0.0.1:{port}",
+                    init_method=init_method,
                     rank=self.spec.rank,
                     world_size=world,
                     timeout=timedelta(seconds=120),

@@ -93,6 +93,13 @@ class UpRequest:
     """The quantized operators' activation dtype (``--activations``; float32: parity first, bfloat16:
     the CPU int4pack fast path, auto: float32 on CPU ranks and bfloat16 on CUDA ranks); norms, rotary,
     softmax, residual stream and KV cache stay float32."""
+    stage_timeout: float | None = None
+    """``--stage-timeout``: seconds to wait for the ranks at each stage (None: scaled to the model,
+    :mod:`.stage_budget`)."""
+    connect_timeout: float = 30.0
+    """``--connect-timeout``: seconds joining ``--address`` may take (:func:`.cluster.probe`)."""
+    verbose: bool = False
+    """``--verbose``: Ray's own log lines on stderr (kept off it by default)."""
 
 
 @dataclass(frozen=True)
@@ -210,7 +217,7 @@ def check_request(request: UpRequest) -> None:
     _modes(request)
 
 
-def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
+def specs_for(request: UpRequest, pinned: str, cpus: float, model_bytes: int = 0) -> list[RankSpec]:
     """One spec per rank; threads = the rank's share of the cores."""
     world = request.tp * request.ep * request.pp
     threads = max(1, int((cpus or os.cpu_count() or 1) // world))
@@ -231,6 +238,7 @@ def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
             threads=threads,
             ladder=ladder,
             activations=activations,
+            model_bytes=model_bytes,
         )
         for rank in range(world)
     ]
@@ -246,21 +254,35 @@ class RayLauncher:
 
     address: str | None
     progress: Progress | None = None
+    stage_timeout: float | None = None
+    connect_timeout: float = 30.0
+    verbose: bool = False
 
     def start(self, world: int) -> Started:
         """Join (or start) the cluster and start ``world`` actors, importing; the specs follow."""
         from .ray_ranks import StartedRayRanks
 
-        return StartedRayRanks(self.address, world, progress=self.progress)
+        return StartedRayRanks(
+            self.address,
+            world,
+            progress=self.progress,
+            stage_timeout=self.stage_timeout,
+            connect_timeout=self.connect_timeout,
+            verbose=self.verbose,
+        )
 
     def __call__(self, specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
         """One launch from scratch (a relaunch after a lost rank)."""
         return self.start(len(specs)).launch(specs)
 
 
-def ray_launcher(address: str | None, progress: Progress | None = None) -> RayLauncher:
-    """Run the ranks as Ray actors (:class:`RayLauncher`)."""
-    return RayLauncher(address, progress)
+def ray_launcher(
+    address: str | None, progress: Progress | None = None, request: UpRequest | None = None
+) -> RayLauncher:
+    """Run the ranks as Ray actors (:class:`RayLauncher`), with ``request``'s timeouts and verbosity."""
+    if request is None:
+        return RayLauncher(address, progress)
+    return RayLauncher(address, progress, request.stage_timeout, request.connect_timeout, request.verbose)
 
 
 def start_while_planning(
@@ -426,7 +448,8 @@ def _plan(session: Session, request: UpRequest) -> _Planned:
         request = dataclasses.replace(request, tokens=tuple(tokenizer.encode(request.prompt)))
     contract = check_plan(resolved, request)
     pinned = f"{resolved.ref.name}@{resolved.digest}"
-    specs = specs_for(request, pinned, float(os.cpu_count() or 1))
+    model_bytes = sum(f.size for f in resolved.manifest.files)
+    specs = specs_for(request, pinned, float(os.cpu_count() or 1), model_bytes)
     plan_s = time.perf_counter() - t0 - resolve_s
     return _Planned(resolved, request, contract, tokenizer, specs, resolve_s, plan_s)
 
@@ -480,7 +503,7 @@ def bring_up(
     """Run the whole bring-up (see the module docstring); raises a typed error on any failure."""
     check_request(request)
     wall0 = time.time()
-    launch = launcher or ray_launcher(request.address, progress)
+    launch = launcher or ray_launcher(request.address, progress, request)
     planned, reports, attempts = _plan_and_launch(session, request, launch, progress)
     resolved, request, contract, tokenizer = (
         planned.resolved,

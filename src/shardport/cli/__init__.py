@@ -20,6 +20,7 @@ registry commands no torch or Ray; ``pull --tp`` imports the loader).
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -35,7 +36,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
     Every failure is reported as one typed error: a :class:`ShardportError` with its own exit code, and
     any other exception (a bug) as an :class:`~shardport.registry.errors.InternalError` (exit 70) whose
-    traceback goes to a file.
+    traceback goes to a file. Ctrl-C and SIGTERM unwind the command and exit 130 / 143 with one line.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -49,17 +50,22 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"{exc.parser.prog}: error: {exc.reason}", file=sys.stderr)
         return exc.exit_code
     from shardport.cli.dispatch import dispatch
-    from shardport.cli.failures import internal, report
+    from shardport.cli.failures import Terminated, internal, interrupted, report, terminate_unwinds
     from shardport.cli.render import human
 
     json_mode = bool(getattr(args, "json", False))
     try:
-        result, code = dispatch(args, json_mode)
-        text = json.dumps(result, sort_keys=True) if json_mode else human(args.command, result)
+        with terminate_unwinds():
+            result, code = dispatch(args, json_mode)
+            text = json.dumps(result, sort_keys=True) if json_mode else human(args.command, result)
     except ShardportError as exc:
         return report(args.command, exc, json_mode)
     except Exception as exc:  # the last line of defence; KeyboardInterrupt and SystemExit pass
         return report(args.command, internal(exc, argv), json_mode)
+    except KeyboardInterrupt:  # Ctrl-C: unwound (teardown done); the shell's status for SIGINT
+        return interrupted(args.command, signal.SIGINT, json_mode)
+    except Terminated as exc:
+        return interrupted(args.command, exc.signum, json_mode)
     try:
         print(text, flush=True)
     except BrokenPipeError:  # the reader went away (`registry ls | head -1`): not a failure of ours

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,16 @@ def _tokens(text: str) -> tuple[int, ...]:
     if not out or any(t < 0 for t in out):
         raise argparse.ArgumentTypeError(f"expected one or more token ids >= 0, found {text!r}")
     return out
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, found {text!r}") from exc
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, found {text!r}")
+    return value
 
 
 def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
@@ -82,6 +93,21 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
         help="relaunch the whole bring-up up to N times when a rank is lost (its actor died, its node "
         "went away); a rank's validation, admission or I/O failure is never retried (default 0)",
     )
+    p.add_argument(
+        "--stage-timeout",
+        type=_seconds,
+        metavar="S",
+        help="declare a rank lost when it has not answered a stage (prepare, run) within S seconds "
+        "(default: 120 s plus time for the model's size)",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="fail when the Ray cluster at --address does not answer within S seconds (default 30)",
+    )
+    p.add_argument("--verbose", action="store_true", help="show Ray's own log lines on stderr")
 
 
 def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
@@ -104,6 +130,9 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
         retries=args.retries,
         ladder=getattr(args, "ladder", "sample"),
         activations=getattr(args, "activations", "auto"),
+        stage_timeout=getattr(args, "stage_timeout", None),
+        connect_timeout=getattr(args, "connect_timeout", 30.0),
+        verbose=getattr(args, "verbose", False),
     )
     progress = None
     if not json_mode and sys.stderr.isatty():
@@ -111,8 +140,11 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
         def progress(rank: int, what: str) -> None:
             print(f"rank {rank}: {what}", file=sys.stderr, flush=True)
 
-    # Ray's driver thread prints a dead worker's notice on stdout: keep stdout for the result (--json).
-    with contextlib.redirect_stdout(sys.stderr):
+    # Ray's driver thread prints a dead worker's notice on stdout: keep stdout for the result (--json);
+    # shown on stderr with --verbose (our own error names the lost rank either way)
+    with contextlib.ExitStack() as quiet:
+        sink = sys.stderr if request.verbose else quiet.enter_context(open(os.devnull, "w"))
+        quiet.enter_context(contextlib.redirect_stdout(sink))
         result = bring_up(session, request, store_evidence=not args.no_evidence, progress=progress)
     if args.logits_out is not None:
         write_logits(args.logits_out, result.prompt_logits)

@@ -1,14 +1,18 @@
 """How a failed command is reported: a typed error on stderr (or as JSON), and the last line of defence.
 
 Any exception that is not a :class:`~shardport.ShardportError` is a bug; it becomes an
-:class:`~shardport.registry.errors.InternalError` (exit 70) whose traceback goes to a file.
+:class:`~shardport.registry.errors.InternalError` (exit 70) whose traceback goes to a file. A command
+stopped by Ctrl-C or SIGTERM unwinds (tearing down what it started) and exits 130 / 143 with one line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +75,44 @@ def report(command: str, exc: ShardportError, json_mode: bool) -> int:
     else:
         print(f"registry {command}: error: {exc}", file=sys.stderr)
     return exc.exit_code
+
+
+class Terminated(BaseException):
+    """SIGTERM asked the command to stop.
+
+    Raised in the main thread, so that the command unwinds (its ``finally`` blocks tear down what it
+    started) like Ctrl-C's KeyboardInterrupt, instead of dying.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def terminate_unwinds() -> Iterator[None]:
+    """While the block runs (in the main thread), SIGTERM raises :class:`Terminated`."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted(command: str, signum: int, json_mode: bool) -> int:
+    """Report a command stopped by ``signum`` in one line; return the shell's status for it (128 + n)."""
+    name = signal.Signals(signum).name
+    message = f"interrupted by {name}: stopped, and what it had started was torn down"
+    code = 128 + signum
+    if json_mode:
+        print(json.dumps({"error": {"type": "Interrupted", "message": message, "exit_code": code}}))
+    else:
+        print(f"registry {command}: {message}", file=sys.stderr)
+    return code
