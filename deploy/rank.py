@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from shardport import ShardportError
+from shardport.registry import _failpoints
 
 from .devices import RankDevice
 
@@ -169,6 +170,15 @@ class Rank:
         self.ladder_mode = "off"
         self.activations = "float32"
 
+    def _enter(self, stage: str) -> None:
+        """Begin ``stage`` (a failure is reported with it); the failpoint ``rank<R>-<stage>`` is here.
+
+        ``SHARDPORT_FAILPOINT=rank1-ladder`` kills rank 1 as it begins its ladder (``:term``: sends it
+        SIGTERM; ``:pause``: stops it a minute), for the bring-up fault tests.
+        """
+        self.stage = stage
+        _failpoints.hit(f"rank{self.spec.rank}-{stage}")
+
     # -- phase 1 ---------------------------------------------------------------------------------
     def prepare(self) -> dict[str, Any]:
         """Resolve, load, dispatch, ladder, release the unused planes; a summary, or ``{"failure": …}``."""
@@ -206,7 +216,7 @@ class Rank:
         if spec.home is not None:
             os.environ["SHARDPORT_HOME"] = spec.home
         self.rss_start = _rss()
-        self.stage = "resolve"
+        self._enter("resolve")
         self.clock["resolve"] = time.time()
         t0 = time.perf_counter()
         session = Session.open(spec.store, s3_endpoint=spec.s3_endpoint)
@@ -214,7 +224,7 @@ class Rank:
         self.manifest = resolved.manifest
         self.contract = contract_of(resolved.manifest)
         self.timeline["resolve"] = time.perf_counter() - t0
-        self.stage = "fetch"
+        self._enter("fetch")
         t1 = time.perf_counter()
         topology = Topology(tp=spec.tp, ep=spec.ep, pp=spec.pp)
         loaded = load_rank(session, resolved, topology, spec.rank)
@@ -224,7 +234,7 @@ class Rank:
         self.timeline["fetch"] = sec.fetch
         self.timeline["verify"] = sec.verify + sec.materialize
         self.loaded = loaded
-        self.stage = "repack"
+        self._enter("repack")
         t2 = time.perf_counter()
         runtime = resolved.manifest.runtime
         policy = policy_of(spec.fallback)
@@ -241,7 +251,7 @@ class Rank:
         self.timeline["repack"] = time.perf_counter() - t2
         self.ladder_mode = ladder_mode(spec.ladder)
         if self.ladder_mode != "off":
-            self.stage = "ladder"
+            self._enter("ladder")
             t3 = time.perf_counter()
             run_ladders(loaded, weights, self.ops, mode=self.ladder_mode)
             self.timeline["ladder"] = time.perf_counter() - t3
@@ -269,7 +279,7 @@ class Rank:
         """
         from .release import PlaneRelease
 
-        self.stage = "release"
+        self._enter("release")
         release = PlaneRelease(self.loaded, keep=self.ops)
         if not self.spec.keep_planes:
             self.loaded = release.metadata
@@ -288,7 +298,7 @@ class Rank:
         world = self.spec.tp * self.spec.ep * self.spec.pp
         joined = False
         try:
-            self.stage = "join"
+            self._enter("join")
             if world > 1:
                 dist.init_process_group(
                     self.device.backend,
@@ -347,7 +357,7 @@ class Rank:
         # warm-up forward: on the direct kernels (GGUF blocks, int4 as loaded) a forward decodes every
         # weight whatever the token count, so one would cost as much as the prefill it precedes; the
         # first token pays its own one-time costs.
-        self.stage = "warm-up"
+        self._enter("warm-up")
         t0 = time.perf_counter()
         mesh = (
             dist_mesh(topology, spec.rank)
@@ -366,14 +376,14 @@ class Rank:
         )
         model = RankModel(contract, layout, weights, mesh, device=dev)
         self.timeline["warm-up"] = time.perf_counter() - t0
-        self.stage = "first token"
+        self._enter("first token")
         t1 = time.perf_counter()
         cache = model.new_cache()
         prompt_logits = model.forward(list(spec.prompt), cache)
         rows = [prompt_logits[-1]]
         tokens = [int(torch.argmax(rows[-1]))]
         self.timeline["first token"] = time.perf_counter() - t1
-        self.stage = "decode"
+        self._enter("decode")
         t2 = time.perf_counter()
         for _ in range(spec.steps - 1):
             rows.append(model.forward([tokens[-1]], cache)[-1])
@@ -383,7 +393,7 @@ class Rank:
         from .graph.model import Generation
 
         generation = Generation(prompt_logits, tuple(tokens), torch.stack(rows))
-        self.stage = "cache check"
+        self._enter("cache check")
         scale = float(prompt_logits.abs().max())
         tolerance = cache_tolerance(self.activations, spec.cache_tolerance, contract.layers, scale)
         checked = check_cache(model, list(spec.prompt), generation, tolerance)

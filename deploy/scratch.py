@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -53,10 +54,33 @@ def owner_alive(folder: Path) -> bool | None:
     return len(text) < 2 or text[1] == started  # a recycled pid has another start time
 
 
+def holders(folder: Path) -> list[int]:
+    """This user's processes that hold a file open under ``folder`` (``/proc/PID/fd``).
+
+    After a driver was SIGKILLed, Ray's GCS, raylet and rank processes follow it, but its dashboard and
+    runtime-env agents were seen to live on, holding their log files in the folder.
+    """
+    prefix = str(folder) + os.sep
+    uid, found = os.getuid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            links = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
+        except OSError:
+            continue
+        if any(link.startswith(prefix) for link in links):
+            found.append(int(entry.name))
+    return found
+
+
 def sweep(parent: str = "/tmp") -> list[Path]:  # noqa: S108 - only this user's folders
     """Remove this user's ``sp-ray-*`` folders whose recorded owner is dead; the folders removed.
 
-    A folder without an owner record (made by something else), or another user's, is left alone.
+    The processes still holding files in such a folder (left over from its driver) are killed first. A
+    folder without an owner record (made by something else), or another user's, is left alone.
     """
     removed = []
     uid = os.getuid()
@@ -68,6 +92,9 @@ def sweep(parent: str = "/tmp") -> list[Path]:  # noqa: S108 - only this user's 
             except OSError:
                 continue
             if owner_alive(folder) is False:
+                for pid in holders(folder):  # what its dead driver left running
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
                 shutil.rmtree(folder, ignore_errors=True)
                 removed.append(folder)
     return removed

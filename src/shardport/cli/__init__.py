@@ -50,7 +50,14 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"{exc.parser.prog}: error: {exc.reason}", file=sys.stderr)
         return exc.exit_code
     from shardport.cli.dispatch import dispatch
-    from shardport.cli.failures import Terminated, internal, interrupted, report, terminate_unwinds
+    from shardport.cli.failures import (
+        Terminated,
+        internal,
+        interrupted,
+        report,
+        stopped_by,
+        terminate_unwinds,
+    )
     from shardport.cli.render import human
 
     json_mode = bool(getattr(args, "json", False))
@@ -61,11 +68,12 @@ def run(argv: Sequence[str] | None = None) -> int:
     except ShardportError as exc:
         return report(args.command, exc, json_mode)
     except Exception as exc:  # the last line of defence; KeyboardInterrupt and SystemExit pass
+        signum = stopped_by(exc)  # a signal's exception that came back wrapped by a C extension
+        if signum is not None:
+            return interrupted(args.command, signum, json_mode)
         return report(args.command, internal(exc, argv), json_mode)
-    except KeyboardInterrupt:  # Ctrl-C: unwound (teardown done); the shell's status for SIGINT
-        return interrupted(args.command, signal.SIGINT, json_mode)
-    except Terminated as exc:
-        return interrupted(args.command, exc.signum, json_mode)
+    except (KeyboardInterrupt, Terminated) as exc:  # Ctrl-C, SIGTERM: unwound, teardown done
+        return interrupted(args.command, stopped_by(exc) or signal.SIGTERM, json_mode)
     try:
         print(text, flush=True)
     except BrokenPipeError:  # the reader went away (`registry ls | head -1`): not a failure of ours

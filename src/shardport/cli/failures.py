@@ -106,6 +106,24 @@ def terminate_unwinds() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def stopped_by(exc: BaseException) -> int | None:
+    """The signal that stopped the command, if ``exc`` is (or was raised while handling) one.
+
+    A signal's exception raised inside a C extension's call can come back wrapped (Ray's ``wait``
+    returns a ``SystemError`` whose context is the :class:`Terminated` our handler raised).
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, Terminated):
+            return current.signum
+        if isinstance(current, KeyboardInterrupt):
+            return int(signal.SIGINT)
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def interrupted(command: str, signum: int, json_mode: bool) -> int:
     """Report a command stopped by ``signum`` in one line; return the shell's status for it (128 + n)."""
     name = signal.Signals(signum).name
