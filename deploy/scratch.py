@@ -55,7 +55,7 @@ def owner_alive(folder: Path) -> bool | None:
 
 
 def holders(folder: Path) -> list[int]:
-    """This user's processes that hold a file open under ``folder`` (``/proc/PID/fd``).
+    """The processes of this user that hold a file open under ``folder`` (``/proc/PID/fd``).
 
     After a driver was SIGKILLed, Ray's GCS, raylet and rank processes follow it, but its dashboard and
     runtime-env agents were seen to live on, holding their log files in the folder.
