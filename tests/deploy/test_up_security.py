@@ -7,9 +7,16 @@ no RAY_AUTH_MODE, a HOME of its own) is watched from outside: every listening so
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import signal
+import socket
 import stat
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +93,42 @@ def test_the_cli_refuses_an_unauthenticated_embedded_head(home: Path, tmp_path: 
     assert done.returncode == 2, done.stderr
     assert "keeps token authentication on" in done.stderr and "SHARDPORT_RAY_AUTH=disabled" in done.stderr
     assert not [f for f in set(Path("/tmp").glob("sp-ray-*")) - before if not scratch.owner_alive(f)]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_address_on_loopback_is_joined_on_loopback(home: Path, tmp_path: Path) -> None:
+    """``--address 127.0.0.1:P`` stays on loopback (Ray rewrote it to the external address, where a
+    loopback head does not answer) and ``--verbose`` shows Ray's own lines."""
+    store = str(tmp_path / "store")
+    ok(store, "keygen")
+    ok(store, "push", gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
+    head = scratch.make()  # in /tmp: Ray's socket paths must stay short
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # a cluster of the user's own, without a token (its own setting; not an embedded head)
+    env = clean_env(home, tmp_path, RAY_AUTH_MODE="disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    start = [ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2"]
+    start += ["--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={head / 'r'}"]
+    started = subprocess.run(start, env=env, capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr[-2000:]
+    try:
+        env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")  # the driver sets it itself
+        argv = ["--store", store, "--json", "up", "llama/gptq:v1", "--tp", "2", "--tokens", "1,5,300"]
+        argv += ["--generate", "2", "--ladder", "off", "--no-evidence", "--address", f"127.0.0.1:{port}"]
+        up = watch_up([*argv, "--verbose"], env, timeout=240)
+        assert up.code == 0, up.err[-3000:]
+        assert json.loads(up.out)["passed"]
+        driver = {s for s in up.sockets if s[2] == up.pid}
+        assert driver and all(_loopback(a) for a, _, _ in driver), driver
+        assert f"Connecting to existing Ray cluster at address: 127.0.0.1:{port}" in up.err
+        assert not up.leaks()  # its own private folder (the rendezvous) is gone; the head is the user's
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            for pid in scratch.holders(head):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signum)
+            time.sleep(2)
+        shutil.rmtree(head, ignore_errors=True)
