@@ -121,10 +121,11 @@ def _reload_auth_settings() -> None:
     What Ray itself does when it turns token authentication on for a new local cluster.
     """
     with contextlib.suppress(ImportError, AttributeError):
-        from ray._raylet import AuthenticationTokenLoader, Config
+        import importlib
 
-        Config.initialize("")
-        AuthenticationTokenLoader.instance().reset_cache()
+        raylet: Any = importlib.import_module("ray._raylet")  # compiled: no attributes for mypy
+        raylet.Config.initialize("")
+        raylet.AuthenticationTokenLoader.instance().reset_cache()
 
 
 @contextlib.contextmanager

@@ -18,8 +18,15 @@ import psutil
 REGISTRY = [sys.executable, "-m", "shardport.cli"]
 
 
-def clean_env(home: Path, tmp: Path, **extra: str) -> dict[str, str]:
-    """The environment of a user's shell: no Ray settings of the tests', a HOME of its own."""
+def clean_env(home: Path, tmp: Path, *, noted: bool = True, **extra: str) -> dict[str, str]:
+    """The environment of a user's shell: no Ray settings of the tests', a HOME of its own.
+
+    ``noted``: the user has seen ``registry up``'s one-time note on the cluster token (so that stderr
+    holds only what the run itself says).
+    """
+    if noted:
+        (home / "notes").mkdir(parents=True, exist_ok=True)
+        (home / "notes" / "ray-token").touch()
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SHARDPORT_RAY", "SHARDPORT_FAIL"))
     }

@@ -110,6 +110,26 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     p.add_argument("--verbose", action="store_true", help="show Ray's own log lines on stderr")
 
 
+AUTH_NOTE = (
+    "registry up: note (shown once): the embedded Ray cluster keeps token authentication on, since "
+    "listening on 127.0.0.1 alone does not keep other users of this machine out; each bring-up's token "
+    "is in its private folder (/tmp/sp-ray-*/auth_token, mode 0600) and is removed with it"
+)
+
+
+def _note_token_once() -> None:
+    """Say once per ``SHARDPORT_HOME`` where the embedded cluster's token lives and why auth stays on."""
+    from shardport.registry.home import home
+
+    marker = home() / "notes" / "ray-token"
+    if marker.exists():
+        return
+    print(AUTH_NOTE, file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+
+
 def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     """Run ``registry up``; exit 1 when the bring-up ran but parity (L0-L5) did not hold."""
     from shardport.deploy.report import write_report
@@ -134,6 +154,8 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
         connect_timeout=getattr(args, "connect_timeout", 30.0),
         verbose=getattr(args, "verbose", False),
     )
+    if request.address is None and os.environ.get("SHARDPORT_RAY_AUTH", "token") != "disabled":
+        _note_token_once()
     progress = None
     if not json_mode and sys.stderr.isatty():
 
