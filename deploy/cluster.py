@@ -213,6 +213,8 @@ def connect(
     A Ray already initialised in this process (a test session's, or a caller's) is used as it is and
     left running; a head started here is shut down on exit, and the private folder removed.
     """
+    if address == "local":  # Ray's word for "start a new local cluster": the embedded head, made safe
+        address = None
     scratch.sweep()
     ray = _ray()
     folder = scratch.make()
