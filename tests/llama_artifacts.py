@@ -21,6 +21,7 @@ HIDDEN, INTER, LAYERS, HEADS = 1024, 2048, 2, 8
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "checkpoint_format": "gptq"}
 
 
+
 def linear_shapes(hidden: int, inter: int, kv_dim: int, *, gguf: bool = False) -> dict[str, tuple[int, int]]:
     """A llama layer's linear weights ``[N, K]`` by slot: Hugging Face names, or GGUF's (``gguf``)."""
     hf = {
@@ -36,7 +37,6 @@ def linear_shapes(hidden: int, inter: int, kv_dim: int, *, gguf: bool = False) -
         return hf
     names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
     return dict(zip(names, hf.values(), strict=True))
-
 
 def cli(store: str, *args: str | Path) -> tuple[int, dict[str, Any]]:
     buf = io.StringIO()

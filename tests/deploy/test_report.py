@@ -28,13 +28,8 @@ def evidence() -> dict[str, object]:
             {"level": "L4", "name": "graph <script>alert(1)</script>", "passed": False, "value": 0.5},
         ],
         "dispatch": [
-            {
-                "rank": r,
-                "weight": "model.layers.0.mlp.up_proj",
-                "phase": "decode",
-                "kernel": "cpu-int4pack",
-                "transformation": "repack",
-            }
+            {"rank": r, "weight": "model.layers.0.mlp.up_proj", "phase": "decode", "kernel": "cpu-int4pack",
+             "transformation": "repack"}
             for r in (0, 1)
         ],
         "timeline": {"0": {"resolve": 0.1, "fetch": 0.4, "repack": 0.2}, "1": {"resolve": 0.1, "fetch": 0.5}},
@@ -46,10 +41,7 @@ def browse(page: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     assert BROWSER is not None, "no headless Chromium: scripts/test.sh installs chromium-headless-shell"
     return subprocess.run(
         [BROWSER, *FLAGS, "--enable-logging=stderr", "--v=0", *extra, page.resolve().as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        capture_output=True, text=True, timeout=120, check=False,
     )
 
 
