@@ -22,6 +22,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,10 @@ class RankSpec:
     """The dtype of the quantized operators' activations, ``float32``, ``bfloat16`` or ``auto`` (by the
     rank's device: :func:`.rank_ops.activations_for`) (``--activations``;
     :func:`.rank_ops.dispatch_activations`); the graph around them stays float32."""
+    trust: str | None = None
+    """The trust policy or public key the driver resolved with (``--trust``; None: the home's policy)."""
+    allow_unsigned: bool = False
+    """``--allow-unsigned``, as the driver was given it."""
 
 
 #: What a rank imports before it can prepare and run (torch, the loader, the kernels, the graph): a Ray
@@ -219,7 +224,12 @@ class Rank:
         self._enter("resolve")
         self.clock["resolve"] = time.time()
         t0 = time.perf_counter()
-        session = Session.open(spec.store, s3_endpoint=spec.s3_endpoint)
+        session = Session.open(
+            spec.store,
+            s3_endpoint=spec.s3_endpoint,
+            trust=None if spec.trust is None else Path(spec.trust),
+            allow_unsigned=spec.allow_unsigned,
+        )
         resolved = resolve(session, parse_ref(spec.ref))
         self.manifest = resolved.manifest
         self.contract = contract_of(resolved.manifest)

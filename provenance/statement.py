@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import rfc8785
+from .canonical import canonical_bytes
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -29,14 +29,17 @@ class Statement:
     predicate: dict[str, Any]
 
     def to_bytes(self) -> bytes:
-        """Canonical (RFC 8785) JSON bytes of the statement."""
+        """Canonical (RFC 8785) JSON bytes of the statement.
+
+        A NaN or inf anywhere in the predicate is :class:`~.errors.NonFiniteNumberError` (:mod:`.canonical`).
+        """
         doc: dict[str, Any] = {
             "_type": STATEMENT_TYPE,
             "subject": [{"name": s.name, "digest": {"sha256": s.sha256}} for s in self.subjects],
             "predicateType": self.predicate_type,
             "predicate": self.predicate,
         }
-        return rfc8785.dumps(doc)
+        return canonical_bytes(doc)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Statement:

@@ -22,6 +22,7 @@ from shardport.registry.artifact.witness_file import ProducerWitness, check_prod
 from shardport.registry.contracts import (
     DeclareSpec,
     FloatContract,
+    GgufBlockContract,
     LogicalWeight,
     TensorInfo,
     check_witness,
@@ -38,6 +39,8 @@ from shardport.registry.describe import read_json_object
 from shardport.registry.errors import UsageError
 from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
 from shardport.registry.formats.elements import ELEMENTS
+from shardport.registry.formats.errors import NonFiniteValueError
+from shardport.registry.formats.finite import StoredFloat, check_finite
 from shardport.registry.formats.notes import Note, Notes
 from shardport.registry.tiles.grid import plane_layout
 from shardport.registry.tiles.layout import LAYOUT, from_tiled
@@ -223,12 +226,15 @@ def analyze(
     reference: Path | None = None,
     witnesses: bool = True,
     strict: bool = False,
+    allow_nonfinite: bool = False,
 ) -> Analysis | None:
     """Gate every container under ``root`` (``paths`` relative), infer contracts, check values.
 
     Returns None when the checkpoint has no safetensors or GGUF files. Raises the named container,
     contract and usage errors. A check of a field no consumer reads becomes a note
-    (:attr:`Analysis.notes`), or, with ``strict``, raises its error.
+    (:attr:`Analysis.notes`), or, with ``strict``, raises its error. A float tensor holding NaN or inf
+    is refused (:mod:`shardport.registry.formats.finite`); with ``allow_nonfinite`` it becomes a note
+    (even under ``strict``), unless it is a plane of a quantized weight.
     """
     st_files = sorted(p for p in paths if p.endswith(".safetensors"))
     gguf_files = sorted(p for p in paths if p.endswith(".gguf"))
@@ -248,6 +254,7 @@ def analyze(
     remarks = check_architecture(architecture, params, weights, notes=notes)
     _check_tied(weights, by_name, reader, params)
     checked = _checked_weights(weights, reader, by_name, _reference_rows(reference), witnesses=witnesses)
+    _check_finite(root, entries, checked, notes, allow=allow_nonfinite)
     gguf_only = bool(gguf_files) and not st_files
     return Analysis(
         kind="gguf" if gguf_only else "safetensors",
@@ -259,6 +266,31 @@ def analyze(
         params=_gguf_params(gguf_meta) if gguf_only else {},
         gguf_headers=headers,
         gguf_meta=gguf_meta,
+    )
+
+
+def _check_finite(
+    root: Path, entries: Iterable[TensorEntry], weights: Iterable[LogicalWeight], notes: Notes, *, allow: bool
+) -> None:
+    """Every stored float tensor finite: refused, or noted with ``allow`` (a quantized plane: refused)."""
+    # the float planes beside a quantized weight's codes (a GGUF tensor is its own plane)
+    quantized = {
+        p.tensor
+        for w in weights
+        if not isinstance(w.contract, FloatContract | GgufBlockContract)
+        for p in w.planes
+    }
+
+    def report(error: NonFiniteValueError, fatal: bool) -> None:
+        if fatal or not allow:
+            raise error
+        notes.keep(error)
+
+    check_finite(
+        root,
+        (StoredFloat(e.file, e.name, e.start, e.end, e.dtype) for e in entries if e.layout == "row_major"),
+        report=report,
+        fatal=quantized.__contains__,
     )
 
 

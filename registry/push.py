@@ -147,6 +147,7 @@ def push(
     declare: str | Mapping[str, Any] | None = None,
     reference: Path | None = None,
     strict: bool = False,
+    allow_nonfinite: bool = False,
     sign: str = "ed25519",
     tile_target: int = 1 << 20,
     tile_minimum: int = 64 << 10,
@@ -158,11 +159,12 @@ def push(
 
     Before anything is hashed or written, every safetensors/GGUF file passes the container gates, each
     logical weight gets its numeric contract (inferred, or ``declare``d), the semantic gates run on its
-    planes, and quantized weights get a decode witness (with ``reference``, a float checkpoint, the
-    measured error is recorded and a push far beyond the bit width's error is refused).
-    ``witness``: the producer's own rows (:mod:`shardport.registry.artifact.witness_file`), checked the
-    same way and stored as a blob the manifest names. ``kernels_required`` / ``kernels_preferred``:
-    kernel ids (``cpu.int4pack`` or ``cpu.int4pack@1``) recorded in ``runtime`` for bring-up's dispatch.
+    planes, a float tensor holding NaN or inf is refused (a note with ``allow_nonfinite``), and quantized
+    weights get a decode witness (with ``reference``, a float checkpoint, the measured error is recorded
+    and a push far beyond the bit width's error is refused). ``witness``: the producer's own rows
+    (:mod:`shardport.registry.artifact.witness_file`), checked the same way and stored as a blob the
+    manifest names. ``kernels_required`` / ``kernels_preferred``: kernel ids (``cpu.int4pack`` or
+    ``cpu.int4pack@1``) recorded in ``runtime`` for bring-up's dispatch.
     """
     if session.key is None and not session.allow_unsigned:
         raise UnsignedError(
@@ -174,7 +176,8 @@ def push(
     files = scan(src)
     check_paths([rel for rel, _ in files], source=f"push {src}", error=UsageError)  # before any work
     total = sum(p.stat().st_size for _, p in files)
-    analysis = analyze(src, [rel for rel, _ in files], declare=declare, reference=reference, strict=strict)
+    analysis = analyze(src, [rel for rel, _ in files], declare=declare, reference=reference, strict=strict,
+                       allow_nonfinite=allow_nonfinite)
     producer = None
     if witness is not None:
         if analysis is None:

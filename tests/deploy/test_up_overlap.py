@@ -1,6 +1,7 @@
-"""The launch starts while the driver plans (``start_while_planning``): a refused plan tears the started
-ranks down and raises its own error, a relaunch after a lost rank starts fresh, and the driver's plan
-imports no torch."""
+"""The launch starts while the driver plans (``start_while_planning``), after the driver admitted the
+request (``admit``: nothing starts for a request it refuses, test_up_admission): a refused plan tears
+the started ranks down and raises its own error, a relaunch after a lost rank starts fresh, and the
+driver's plan imports no torch."""
 
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bringup_artifacts import gptq_tiny
+from bringup_artifacts import gguf_mixtral, gptq_tiny
 from llama_artifacts import ok
 
 from shardport.deploy.errors import ClusterError, RankLostError
 from shardport.deploy.rank import RankSpec
 from shardport.deploy.ray_ranks import run_in_process
 from shardport.deploy.up import Started, StartingLauncher, UpRequest, bring_up, ray_launcher
-from shardport.registry.errors import UsageError
+from shardport.placement.errors import UnsplittableError
+from shardport.registry.errors import NotFoundError, UsageError
 from shardport.registry.session import Session
 
 PROMPT = (1, 5, 300, 7)
@@ -80,26 +82,28 @@ def test_a_refused_plan_closes_the_started_launch_and_raises_the_plans_error(
 ) -> None:
     store = _push(tmp_path)
     launcher = _Starting()
-    request = UpRequest(ref="llama/gptq:v1", tokens=(1, 10**6), store=store, ladder=False)
-    with pytest.raises(UsageError, match=r"--tokens \[1000000\]: outside the vocabulary"):
+    # tp 6 fits the 6 heads (3 kv heads, 2 each), but o_proj's K = 192 holds 3 groups of 64: the
+    # placement plan refuses it, while the launch is already started
+    request = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, tp=6, store=store, ladder=False)
+    with pytest.raises(UnsplittableError, match=r"holds 3 whole unit\(s\) of 64"):
         bring_up(Session.open(store), request, launcher=launcher)
-    assert launcher.log == ["start 1", "close"]  # started while planning, never launched, torn down
-    # an unknown reference: the resolve's own error, the start torn down alike
+    assert launcher.log == ["start 6", "close"]  # started while planning, never launched, torn down
+    # an unknown reference: the resolve's own error, before anything starts (admission resolves)
     launcher = _Starting()
-    with pytest.raises(Exception, match="llama/absent") as caught:
+    with pytest.raises(NotFoundError, match="llama/absent"):
         bring_up(
             Session.open(store),
             UpRequest(ref="llama/absent:v1", tokens=PROMPT, store=store),
             launcher=launcher,
         )
-    assert not isinstance(caught.value, ClusterError) and launcher.log == ["start 1", "close"]
+    assert launcher.log == []
 
 
 def test_a_refused_plan_wins_over_a_failed_start(home: Path, tmp_path: Path) -> None:
     store = _push(tmp_path)
-    refused = UpRequest(ref="llama/gptq:v1", tokens=(10**6,), store=store, ladder=False)
+    refused = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, tp=6, store=store, ladder=False)
     launcher = _Starting(start_error=ClusterError("cannot start or join Ray"))
-    with pytest.raises(UsageError, match="outside the vocabulary") as caught:
+    with pytest.raises(UnsplittableError, match="o_proj") as caught:
         bring_up(Session.open(store), refused, launcher=launcher)
     assert isinstance(caught.value.__context__, ClusterError)  # the start's failure is its context
     fine = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, store=store, ladder=False)
@@ -161,14 +165,17 @@ def test_the_drivers_plan_imports_no_torch(home: Path, tmp_path: Path) -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_refused_plan_tears_the_started_actors_down(home: Path, tmp_path: Path, ray_ranks: Any) -> None:
-    store = _push(tmp_path)
+    store = str(tmp_path / "store")
+    ok(store, "keygen")
+    ok(store, "push", gguf_mixtral(tmp_path / "moe"), "llama/gmoe:v1")
     events: list[tuple[int, str]] = []
-    request = UpRequest(ref="llama/gptq:v1", tokens=(1, 10**6), tp=2, store=store, ladder=False)
-    with pytest.raises(UsageError, match="outside the vocabulary"):
+    # the K-quant experts' K = 256 cannot split at tp 2 (test_up_gguf_moe): refused by the placement plan
+    request = UpRequest(ref="llama/gmoe:v1", tokens=PROMPT, tp=2, ep=2, store=store, ladder=False)
+    with pytest.raises(UnsplittableError, match="ffn_down_exps"):
         bring_up(
             Session.open(store), request, launcher=ray_launcher(None, lambda r, w: events.append((r, w)))
         )
-    assert events == [(0, "started"), (1, "started")]  # both actors were up (importing) when the plan failed
+    assert sorted(events) == [(r, "started") for r in range(4)]  # every actor was up when the plan failed
     # the ray_ranks fixture asserts no actor and no placement group is left
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from shardport.deploy.up import UpRequest
     from shardport.registry.session import Session
 
 
@@ -82,8 +83,14 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "not take it runs float32 and its dispatch trace says so; norms, rotary, softmax and the KV cache "
         "stay float32",
     )
-    p.add_argument("--logits-out", type=Path, help="write float32 prompt logits [T, vocab] (safetensors)")
-    p.add_argument("--report", type=Path, help="write the HTML evidence report")
+    p.add_argument(
+        "--logits-out",
+        type=Path,
+        help="write float32 prompt logits [T, vocab] (safetensors) to a new file or over a regular file "
+        "(never a link, device, pipe or folder, nor inside the store or SHARDPORT_HOME; checked before "
+        "anything starts, written atomically)",
+    )
+    p.add_argument("--report", type=Path, help="write the HTML evidence report (same rules as --logits-out)")
     p.add_argument("--no-evidence", action="store_true", help="do not store the signed evidence")
     p.add_argument(
         "--retries",
@@ -130,12 +137,35 @@ def _note_token_once() -> None:
         marker.touch()
 
 
-def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
-    """Run ``registry up``; exit 1 when the bring-up ran but parity (L0-L5) did not hold."""
-    from shardport.deploy.report import write_report
-    from shardport.deploy.up import UpRequest, bring_up, write_logits
+def destinations(session: Session, args: argparse.Namespace) -> tuple[Path | None, Path | None]:
+    """``--logits-out`` and ``--report``, checked before anything starts.
 
-    request = UpRequest(
+    :func:`~shardport.registry.destination.file_destination`: a bring-up never runs for minutes to fail
+    at writing its result.
+    """
+    from shardport.registry.destination import file_destination
+    from shardport.registry.errors import UsageError
+
+    root = session.store.local_root
+    out = [
+        None if given is None else file_destination(given, store_root=root, flag=flag)
+        for flag, given in (("--logits-out", args.logits_out), ("--report", args.report))
+    ]
+    if out[0] is not None and out[0] == out[1]:
+        raise UsageError(f"--logits-out and --report are both {args.report}: name two files")
+    return out[0], out[1]
+
+
+def request_of(session: Session, args: argparse.Namespace) -> UpRequest:
+    """The :class:`~shardport.deploy.up.UpRequest` the parsed arguments ask for.
+
+    With the session's global options that the ranks need too: store, S3 endpoint, ``--trust``,
+    ``--allow-unsigned``.
+    """
+    from shardport.deploy.up import UpRequest
+
+    trust = getattr(args, "trust", None)
+    return UpRequest(
         ref=args.ref,
         tokens=args.tokens or (),
         prompt=args.prompt,
@@ -150,10 +180,21 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
         retries=args.retries,
         ladder=getattr(args, "ladder", "sample"),
         activations=getattr(args, "activations", "auto"),
+        trust=None if trust is None else str(Path(trust).absolute()),
+        allow_unsigned=bool(getattr(args, "allow_unsigned", False)),
         stage_timeout=getattr(args, "stage_timeout", None),
         connect_timeout=getattr(args, "connect_timeout", 30.0),
         verbose=getattr(args, "verbose", False),
     )
+
+
+def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
+    """Run ``registry up``; exit 1 when the bring-up ran but parity (L0-L5) did not hold."""
+    from shardport.deploy.report import write_report
+    from shardport.deploy.up import bring_up, write_logits
+
+    logits_out, report = destinations(session, args)
+    request = request_of(session, args)
     if request.address is None and os.environ.get("SHARDPORT_RAY_AUTH", "token") != "disabled":
         _note_token_once()
     progress = None
@@ -168,10 +209,10 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
         sink = sys.stderr if request.verbose else quiet.enter_context(open(os.devnull, "w"))
         quiet.enter_context(contextlib.redirect_stdout(sink))
         result = bring_up(session, request, store_evidence=not args.no_evidence, progress=progress)
-    if args.logits_out is not None:
-        write_logits(args.logits_out, result.prompt_logits)
-    if args.report is not None:
-        write_report(result.predicate, args.report)
+    if logits_out is not None:
+        write_logits(logits_out, result.prompt_logits)
+    if report is not None:
+        write_report(result.predicate, report)
     doc = result.to_json()
     if "text" in result.predicate:
         doc["text"] = result.predicate["text"]
@@ -206,4 +247,26 @@ def render(result: Any) -> str:
     for key in ("logits_out", "report"):
         if result.get(key):
             lines.append(f"  wrote {result[key]}")
+    lines.append(verdict_line(result))
     return "\n".join(lines)
+
+
+def verdict_line(result: Any) -> str:
+    """The one line a person acts on, last: the verdict, the failed rows, the evidence and the report."""
+    rows = result["parity"]
+    failed = [f"{r['level']} {r['name']}" for r in rows if r["passed"] is False]
+    measured = sum(1 for r in rows if r["passed"] is not None)
+    if result["passed"]:
+        verdict = f"PASSED: {measured} of {len(rows)} parity rows measured and within tolerance"
+    else:
+        verdict = "FAILED: " + ("; ".join(failed) if failed else "the bring-up did not pass")
+    where = []
+    if result.get("evidence"):
+        ref = f"{result['repository']}@{result['digest']}"
+        shown = f"registry evidence {ref} --show {result['evidence']}"
+        where.append(f"signed evidence {result['evidence']} ({shown})")
+    else:
+        where.append("no evidence stored")
+    if result.get("report"):
+        where.append(f"report {result['report']}")
+    return f"{verdict} — " + ", ".join(where)

@@ -50,6 +50,7 @@ def push(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[A
             reference=args.reference,
             witness=args.witness,
             strict=args.strict,
+            allow_nonfinite=args.allow_nonfinite,
             sign=args.sign,
             tile_target=args.tile_size,
             tile_minimum=args.tile_min,
