@@ -21,7 +21,6 @@ registry commands no torch or Ray; ``pull --tp`` imports the loader).
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from collections.abc import Sequence
 
@@ -37,7 +36,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
     Every failure is reported as one typed error: a :class:`ShardportError` with its own exit code, and
     any other exception (a bug) as an :class:`~shardport.registry.errors.InternalError` (exit 70) whose
-    traceback goes to a file. Ctrl-C and SIGTERM unwind the command and exit 130 / 143 with one line.
+    traceback goes to a file.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -51,30 +50,17 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"{exc.parser.prog}: error: {exc.reason}", file=sys.stderr)
         return exc.exit_code
     from shardport.cli.dispatch import dispatch
-    from shardport.cli.failures import (
-        Terminated,
-        internal,
-        interrupted,
-        report,
-        stopped_by,
-        terminate_unwinds,
-    )
+    from shardport.cli.failures import internal, report
     from shardport.cli.render import human
 
     json_mode = bool(getattr(args, "json", False))
     try:
-        with terminate_unwinds():
-            result, code = dispatch(args, json_mode)
-            text = _strict_json(result) if json_mode else human(args.command, result)
+        result, code = dispatch(args, json_mode)
+        text = _strict_json(result) if json_mode else human(args.command, result)
     except ShardportError as exc:
         return report(args.command, exc, json_mode)
     except Exception as exc:  # the last line of defence; KeyboardInterrupt and SystemExit pass
-        signum = stopped_by(exc)  # a signal's exception that came back wrapped by a C extension
-        if signum is not None:
-            return interrupted(args.command, signum, json_mode)
         return report(args.command, internal(exc, argv), json_mode)
-    except (KeyboardInterrupt, Terminated) as exc:  # Ctrl-C, SIGTERM: unwound, teardown done
-        return interrupted(args.command, stopped_by(exc) or signal.SIGTERM, json_mode)
     try:
         print(text, flush=True)
     except BrokenPipeError:  # the reader went away (`registry ls | head -1`): not a failure of ours

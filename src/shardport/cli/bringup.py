@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -188,10 +189,24 @@ def request_of(session: Session, args: argparse.Namespace) -> UpRequest:
     )
 
 
+def _bring_up_quietly(session: Session, request: UpRequest, args: argparse.Namespace, progress: Any) -> Any:
+    """``bring_up``, with Ray's prints kept off stdout (the result's, under ``--json``)."""
+    from shardport.deploy.up import bring_up
+
+    # Ray's driver thread prints a dead worker's notice on stdout: shown on stderr with --verbose,
+    # dropped otherwise (our own error names the lost rank either way)
+    with contextlib.ExitStack() as quiet:
+        sink = sys.stderr if request.verbose else quiet.enter_context(open(os.devnull, "w"))
+        quiet.enter_context(contextlib.redirect_stdout(sink))
+        return bring_up(session, request, store_evidence=not args.no_evidence, progress=progress)
+
+
 def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
     """Run ``registry up``; exit 1 when the bring-up ran but parity (L0-L5) did not hold."""
+    from shardport.cli.failures import interrupted, stopped_by
     from shardport.deploy.report import write_report
-    from shardport.deploy.up import bring_up, write_logits
+    from shardport.deploy.up import write_logits
+    from shardport.registry.staging import stop_on_signals
 
     logits_out, report = destinations(session, args)
     request = request_of(session, args)
@@ -203,12 +218,20 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
         def progress(rank: int, what: str) -> None:
             print(f"rank {rank}: {what}", file=sys.stderr, flush=True)
 
-    # Ray's driver thread prints a dead worker's notice on stdout: keep stdout for the result (--json);
-    # shown on stderr with --verbose (our own error names the lost rank either way)
-    with contextlib.ExitStack() as quiet:
-        sink = sys.stderr if request.verbose else quiet.enter_context(open(os.devnull, "w"))
-        quiet.enter_context(contextlib.redirect_stdout(sink))
-        result = bring_up(session, request, store_evidence=not args.no_evidence, progress=progress)
+    # SIGTERM/SIGHUP unwind the bring-up (ranks, placement group, head and private folder torn down),
+    # then end the process by that signal; so does Ctrl-C. One line says so.
+    with stop_on_signals():
+        try:
+            result = _bring_up_quietly(session, request, args, progress)
+        except BaseException as exc:
+            signum = stopped_by(exc)  # also when Ray's C extension returned it wrapped
+            if signum is None:
+                raise
+            interrupted("up", signum, json_mode)
+            if signum == signal.SIGINT:  # Python's own handler: end by the signal, no traceback
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.raise_signal(signal.SIGINT)
+            raise  # stop_on_signals raises the signal again once the block has ended
     if logits_out is not None:
         write_logits(logits_out, result.prompt_logits)
     if report is not None:

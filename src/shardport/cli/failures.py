@@ -2,17 +2,15 @@
 
 Any exception that is not a :class:`~shardport.ShardportError` is a bug; it becomes an
 :class:`~shardport.registry.errors.InternalError` (exit 70) whose traceback goes to a file. A command
-stopped by Ctrl-C or SIGTERM unwinds (tearing down what it started) and exits 130 / 143 with one line.
+stopped by a signal reports it in one line (:func:`interrupted`) and ends by that signal.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import sys
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,46 +75,20 @@ def report(command: str, exc: ShardportError, json_mode: bool) -> int:
     return exc.exit_code
 
 
-class Terminated(BaseException):
-    """SIGTERM asked the command to stop.
-
-    Raised in the main thread, so that the command unwinds (its ``finally`` blocks tear down what it
-    started) like Ctrl-C's KeyboardInterrupt, instead of dying.
-    """
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"signal {signum}")
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def terminate_unwinds() -> Iterator[None]:
-    """While the block runs (in the main thread), SIGTERM raises :class:`Terminated`."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise Terminated(signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def stopped_by(exc: BaseException) -> int | None:
     """The signal that stopped the command, if ``exc`` is (or was raised while handling) one.
 
     A signal's exception raised inside a C extension's call can come back wrapped (Ray's ``wait``
-    returns a ``SystemError`` whose context is the :class:`Terminated` our handler raised).
+    returns a ``SystemError`` whose context is the :class:`~shardport.registry.staging.StopSignal` the
+    handler raised).
     """
+    from shardport.registry.staging import StopSignal
+
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, Terminated):
+        if isinstance(current, StopSignal):
             return current.signum
         if isinstance(current, KeyboardInterrupt):
             return int(signal.SIGINT)
@@ -124,13 +96,15 @@ def stopped_by(exc: BaseException) -> int | None:
     return None
 
 
-def interrupted(command: str, signum: int, json_mode: bool) -> int:
-    """Report a command stopped by ``signum`` in one line; return the shell's status for it (128 + n)."""
+def interrupted(command: str, signum: int, json_mode: bool) -> None:
+    """Report in one line that ``command`` was stopped by ``signum`` (what it started is torn down).
+
+    The process then ends by that signal (the shell shows 128 + n: 130 for Ctrl-C, 143 for SIGTERM).
+    """
     name = signal.Signals(signum).name
     message = f"interrupted by {name}: stopped, and what it had started was torn down"
-    code = 128 + signum
     if json_mode:
-        print(json.dumps({"error": {"type": "Interrupted", "message": message, "exit_code": code}}))
+        body = {"type": "Interrupted", "message": message, "exit_code": 128 + signum}
+        print(json.dumps({"error": body}), flush=True)
     else:
-        print(f"registry {command}: {message}", file=sys.stderr)
-    return code
+        print(f"registry {command}: {message}", file=sys.stderr, flush=True)
