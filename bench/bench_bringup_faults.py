@@ -7,9 +7,10 @@ bring-up's sweep).
 
 For every case: the exit status (expected 6 for a lost rank; a stopped driver ends by its signal,
 143 / 130 in the shell), the seconds from launch to exit, the one-line message (it must name the
-rank and the driver's phase), and the leaks once it exited: processes of its tree still running, its ``sp-ray-*`` folders, ``.partial``
-files. A case passes when all three hold. Uses the tiny GPTQ llama of the tests (the fault paths do not
-depend on the model's size). The CI part is ``tests/reliability/test_bringup_faults.py``.
+rank and the driver's phase), and the leaks once it exited: processes of its tree still running, its
+``sp-ray-*`` folders, ``.partial`` files. A case passes when all three hold. Uses the tiny GPTQ llama
+of the tests (the fault paths do not depend on the model's size). The CI part is
+``tests/reliability/test_bringup_faults.py``.
 """
 
 from __future__ import annotations
