@@ -6,10 +6,11 @@ Two calls, so that no rank waits in a collective for a rank that already failed:
    (verified tiles, witness rows), dispatch every quantized linear weight and run its parity ladder,
    then release the loaded planes no operator uses (:mod:`.release`). No collectives. Returns a
    summary or a failure (rank, stage, error type, message, exit code).
-2. :meth:`Rank.run` — join the torch.distributed group on 127.0.0.1 (gloo on the CPU, NCCL on a CUDA
-   device: :mod:`.devices`; world 1: none), build the graph, warm up, prefill and greedily decode,
-   re-check the KV cache. Returns the rank's report: timeline, ledger (host and device memory),
-   device, dispatch traces, ladders, and on the reporting rank the logits.
+2. :meth:`Rank.run` — join the torch.distributed group at the driver's rendezvous
+   (:mod:`.rendezvous`; gloo on the CPU, NCCL on a CUDA device: :mod:`.devices`; world 1: none), build
+   the graph, warm up, prefill and greedily decode, re-check the KV cache. Returns the rank's report:
+   timeline, ledger (host and device memory), device, dispatch traces, ladders, and on the reporting
+   rank the logits.
 
 Everything returned is plain data (lists, dicts, numpy arrays), picklable across processes.
 """
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from shardport import ShardportError
+from shardport.registry import _failpoints
 
 from .devices import RankDevice
 
@@ -57,6 +59,8 @@ class RankSpec:
     keep_planes: bool = False
     """Keep the loaded planes after preparation (tests and benches that run ladders again); by default
     the planes no operator uses are released (:mod:`.release`)."""
+    model_bytes: int = 0
+    """The checkpoint's size in bytes: the driver scales its stage timeouts with it (:mod:`.stage_budget`)."""
     activations: str = "auto"
     """The dtype of the quantized operators' activations, ``float32``, ``bfloat16`` or ``auto`` (by the
     rank's device: :func:`.rank_ops.activations_for`) (``--activations``;
@@ -171,6 +175,15 @@ class Rank:
         self.ladder_mode = "off"
         self.activations = "float32"
 
+    def _enter(self, stage: str) -> None:
+        """Begin ``stage`` (a failure is reported with it); the failpoint ``rank<R>-<stage>`` is here.
+
+        ``SHARDPORT_FAILPOINT=rank1-ladder`` kills rank 1 as it begins its ladder (``:term``: sends it
+        SIGTERM; ``:pause``: stops it a minute), for the bring-up fault tests.
+        """
+        self.stage = stage
+        _failpoints.hit(f"rank{self.spec.rank}-{stage}")
+
     # -- phase 1 ---------------------------------------------------------------------------------
     def prepare(self) -> dict[str, Any]:
         """Resolve, load, dispatch, ladder, release the unused planes; a summary, or ``{"failure": …}``."""
@@ -208,7 +221,7 @@ class Rank:
         if spec.home is not None:
             os.environ["SHARDPORT_HOME"] = spec.home
         self.rss_start = _rss()
-        self.stage = "resolve"
+        self._enter("resolve")
         self.clock["resolve"] = time.time()
         t0 = time.perf_counter()
         session = Session.open(
@@ -221,7 +234,7 @@ class Rank:
         self.manifest = resolved.manifest
         self.contract = contract_of(resolved.manifest)
         self.timeline["resolve"] = time.perf_counter() - t0
-        self.stage = "fetch"
+        self._enter("fetch")
         t1 = time.perf_counter()
         topology = Topology(tp=spec.tp, ep=spec.ep, pp=spec.pp)
         loaded = load_rank(session, resolved, topology, spec.rank)
@@ -231,7 +244,7 @@ class Rank:
         self.timeline["fetch"] = sec.fetch
         self.timeline["verify"] = sec.verify + sec.materialize
         self.loaded = loaded
-        self.stage = "repack"
+        self._enter("repack")
         t2 = time.perf_counter()
         runtime = resolved.manifest.runtime
         policy = policy_of(spec.fallback)
@@ -248,7 +261,7 @@ class Rank:
         self.timeline["repack"] = time.perf_counter() - t2
         self.ladder_mode = ladder_mode(spec.ladder)
         if self.ladder_mode != "off":
-            self.stage = "ladder"
+            self._enter("ladder")
             t3 = time.perf_counter()
             run_ladders(loaded, weights, self.ops, mode=self.ladder_mode)
             self.timeline["ladder"] = time.perf_counter() - t3
@@ -276,7 +289,7 @@ class Rank:
         """
         from .release import PlaneRelease
 
-        self.stage = "release"
+        self._enter("release")
         release = PlaneRelease(self.loaded, keep=self.ops)
         if not self.spec.keep_planes:
             self.loaded = release.metadata
@@ -285,18 +298,21 @@ class Rank:
         self.timeline["release"] = kept.seconds
 
     # -- phase 2 ---------------------------------------------------------------------------------
-    def run(self, port: int | None) -> dict[str, Any]:
-        """Join the group, build the graph, generate; the rank's report, or ``{"failure": …}``."""
+    def run(self, init_method: str | None) -> dict[str, Any]:
+        """Join the group at ``init_method`` (world 1: none), build the graph, generate.
+
+        Returns the rank's report, or ``{"failure": …}``.
+        """
         import torch.distributed as dist
 
         world = self.spec.tp * self.spec.ep * self.spec.pp
         joined = False
         try:
-            self.stage = "join"
+            self._enter("join")
             if world > 1:
                 dist.init_process_group(
                     self.device.backend,
-                    init_method=f"tcp://127.0.0.1:{port}",
+                    init_method=init_method,
                     rank=self.spec.rank,
                     world_size=world,
                     timeout=timedelta(seconds=120),
@@ -351,7 +367,7 @@ class Rank:
         # warm-up forward: on the direct kernels (GGUF blocks, int4 as loaded) a forward decodes every
         # weight whatever the token count, so one would cost as much as the prefill it precedes; the
         # first token pays its own one-time costs.
-        self.stage = "warm-up"
+        self._enter("warm-up")
         t0 = time.perf_counter()
         mesh = (
             dist_mesh(topology, spec.rank)
@@ -370,14 +386,14 @@ class Rank:
         )
         model = RankModel(contract, layout, weights, mesh, device=dev)
         self.timeline["warm-up"] = time.perf_counter() - t0
-        self.stage = "first token"
+        self._enter("first token")
         t1 = time.perf_counter()
         cache = model.new_cache()
         prompt_logits = model.forward(list(spec.prompt), cache)
         rows = [prompt_logits[-1]]
         tokens = [int(torch.argmax(rows[-1]))]
         self.timeline["first token"] = time.perf_counter() - t1
-        self.stage = "decode"
+        self._enter("decode")
         t2 = time.perf_counter()
         for _ in range(spec.steps - 1):
             rows.append(model.forward([tokens[-1]], cache)[-1])
@@ -387,7 +403,7 @@ class Rank:
         from .graph.model import Generation
 
         generation = Generation(prompt_logits, tuple(tokens), torch.stack(rows))
-        self.stage = "cache check"
+        self._enter("cache check")
         scale = float(prompt_logits.abs().max())
         tolerance = cache_tolerance(self.activations, spec.cache_tolerance, contract.layers, scale)
         checked = check_cache(model, list(spec.prompt), generation, tolerance)

@@ -102,6 +102,13 @@ class UpRequest:
     resolves the pinned reference again with the same policy."""
     allow_unsigned: bool = False
     """``--allow-unsigned``: passed on to every rank's session."""
+    stage_timeout: float | None = None
+    """``--stage-timeout``: seconds to wait for the ranks at each stage (None: scaled to the model,
+    :mod:`.stage_budget`)."""
+    connect_timeout: float = 30.0
+    """``--connect-timeout``: seconds joining ``--address`` may take (:func:`.cluster.probe`)."""
+    verbose: bool = False
+    """``--verbose``: Ray's own log lines on stderr (kept off it by default)."""
 
 
 @dataclass(frozen=True)
@@ -239,7 +246,7 @@ def check_request(request: UpRequest) -> None:
     _modes(request)
 
 
-def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
+def specs_for(request: UpRequest, pinned: str, cpus: float, model_bytes: int = 0) -> list[RankSpec]:
     """One spec per rank; threads = the rank's share of the cores."""
     world = request.tp * request.ep * request.pp
     threads = max(1, int((cpus or os.cpu_count() or 1) // world))
@@ -262,6 +269,7 @@ def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
             activations=activations,
             trust=request.trust,
             allow_unsigned=request.allow_unsigned,
+            model_bytes=model_bytes,
         )
         for rank in range(world)
     ]
@@ -277,21 +285,35 @@ class RayLauncher:
 
     address: str | None
     progress: Progress | None = None
+    stage_timeout: float | None = None
+    connect_timeout: float = 30.0
+    verbose: bool = False
 
     def start(self, world: int) -> Started:
         """Join (or start) the cluster and start ``world`` actors, importing; the specs follow."""
         from .ray_ranks import StartedRayRanks
 
-        return StartedRayRanks(self.address, world, progress=self.progress)
+        return StartedRayRanks(
+            self.address,
+            world,
+            progress=self.progress,
+            stage_timeout=self.stage_timeout,
+            connect_timeout=self.connect_timeout,
+            verbose=self.verbose,
+        )
 
     def __call__(self, specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
         """One launch from scratch (a relaunch after a lost rank)."""
         return self.start(len(specs)).launch(specs)
 
 
-def ray_launcher(address: str | None, progress: Progress | None = None) -> RayLauncher:
-    """Run the ranks as Ray actors (:class:`RayLauncher`)."""
-    return RayLauncher(address, progress)
+def ray_launcher(
+    address: str | None, progress: Progress | None = None, request: UpRequest | None = None
+) -> RayLauncher:
+    """Run the ranks as Ray actors (:class:`RayLauncher`), with ``request``'s timeouts and verbosity."""
+    if request is None:
+        return RayLauncher(address, progress)
+    return RayLauncher(address, progress, request.stage_timeout, request.connect_timeout, request.verbose)
 
 
 def start_while_planning(
@@ -505,7 +527,8 @@ def _plan_admitted(admitted: Admitted) -> _Planned:
     resolved, request = admitted.resolved, admitted.request
     contract = check_plan(resolved, request)
     pinned = f"{resolved.ref.name}@{resolved.digest}"
-    specs = specs_for(request, pinned, float(os.cpu_count() or 1))
+    model_bytes = sum(f.size for f in resolved.manifest.files)
+    specs = specs_for(request, pinned, float(os.cpu_count() or 1), model_bytes)
     plan_s = admitted.admit_s + time.perf_counter() - t0
     return _Planned(resolved, request, contract, admitted.tokenizer, specs, admitted.resolve_s, plan_s)
 
@@ -568,7 +591,7 @@ def bring_up(
     """
     wall0 = time.time()
     admitted = admit(session, request, store_evidence=store_evidence)
-    launch = launcher or ray_launcher(request.address, progress)
+    launch = launcher or ray_launcher(request.address, progress, request)
     planned, reports, attempts = _plan_and_launch(admitted, launch, progress)
     resolved, request, contract, tokenizer = (
         planned.resolved,

@@ -8,7 +8,8 @@ main thread), ``rank-files-staged`` (a per-rank pull's files are staged, not yet
 of ``verify REF``: ``verify-blobs-fetched`` (its temporary copy is complete).
 
 ``SHARDPORT_FAILPOINT=<name>:pause`` sleeps there for a minute instead (then goes on), so that a test
-can send the process a signal at that step.
+can send the process a signal at that step; ``<name>:term`` sends it SIGTERM there. A bring-up rank
+has one at the start of every stage: ``rank<R>-<stage>`` (:meth:`shardport.deploy.rank.Rank._enter`).
 """
 
 from __future__ import annotations
@@ -27,3 +28,6 @@ def hit(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif armed == f"{name}:pause":
         time.sleep(PAUSE_SECONDS)
+    elif armed == f"{name}:term":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(PAUSE_SECONDS)  # a process that handles SIGTERM by unwinding does so here
