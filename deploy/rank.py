@@ -23,7 +23,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from shardport import ShardportError
 from shardport.registry import _failpoints
 
 from .devices import RankDevice
+
+if TYPE_CHECKING:
+    from shardport.kernels.capability import ActivationDtype
 
 STAGES = ("resolve", "plan", "fetch", "verify", "repack", "ladder", "release", "warm-up", "first token")
 
@@ -173,7 +176,7 @@ class Rank:
         self.device = RankDevice("cpu")
         self.cuda_visible: list[str] = []
         self.ladder_mode = "off"
-        self.activations = "float32"
+        self.activations: ActivationDtype = "float32"
 
     def _enter(self, stage: str) -> None:
         """Begin ``stage`` (a failure is reported with it); the failpoint ``rank<R>-<stage>`` is here.
@@ -196,8 +199,22 @@ class Rank:
         except BaseException as exc:  # every failure goes back as data, with the stage it happened in
             return {"failure": failure(self.spec.rank, self.stage, exc)}
 
-    def _prepare(self) -> dict[str, Any]:
+    def _take_device(self) -> None:
+        """The rank's threads, device (a visible GPU, else the CPU) and activation dtype."""
         import torch
+
+        from .devices import rank_device, visible_cuda
+        from .rank_ops import activations_for
+
+        torch.set_num_threads(max(1, self.spec.threads))
+        self.cuda_visible = visible_cuda()
+        self.device = rank_device(self.cuda_visible)
+        self.activations = activations_for(self.spec.activations, self.device.kind)
+        if self.device.kind == "cuda":  # pragma: no cover - no GPU in CI
+            torch.cuda.set_device(self.device.index)
+            torch.cuda.reset_peak_memory_stats(self.device.index)
+
+    def _prepare(self) -> dict[str, Any]:
 
         from shardport.loader import load_rank
         from shardport.placement import Topology
@@ -206,18 +223,12 @@ class Rank:
         from shardport.registry.trust.resolve import resolve
 
         from .contract import contract_of
-        from .devices import kernel_device, rank_device, visible_cuda
+        from .devices import kernel_device
         from .ladder_budget import ladder_mode
-        from .rank_ops import activations_for, policy_of, prepare_ops, run_ladders
+        from .rank_ops import policy_of, prepare_ops, run_ladders
 
         spec = self.spec
-        torch.set_num_threads(max(1, spec.threads))
-        self.cuda_visible = visible_cuda()
-        self.device = rank_device(self.cuda_visible)
-        self.activations = activations_for(spec.activations, self.device.kind)
-        if self.device.kind == "cuda":  # pragma: no cover - no GPU in CI
-            torch.cuda.set_device(self.device.index)
-            torch.cuda.reset_peak_memory_stats(self.device.index)
+        self._take_device()
         if spec.home is not None:
             os.environ["SHARDPORT_HOME"] = spec.home
         self.rss_start = _rss()

@@ -188,15 +188,15 @@ def push(
     files = scan(src)
     check_paths([rel for rel, _ in files], source=f"push {src}", error=UsageError)  # before any work
     total = sum(p.stat().st_size for _, p in files)
-    analysis = analyze(src, [rel for rel, _ in files], declare=declare, reference=reference, strict=strict,
-                       allow_nonfinite=allow_nonfinite)
-    producer = None
-    if witness is not None:
-        if analysis is None:
-            raise UsageError(
-                f"--witness {witness}: {src} holds no safetensors or GGUF weights to check it with"
-            )
-        producer = producer_witness(src, analysis, witness)
+    analysis = analyze(
+        src,
+        [rel for rel, _ in files],
+        declare=declare,
+        reference=reference,
+        strict=strict,
+        allow_nonfinite=allow_nonfinite,
+    )
+    producer = _checked_witness(src, analysis, witness)
 
     identities = [file_identity(p) for _, p in files]
     entries = _hash_files(files, reporter.task("hashing", total))
@@ -209,11 +209,7 @@ def push(
     unchanged = _unchanged_head(session, name, tag, manifest)
     manifest_digest = manifest.digest()
 
-    bundle = None
-    if sign == "sigstore":  # keyless signing needs the network: fail before anything is written
-        from shardport.provenance.sigstore_signing import sign_statement_sigstore
-
-        bundle = sign_statement_sigstore(manifest_statement(name, manifest_digest).to_bytes())
+    bundle = _sigstore_bundle(sign, name, manifest_digest)
     return publish(
         session,
         name,
@@ -227,6 +223,24 @@ def push(
         bundle=bundle,
         unchanged=unchanged,
     )
+
+
+def _sigstore_bundle(sign: str, name: str, manifest_digest: str) -> Any:
+    """With ``--sign sigstore``, the keyless bundle, made before anything is written (needs the network)."""
+    if sign != "sigstore":
+        return None
+    from shardport.provenance.sigstore_signing import sign_statement_sigstore
+
+    return sign_statement_sigstore(manifest_statement(name, manifest_digest).to_bytes())
+
+
+def _checked_witness(src: Path, analysis: Any, witness: Path | None) -> Any:
+    """The producer's witness (``--witness``) checked against the decode: (its blob, its manifest ref)."""
+    if witness is None:
+        return None
+    if analysis is None:
+        raise UsageError(f"--witness {witness}: {src} holds no safetensors or GGUF weights to check it with")
+    return producer_witness(src, analysis, witness)
 
 
 def _with_kernels(

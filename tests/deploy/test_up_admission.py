@@ -25,9 +25,10 @@ from llama_artifacts import ok
 from shardport.cli.parser import build_parser
 from shardport.deploy.bounds import DEFAULT_CONTEXT, PROMPT_BYTES_PER_TOKEN, context_of
 from shardport.deploy.errors import GraphLayoutError, RankFailedError, UnsupportedModelError
+from shardport.deploy.launch import Started
 from shardport.deploy.rank import RankSpec
 from shardport.deploy.ray_ranks import run_in_process
-from shardport.deploy.up import Started, UpRequest, admit, bring_up, specs_for
+from shardport.deploy.up import UpRequest, admit, bring_up, specs_for
 from shardport.kernels.catalog import CATALOG_IDS, default_catalog
 from shardport.registry.errors import UsageError
 from shardport.registry.session import Session

@@ -19,9 +19,10 @@ from bringup_artifacts import gguf_mixtral, gptq_tiny
 from llama_artifacts import ok
 
 from shardport.deploy.errors import ClusterError, RankLostError
+from shardport.deploy.launch import Started, StartingLauncher
 from shardport.deploy.rank import RankSpec
 from shardport.deploy.ray_ranks import run_in_process
-from shardport.deploy.up import Started, StartingLauncher, UpRequest, bring_up, ray_launcher
+from shardport.deploy.up import UpRequest, bring_up, ray_launcher
 from shardport.placement.errors import UnsplittableError
 from shardport.registry.errors import NotFoundError, UsageError
 from shardport.registry.session import Session
@@ -196,7 +197,7 @@ def test_an_interrupt_while_the_plan_hangs_ends_the_driver_at_once() -> None:
     child = textwrap.dedent(
         """
         import signal, time
-        from shardport.deploy.up import start_while_planning
+        from shardport.deploy.launch import start_while_planning
         # a parent (pytest after Ray started in it) may ignore SIGINT, and children inherit that
         signal.signal(signal.SIGINT, signal.default_int_handler)
         class Booted:
