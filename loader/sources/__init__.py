@@ -83,8 +83,9 @@ def open_source(
     ``O_DIRECT``).
 
     ``retry``: the S3 reads' retry policy (None: the store's). ``sizes``: each file's size in the
-    manifest; a local blob of another size is refused before any read (a DigestMismatchError).
+    manifest; a blob of another size is refused (a DigestMismatchError): a local one before any read,
+    an S3 one by its first range's ``Content-Range``.
     """
     if store.profile.file_handles:
         return LocalBlobSource(store, blobs, direct=direct, sizes=sizes)
-    return S3BlobSource(store, blobs, concurrency=concurrency, retry=retry)
+    return S3BlobSource(store, blobs, concurrency=concurrency, retry=retry, sizes=sizes)

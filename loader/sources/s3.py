@@ -34,8 +34,11 @@ class S3BlobSource:
         *,
         concurrency: int = 16,
         retry: RetryPolicy | None = None,
+        sizes: Mapping[str, int] | None = None,
     ) -> None:
+        """``sizes``: each file's size as the manifest states it; a blob of another size is refused."""
         self._keys = {file: blob_key(digest) for file, digest in blobs.items()}
+        self._sizes = {self._keys[f]: n for f, n in (sizes or {}).items() if f in self._keys}
         self._store = store
         self._concurrency = max(1, concurrency)
         self._retry = retry
@@ -64,6 +67,7 @@ class S3BlobSource:
                 [(self._keys[f], o, o + n) for f, o, n in ranges],
                 concurrency=self._concurrency,
                 retry=self._retry,
+                sizes=self._sizes,
             )
         except Exception as exc:  # the backend's own errors, wrapped once
             raise RangeReadError(f"{len(ranges)} ranges from {self._store.url}: {exc}") from exc
@@ -74,6 +78,8 @@ class S3BlobSource:
             where = _where(file, self._keys[file], offset, length)
             if isinstance(data, FileNotFoundError):
                 raise BlobNotFoundError(f"{where}: blob not in the store {self._store.url}") from data
+            if isinstance(data, DigestMismatchError):  # the object's size is not the manifest's
+                raise DigestMismatchError(f"{where}: {data}") from data
             if isinstance(data, BaseException):
                 raise RangeReadError(f"{where}: {type(data).__name__}: {data}") from data
             if len(data) != length:  # the reads retried a cut body: the object itself ends there

@@ -13,6 +13,7 @@ import os
 import stat
 import uuid
 from pathlib import Path
+from collections.abc import Mapping
 from typing import IO
 
 from shardport.registry import _failpoints
@@ -85,11 +86,16 @@ class LocalStore(FsStore):
             return read_bounded(self.root, key, read_limit(key, max_size))
 
     def read_ranges(
-        self, requests: list[tuple[str, int, int]], *, concurrency: int, retry: RetryPolicy | None = None
+        self,
+        requests: list[tuple[str, int, int]],
+        *,
+        concurrency: int,
+        retry: RetryPolicy | None = None,
+        sizes: Mapping[str, int] | None = None,
     ) -> tuple[list[RangeResult], int]:
         """``(key, start, end)`` ranges by ``pread`` of each key's checked descriptor, in order.
 
-        No retries (``concurrency`` and ``retry`` are for remote stores).
+        No retries (``concurrency`` and ``retry`` are for remote stores). ``sizes``: see the protocol.
         """
         fds: dict[str, int | BaseException] = {}
         out: list[RangeResult] = []
@@ -104,6 +110,7 @@ class LocalStore(FsStore):
                         fds[key] = missing
                     except Exception as exc:
                         fds[key] = exc
+                    fds[key] = _sized(fds[key], key, (sizes or {}).get(key))
                 fd = fds[key]
                 if isinstance(fd, BaseException):
                     out.append(fd)
@@ -249,3 +256,16 @@ class LocalStore(FsStore):
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
+
+
+def _sized(fd: int | BaseException, key: str, expected: int | None) -> int | BaseException:
+    """``fd`` when its file has the ``expected`` size (or none is expected), else the mismatch (fd closed)."""
+    if isinstance(fd, BaseException) or expected is None:
+        return fd
+    found = os.fstat(fd).st_size
+    if found == expected:
+        return fd
+    os.close(fd)
+    return DigestMismatchError(
+        f"{key}: the object is {found} bytes, the manifest says {expected} (bytes appended or cut; run fsck)"
+    )

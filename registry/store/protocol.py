@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -156,11 +156,19 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def read_ranges(
-        self, requests: list[tuple[str, int, int]], *, concurrency: int, retry: RetryPolicy | None = None
+        self,
+        requests: list[tuple[str, int, int]],
+        *,
+        concurrency: int,
+        retry: RetryPolicy | None = None,
+        sizes: Mapping[str, int] | None = None,
     ) -> tuple[list[RangeResult], int]:
         """``(key, start, end)`` byte ranges, at most ``concurrency`` in flight.
 
         Returns each range's :data:`RangeResult` in order, and how many requests were retried.
+        ``sizes``: the size each key's object must have (as a signed manifest states it); a range of an
+        object of another size is a :class:`~.errors.DigestMismatchError` (bytes appended to or cut from
+        a blob are seen by a reader of any of its ranges, not only by one that hashes it whole).
         """
 
     @abc.abstractmethod

@@ -9,7 +9,7 @@ writes go through s3fs.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -126,11 +126,20 @@ class S3Store(FsStore):
             return list(pool.map(self.read, keys))
 
     def read_ranges(
-        self, requests: list[tuple[str, int, int]], *, concurrency: int, retry: RetryPolicy | None = None
+        self,
+        requests: list[tuple[str, int, int]],
+        *,
+        concurrency: int,
+        retry: RetryPolicy | None = None,
+        sizes: Mapping[str, int] | None = None,
     ) -> tuple[list[RangeResult], int]:
-        """Ranged GETs (:meth:`.s3reads.S3Reader.get_ranges`), and the retries made."""
+        """Ranged GETs (:meth:`.s3reads.S3Reader.get_ranges`), and the retries made.
+
+        ``sizes``: checked against each answer's ``Content-Range`` total (no extra request).
+        """
         paths = [(self.path(k), a, b) for k, a, b in requests]
-        return self.reader.get_ranges(paths, concurrency=concurrency, policy=retry)
+        totals = {self.path(k): n for k, n in (sizes or {}).items()}
+        return self.reader.get_ranges(paths, concurrency=concurrency, policy=retry, sizes=totals)
 
     def open_blob(self, digest: str, *, max_size: int | None = None) -> IO[bytes]:
         """A stream of ranged, retried GETs of the blob."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import io
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from fsspec.asyn import sync
@@ -89,7 +89,9 @@ class S3Reader:
             raise
         return resp
 
-    async def _get_once(self, path: str, start: int | None, end: int | None, limit: int) -> bytes:
+    async def _get_once(
+        self, path: str, start: int | None, end: int | None, limit: int, size: int | None = None
+    ) -> bytes:
         """One GET of ``[start, end)`` (whole object when ``start`` is None), at most ``limit`` + 1 bytes.
 
         Returns fewer bytes than asked only where the object itself ends there (``Content-Range``).
@@ -120,6 +122,13 @@ class S3Reader:
         promised = resp.get("ContentLength")
         if isinstance(promised, int) and n < promised:
             raise TruncatedBodyError(f"{path}: the body ended after {n} of {promised} bytes")
+        if ranged and size is not None:
+            found = _total(resp)
+            if found is not None and found != size:  # final: the object itself is not the signed one
+                raise DigestMismatchError(
+                    f"{path}: the object is {found} bytes, the manifest says {size} "
+                    "(bytes appended or cut; run fsck)"
+                )
         if ranged and n < limit:
             total = _total(resp)
             if total is None or (start or 0) + n < total:
@@ -175,6 +184,7 @@ class S3Reader:
         *,
         concurrency: int,
         policy: RetryPolicy | None = None,
+        sizes: Mapping[str, int] | None = None,
     ) -> tuple[list[bytes | BaseException], int]:
         """``(path, start, end)`` ranges, at most ``concurrency`` in flight; each retried on its own.
 
@@ -189,7 +199,7 @@ class S3Reader:
                 try:
                     data: bytes = await self._retrying(
                         f"GET {path} bytes [{start}, {end})",
-                        lambda: self._get_once(path, start, end, end - start),
+                        lambda: self._get_once(path, start, end, end - start, (sizes or {}).get(path)),
                         pol,
                         counted,
                     )
