@@ -12,8 +12,8 @@ import errno
 import os
 import stat
 import uuid
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import IO
 
 from shardport.registry import _failpoints
