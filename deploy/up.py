@@ -333,6 +333,7 @@ def admit(session: Session, request: UpRequest, *, store_evidence: bool = False)
     """
     from .bounds import check_prompt_bytes, check_sequence, check_world, context_length
     from .contract import contract_of
+    from .runnable import check_runnable, embedded_device_class, host_has_gpu
     from .topology_check import check_degrees
 
     check_request(request)
@@ -357,6 +358,9 @@ def admit(session: Session, request: UpRequest, *, store_evidence: bool = False)
         request = dataclasses.replace(request, tokens=tuple(tokenizer.encode(request.prompt)))
     check_sequence(request.tokens, request.steps, contract, context)
     check_kernels(tuple(resolved.manifest.runtime.kernels_required))
+    if request.address in (None, "local"):  # the embedded default: the ranks' device class is known here
+        device_class = embedded_device_class(request.activations, gpu=host_has_gpu())
+        check_runnable(resolved.manifest, device_class, request.fallback)
     return Admitted(resolved, request, contract, tokenizer, resolve_s, time.perf_counter() - t0 - resolve_s)
 
 

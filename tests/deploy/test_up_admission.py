@@ -123,6 +123,29 @@ def test_required_kernels_this_shardport_lacks_are_refused_before_anything_start
     assert "cpu.int4pack@1" in str(caught.value) and launcher.log == []
 
 
+def test_a_required_kernel_no_cpu_rank_can_run_is_refused_before_anything_starts(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # only the CUDA int4 kernel is allowed: on this GPU-less host every CPU rank would load its bytes and
+    # then refuse them at dispatch; the manifest's runtime layer (pinned at push) says so up front
+    store = _push(tmp_path, "--kernels-required", "cuda.int4-tinygemm")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # whatever this host has, its ranks see no GPU
+    launcher = _NeverStarted()
+    request = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, store=store)
+    with pytest.raises(UnsupportedModelError, match=r"no kernel of this shardport admits .* on cpu/float32"):
+        bring_up(Session.open(store), request, launcher=launcher, store_evidence=False)
+    assert launcher.log == []
+    caught = pytest.raises(UnsupportedModelError, match=r"on cpu/bfloat16 with runtime.kernels_required")
+    with caught:
+        admit(
+            Session.open(store),
+            UpRequest(ref="llama/gptq:v1", tokens=PROMPT, store=store, activations="bfloat16"),
+        )
+    # --fallback allow lets the generic kernels run them; --address leaves it to the ranks' dispatch
+    admit(Session.open(store), UpRequest(ref="llama/gptq:v1", tokens=PROMPT, store=store, fallback="allow"))
+    admit(Session.open(store), UpRequest(ref="llama/gptq:v1", tokens=PROMPT, store=store, address="h:1"))
+
+
 def test_the_catalog_ids_the_driver_checks_are_the_catalogs() -> None:
     assert CATALOG_IDS == tuple(f"{k.capability.id}@{k.capability.version}" for k in default_catalog())
 

@@ -1,0 +1,58 @@
+"""Before anything starts: does any kernel run every weight on the ranks' device class?
+
+The manifest's ``runtime.expected_kernels`` (pinned at push by admission over the catalogue, under the
+default fallback policy and ``runtime.kernels_required``) says, per weight class and device class, which
+kernel a whole weight gets; ``None`` there means nothing admits it. On the embedded default cluster the
+driver knows the ranks' device class before Ray starts: the CPU (in the run's activation dtype) where
+this host has no GPU. A pin of ``None`` for that class then fails every rank at dispatch after the whole
+load, unless ``--fallback allow`` lets the generic kernels in: :func:`check_runnable` refuses it at once,
+naming the weight classes. Elsewhere (``--address``, a host with GPUs, a manifest without pins) the
+ranks' dispatch decides, as before. Pure apart from :func:`host_has_gpu`; no torch.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from shardport.registry.artifact.manifest import Manifest
+
+from .errors import UnsupportedModelError
+
+
+def host_has_gpu() -> bool:
+    """Whether a rank started on this host could see an NVIDIA GPU (device nodes, unless hidden)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def embedded_device_class(activations: str, *, gpu: bool) -> str | None:
+    """The device class the embedded default's ranks run (None: they may take a GPU; unknown here)."""
+    if gpu:
+        return None
+    return "cpu/bfloat16" if activations == "bfloat16" else "cpu/float32"
+
+
+def check_runnable(manifest: Manifest, device_class: str | None, fallback: str) -> None:
+    """Refuse (:class:`UnsupportedModelError`, exit 5) weights no kernel admits on ``device_class``."""
+    pins = manifest.runtime.expected_kernels
+    if device_class is None or not pins or fallback == "allow":
+        return
+    missing = [p for p in pins if p.device == device_class and p.kernel is None]
+    if not missing:
+        return
+    classes = "; ".join(
+        f"{p.weight_class} ({p.weights} weight{'s' if p.weights != 1 else ''}"
+        + (f", e.g. {p.weight}" if p.weight else "")
+        + ")"
+        for p in missing
+    )
+    required = manifest.runtime.kernels_required
+    why = f" with runtime.kernels_required {required}" if required else ""
+    raise UnsupportedModelError(
+        f"no kernel of this shardport admits {classes} on {device_class}{why} under --fallback {fallback} "
+        "(the manifest's runtime layer, computed at push): every rank would load its bytes and then "
+        "refuse them. Push again with --kernels-required naming a kernel for this device, run on a "
+        "device that has one, or pass --fallback allow to run them through the generic kernels"
+    )
