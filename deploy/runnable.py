@@ -1,4 +1,4 @@
-"""Before anything starts: does any kernel run every weight on the ranks' device class?
+"""Before anything starts: whether a kernel runs every weight on the ranks' device class.
 
 The manifest's ``runtime.expected_kernels`` (pinned at push by admission over the catalogue, under the
 default fallback policy and ``runtime.kernels_required``) says, per weight class and device class, which
@@ -7,7 +7,7 @@ driver knows the ranks' device class before Ray starts: the CPU (in the run's ac
 this host has no GPU. A pin of ``None`` for that class then fails every rank at dispatch after the whole
 load, unless ``--fallback allow`` lets the generic kernels in: :func:`check_runnable` refuses it at once,
 naming the weight classes. Elsewhere (``--address``, a host with GPUs, a manifest without pins) the
-ranks' dispatch decides, as before. Pure apart from :func:`host_has_gpu`; no torch.
+ranks' dispatch decides, as before. Pure apart from :func:`host_has_gpu`, and without torch.
 """
 
 from __future__ import annotations
