@@ -5,10 +5,13 @@ of a push: ``blob-written`` (a blob's bytes are staged, not published), ``blobs-
 ``manifest-written``, ``signature-written``, ``tagdoc-blob-written`` (before the tag document); and
 of a pull: ``pull-file-fetched`` (after each file is downloaded into the temporary folder, in the
 main thread), ``rank-files-staged`` (a per-rank pull's files are staged, not yet renamed into place);
-of ``verify REF``: ``verify-blobs-fetched`` (its temporary copy is complete).
+of ``verify REF``: ``verify-blobs-fetched`` (its temporary copy is complete); of ``gc``:
+``gc-marked`` (what to remove is chosen, nothing removed yet), ``gc-blob-removed`` (after each blob).
 
 ``SHARDPORT_FAILPOINT=<name>:pause`` sleeps there for a minute instead (then goes on), so that a test
-can send the process a signal at that step.
+can send the process a signal at that step. With ``SHARDPORT_FAILPOINT_RESUME=PATH`` the pause
+creates ``PATH.paused`` on arrival and ends as soon as ``PATH`` exists: a test can run another command
+while this one waits at the step, then let it go on.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 PAUSE_SECONDS = 60.0
 
@@ -26,4 +30,11 @@ def hit(name: str) -> None:
     if armed == name:
         os.kill(os.getpid(), signal.SIGKILL)
     elif armed == f"{name}:pause":
-        time.sleep(PAUSE_SECONDS)
+        resume = os.environ.get("SHARDPORT_FAILPOINT_RESUME")
+        if not resume:
+            time.sleep(PAUSE_SECONDS)
+            return
+        Path(f"{resume}.paused").touch()
+        deadline = time.monotonic() + PAUSE_SECONDS
+        while not Path(resume).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
