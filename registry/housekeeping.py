@@ -253,9 +253,12 @@ def _check_referrers(
         if manifest is None:
             report.bad_referrers.append(f"{name}: {folder}/{child}: not named by a manifest digest")
             continue
+        links = store.listdir(f"{folder}/{child}")
+        if not links:  # an empty folder: nothing attached (SeaweedFS lists the folders deletes leave)
+            continue
         if manifest not in present:
             report.dangling.append(f"{name}: attachments of manifest {manifest}, which is missing")
-        for link in store.listdir(f"{folder}/{child}"):
+        for link in links:
             report.referrers += 1
             where = f"{name}: attachment sha256:{link} of {manifest}"
             blob = digest_of_hex(link)

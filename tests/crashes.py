@@ -210,8 +210,9 @@ def _reference_push(bench: Bench, src: Path, ref: str) -> str:
     return str(in_process(bench.reference, "push", src, ref)["digest"])
 
 
-def prepare(store: str, work: Path, *, size: int = 400_000) -> Bench:
-    """keygen (caller's $SHARDPORT_HOME), push A and B, tag history for rollback, a convert source."""
+def prepare(store: str, work: Path, *, size: int = 400_000, convert: bool = True) -> Bench:
+    """keygen (caller's $SHARDPORT_HOME), push A and B, tag history for rollback, a convert source
+    (``convert``: else the campaign must not draw convert)."""
     from bringup_artifacts import gptq_tiny
     from support import make_checkpoint
     from llama_artifacts import ok as in_process
@@ -227,12 +228,14 @@ def prepare(store: str, work: Path, *, size: int = 400_000) -> Bench:
     bench.durations["tag"], _ = timed(store, "tag", f"{REPO}@{bench.b}", f"{REPO}:rb")
     bench.durations["rollback"], _ = timed(store, "rollback", f"{REPO}:rb", "--to", bench.a)
     ok(store, "tag", f"{REPO}@{bench.a}", f"{REPO}:moving")
+    bench.durations["gc"], _ = timed(store, "gc", "--grace-seconds", "0")
+    if not convert:
+        return bench
     ok(store, "push", gptq_tiny(work / "llama"), f"{LLAMA}:q4")
     in_process(bench.reference, "push", work / "llama", f"{LLAMA}:q4")
     bench.converted = str(in_process(bench.reference, "convert", f"{LLAMA}:q4", f"{LLAMA}:tiled")["digest"])
     bench.durations["convert"], conv = timed(store, "convert", f"{LLAMA}:q4", f"{LLAMA}:tiled")
     assert conv["digest"] == bench.converted, (conv, bench.converted)
-    bench.durations["gc"], _ = timed(store, "gc", "--grace-seconds", "0")
     return bench
 
 
@@ -308,7 +311,8 @@ def trial(bench: Bench, op: str, rng: random.Random, tally: Tally, *, failpoint:
         # tag always writes a version, so the killed one and the re-run may both have
         assert grew in ((0, 1, 2) if op == "tag" else (0, 1)), (op, before, after)
         assert grew >= 1 or before[-1][1] == expect
-    assert fsck(bench.store)["ok"], (op, failpoint)
+    final = fsck(bench.store)
+    assert final["ok"], (op, failpoint, killed.delay, final)
     tally.add(op, landed=killed.landed, mid_write=mid_write, clean=clean, rerun=True)
 
 
@@ -317,7 +321,7 @@ def final_audit(bench: Bench) -> dict[str, Any]:
     collected = expire_and_collect(bench.store)
     report = fsck(bench.store)
     assert report["ok"] and not report["stale_uploads"], report
-    for ref in (f"{REPO}:prod", f"{REPO}:moving", f"{REPO}:rb", f"{LLAMA}:tiled"):
+    for ref in (f"{REPO}:prod", f"{REPO}:moving", f"{REPO}:rb", *([f"{LLAMA}:tiled"] if bench.converted else [])):
         assert ok(bench.store, "verify", ref)["ok"], ref
     return {"gc_removed_blobs": len(collected["removed_blobs"]), "gc_removed_uploads": len(collected["removed_uploads"])}
 
@@ -338,13 +342,19 @@ def race(store: str, work: Path, *, writers: int = 16, grace: float = 0.0, seed:
     from shardport.registry.session import Session
     from support import make_checkpoint
 
-    srcs = [make_checkpoint(work / f"writer{i}", seed=seed * 1000 + i, size=150_000, files=2) for i in range(writers)]
-    for i, src in enumerate(srcs[: writers // 2]):  # their blobs present, unreferenced, unleased
-        code, out = run(store, "push", src, f"race/m:garbage{i}", env={"SHARDPORT_FAILPOINT": "blobs-done"})
-        assert code == -signal.SIGKILL, out
+    started = time.monotonic()
+    srcs = [make_checkpoint(work / f"writer{i}", seed=seed * 1000 + i, size=50_000, files=2) for i in range(writers)]
+    garbage = work / "garbage"  # half the writers' shards, pushed by a push killed before its manifest
+    garbage.mkdir(parents=True)
+    for i, src in enumerate(srcs[: writers // 2]):
+        for f in src.glob("model-*.bin"):
+            (garbage / f"w{i}-{f.name}").write_bytes(f.read_bytes())
+    code, out = run(store, "push", garbage, "race/m:garbage", env={"SHARDPORT_FAILPOINT": "blobs-done"})
+    assert code == -signal.SIGKILL, out
     session = Session.open(store)
     for folder in session.store.listdir("uploads"):
         session.store.delete_tree(f"uploads/{folder}")
+    prepared = time.monotonic()
     stop = threading.Event()
     gc_runs: list[tuple[int, Any]] = []
 
@@ -367,6 +377,7 @@ def race(store: str, work: Path, *, writers: int = 16, grace: float = 0.0, seed:
     for p in procs:
         out, err = p.communicate(timeout=600)
         results.append((p.returncode, out, err))
+    raced = time.monotonic()
     stop.set()
     collector.join()
     gc_runs.append(run(store, "gc", "--grace-seconds", str(grace)))  # once more after the writers
@@ -384,13 +395,15 @@ def race(store: str, work: Path, *, writers: int = 16, grace: float = 0.0, seed:
     unreadable = []
     from llama_artifacts import cli as in_process
 
-    for _, digest in told:
+    # fsck has hashed every blob and found every version's files; verify REF checks one end to end
+    for _, digest in sorted(told)[-1:]:
         code, out = in_process(store, "verify", f"race/m@{digest}")
         if code != 0:
             unreadable.append((digest, out))
     return {
         "writers": writers,
         "grace_seconds": grace,
+        "seconds": {"prepare": round(prepared - started, 2), "race": round(raced - prepared, 2)},
         "gc_runs": len(gc_runs),
         "gc_failures": [r for r in gc_runs if r[0] != 0],
         "failed_writers": failed,

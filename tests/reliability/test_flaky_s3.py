@@ -123,7 +123,7 @@ def test_pushes_through_faults_never_tag_incomplete_content(
     ok(store, "keygen")
     ok(store, "push", make_checkpoint(tmp_path / "base", seed=1), "flaky/p:v")
     outcomes = {"completed": 0, "failed": 0}
-    for n in range(4):
+    for n in range(3):
         src = make_checkpoint(tmp_path / f"ck{n}", seed=10 + n, size=150_000)
         before = log_in_process(store, "flaky/p:v")
         # every request may fail (PUTs, conditional tag writes, listings, reads of the tag history)
