@@ -16,11 +16,11 @@ from shardport.provenance.dsse import Envelope
 from shardport.provenance.errors import EnvelopeFormatError
 from shardport.provenance.keys import VerifyingKey
 from shardport.provenance.statement import Statement
+from shardport.registry import _failpoints
 from shardport.registry.artifact.digests import Digest
 from shardport.registry.artifact.hashing import digest_bytes, digest_of_hex, hex_of, is_digest
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.artifact.manifest_check import check_manifest
-from shardport.registry import _failpoints
 from shardport.registry.errors import NotFoundError, RegistryError, VerificationError
 from shardport.registry.results import result_json
 from shardport.registry.session import Session

@@ -27,7 +27,9 @@ def argv(store: str, *args: str | Path) -> list[str]:
     return [REGISTRY, "--store", store, "--json", *map(str, args)]
 
 
-def run(store: str, *args: str | Path, env: dict[str, str] | None = None, timeout: float = 300) -> tuple[int, Any]:
+def run(
+    store: str, *args: str | Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> tuple[int, Any]:
     """Run the CLI as a subprocess; (exit code, parsed JSON output or the raw text when not JSON)."""
     p = subprocess.run(
         argv(store, *args),
@@ -73,7 +75,9 @@ def kill_after(store: str, args: list[str | Path], delay: float, env: dict[str, 
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGKILL)
     out, _ = proc.communicate(timeout=120)
-    return Killed(landed=proc.returncode == -signal.SIGKILL, returncode=proc.returncode, delay=delay, output=out)
+    return Killed(
+        landed=proc.returncode == -signal.SIGKILL, returncode=proc.returncode, delay=delay, output=out
+    )
 
 
 def timed(store: str, *args: str | Path) -> tuple[float, Any]:
@@ -127,7 +131,9 @@ def log_in_process(store: str, ref: str) -> list[tuple[int, str]]:
     from shardport.registry.session import Session
 
     try:
-        return [(e["version"], e["target"]) for e in log(Session.open(store), parse_ref(ref, require_tag=True))]
+        return [
+            (e["version"], e["target"]) for e in log(Session.open(store), parse_ref(ref, require_tag=True))
+        ]
     except NotFoundError:
         return []
 
@@ -214,8 +220,8 @@ def prepare(store: str, work: Path, *, size: int = 400_000, convert: bool = True
     """keygen (caller's $SHARDPORT_HOME), push A and B, tag history for rollback, a convert source
     (``convert``: else the campaign must not draw convert)."""
     from bringup_artifacts import gptq_tiny
-    from support import make_checkpoint
     from llama_artifacts import ok as in_process
+    from support import make_checkpoint
 
     bench = Bench(store=store, work=work, reference=str(work / "reference-store"))
     ok(store, "keygen")
@@ -241,8 +247,9 @@ def prepare(store: str, work: Path, *, size: int = 400_000, convert: bool = True
 
 def _garbage(bench: Bench, n: int) -> None:
     """Unreferenced content for gc to collect: a push killed before its tag, its lease expired."""
-    from shardport.registry.session import Session
     from support import make_checkpoint
+
+    from shardport.registry.session import Session
 
     src = make_checkpoint(bench.work / f"garbage{n}", seed=90_000 + n, size=200_000)
     killed = run(bench.store, "push", src, f"{REPO}:never", env={"SHARDPORT_FAILPOINT": "signature-written"})
@@ -321,9 +328,17 @@ def final_audit(bench: Bench) -> dict[str, Any]:
     collected = expire_and_collect(bench.store)
     report = fsck(bench.store)
     assert report["ok"] and not report["stale_uploads"], report
-    for ref in (f"{REPO}:prod", f"{REPO}:moving", f"{REPO}:rb", *([f"{LLAMA}:tiled"] if bench.converted else [])):
+    for ref in (
+        f"{REPO}:prod",
+        f"{REPO}:moving",
+        f"{REPO}:rb",
+        *([f"{LLAMA}:tiled"] if bench.converted else []),
+    ):
         assert ok(bench.store, "verify", ref)["ok"], ref
-    return {"gc_removed_blobs": len(collected["removed_blobs"]), "gc_removed_uploads": len(collected["removed_uploads"])}
+    return {
+        "gc_removed_blobs": len(collected["removed_blobs"]),
+        "gc_removed_uploads": len(collected["removed_uploads"]),
+    }
 
 
 RACE = "race/m:hot"
@@ -339,11 +354,15 @@ def race(store: str, work: Path, *, writers: int = 16, grace: float = 0.0, seed:
     """
     import threading
 
-    from shardport.registry.session import Session
     from support import make_checkpoint
 
+    from shardport.registry.session import Session
+
     started = time.monotonic()
-    srcs = [make_checkpoint(work / f"writer{i}", seed=seed * 1000 + i, size=50_000, files=2) for i in range(writers)]
+    srcs = [
+        make_checkpoint(work / f"writer{i}", seed=seed * 1000 + i, size=50_000, files=2)
+        for i in range(writers)
+    ]
     garbage = work / "garbage"  # half the writers' shards, pushed by a push killed before its manifest
     garbage.mkdir(parents=True)
     for i, src in enumerate(srcs[: writers // 2]):

@@ -43,7 +43,9 @@ def test_sixteen_writers_and_gc_seaweedfs(seaweed_store_url: str, tmp_path: Path
     _check(race(seaweed_store_url, tmp_path / "work", writers=16, seed=1))
 
 
-@pytest.mark.parametrize("backend", ["local", pytest.param("seaweedfs", marks=[pytest.mark.s3, pytest.mark.slow])])
+@pytest.mark.parametrize(
+    "backend", ["local", pytest.param("seaweedfs", marks=[pytest.mark.s3, pytest.mark.slow])]
+)
 def test_gc_paused_between_mark_and_sweep_spares_what_a_push_reused(
     backend: str, tmp_path: Path, home: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -68,7 +70,10 @@ def test_gc_paused_between_mark_and_sweep_spares_what_a_push_reused(
     resume = tmp_path / "resume"
     env = {"SHARDPORT_FAILPOINT": "gc-marked:pause", "SHARDPORT_FAILPOINT_RESUME": str(resume)}
     gc = subprocess.Popen(
-        argv(store, "gc", "--grace-seconds", "0"), stdout=subprocess.PIPE, text=True, env={**os.environ, **env}
+        argv(store, "gc", "--grace-seconds", "0"),
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
     )
     try:
         for _ in range(3000):

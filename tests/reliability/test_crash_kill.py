@@ -52,7 +52,9 @@ def test_random_kills_local(tmp_path: Path, home: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.s3
 def test_random_kills_seaweedfs(seaweed_store_url: str, tmp_path: Path, home: Path) -> None:
-    bench, tally = _campaign(seaweed_store_url, tmp_path, kills=6, seed=2, convert=False)  # convert: local only in CI (bench: both)
+    bench, tally = _campaign(
+        seaweed_store_url, tmp_path, kills=6, seed=2, convert=False
+    )  # convert: local only in CI (bench: both)
     for fp in ("blob-written",):  # S3's multipart upload, aborted
         trial(bench, "push", random.Random(0), tally, failpoint=fp)
     figures = tally.to_json()

@@ -78,7 +78,9 @@ def pull_rounds(
         if n % 2:  # an earlier complete pull of the same REF is in DEST: a failure must leave it whole
             ok(store, "pull", ref, dest, *opts)
         before, beside = _tree(dest), sorted(p.name for p in tmp.iterdir())
-        with FaultProxy(server.endpoint, rate=rate, modes=ALL_MODES, seed=seed + n, match=object_get) as proxy:
+        with FaultProxy(
+            server.endpoint, rate=rate, modes=ALL_MODES, seed=seed + n, match=object_get
+        ) as proxy:
             _through(proxy, monkeypatch)
             code, out = cli(store, "pull", ref, dest, *opts)
         outcome["faults"] += proxy.faults
@@ -166,7 +168,9 @@ def test_bring_up_reading_through_faults(
     ok(store, "keygen")
     ok(store, "push", gptq_tiny(tmp_path / "src"), "flaky/up:v1")
     request = UpRequest(ref="flaky/up:v1", tokens=(1, 5, 300, 7), steps=2, store=store, ladder="off")
-    with FaultProxy(moto_server.endpoint, rate=0.3, modes=("reset", "truncate", "error"), seed=5, per_request=3) as p:
+    with FaultProxy(
+        moto_server.endpoint, rate=0.3, modes=("reset", "truncate", "error"), seed=5, per_request=3
+    ) as p:
         _through(p, monkeypatch)
         result = bring_up(Session.open(store), request, launcher=run_in_process, store_evidence=False)
     parity = result.predicate["parity"]
