@@ -87,6 +87,33 @@ def timed(store: str, *args: str | Path) -> tuple[float, Any]:
     return time.monotonic() - start, out
 
 
+def first_write(store: str, args: list[str | Path], failpoint: str, work: Path) -> tuple[float, float]:
+    """(seconds until ``registry ARGS`` reaches ``failpoint``, seconds to finish): a run paused there.
+
+    The pause is resumed at once; the command completes like an unkilled one.
+    """
+    resume = work / f"resume-{failpoint}-{time.monotonic_ns()}"
+    env = {"SHARDPORT_FAILPOINT": f"{failpoint}:pause", "SHARDPORT_FAILPOINT_RESUME": str(resume)}
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        argv(store, *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **env},
+    )
+    reached = None
+    while proc.poll() is None and time.monotonic() - start < 120:
+        if Path(f"{resume}.paused").exists():
+            reached = time.monotonic() - start
+            resume.touch()
+            break
+        time.sleep(0.005)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and reached is not None, (args, failpoint, out)
+    return reached, time.monotonic() - start
+
+
 def fsck(store: str) -> dict[str, Any]:
     """``registry fsck`` in-process (no interpreter start-up); its JSON form."""
     from shardport.registry.housekeeping import fsck as run_fsck
@@ -187,9 +214,11 @@ def store_keys(store: str) -> set[str]:
     return {o.key for top in ("blobs", "repos", "uploads") for o in store_.walk(top)}
 
 
-def jitter(rng: random.Random, duration: float) -> float:
-    """A kill delay: uniform over the command's unkilled run time (start-up included)."""
-    return rng.uniform(0.0, duration)
+def jitter(rng: random.Random, writes_from: float, duration: float) -> float:
+    """A kill delay: uniform from a little before the command's first write step to the end of its
+    unkilled run (with some slack: run times vary on a loaded machine)."""
+    start = max(0.0, writes_from - 0.15)
+    return rng.uniform(start, max(duration, writes_from) + 0.3)
 
 
 OPS = ("push", "convert", "tag", "rollback", "gc")
@@ -207,6 +236,7 @@ class Bench:
     b: str = ""
     converted: str = ""
     durations: dict[str, float] = field(default_factory=dict)
+    writes_from: dict[str, float] = field(default_factory=dict)  # seconds into a run its first write step
     trials: int = 0
 
 
@@ -235,6 +265,16 @@ def prepare(store: str, work: Path, *, size: int = 400_000, convert: bool = True
     bench.durations["rollback"], _ = timed(store, "rollback", f"{REPO}:rb", "--to", bench.a)
     ok(store, "tag", f"{REPO}@{bench.a}", f"{REPO}:moving")
     bench.durations["gc"], _ = timed(store, "gc", "--grace-seconds", "0")
+    # where each command starts writing: kill delays are drawn from there to its end, so that most
+    # kills land while it writes (start-up, hashing and verifying write nothing)
+    calibrate = make_checkpoint(work / "calibrate", seed=3, size=size)
+    for op, args, fp in (
+        ("push", ["push", calibrate, f"{REPO}:calibrate"], "blob-written"),
+        ("tag", ["tag", f"{REPO}@{bench.a}", f"{REPO}:calibrate"], "tagdoc-blob-written"),
+        ("rollback", ["rollback", f"{REPO}:rb", "--to", bench.b], "tagdoc-blob-written"),
+        ("gc", ["gc", "--grace-seconds", "0"], "gc-marked"),
+    ):
+        bench.writes_from[op], _ = first_write(store, args, fp, work)
     if not convert:
         return bench
     ok(store, "push", gptq_tiny(work / "llama"), f"{LLAMA}:q4")
@@ -242,6 +282,9 @@ def prepare(store: str, work: Path, *, size: int = 400_000, convert: bool = True
     bench.converted = str(in_process(bench.reference, "convert", f"{LLAMA}:q4", f"{LLAMA}:tiled")["digest"])
     bench.durations["convert"], conv = timed(store, "convert", f"{LLAMA}:q4", f"{LLAMA}:tiled")
     assert conv["digest"] == bench.converted, (conv, bench.converted)
+    bench.writes_from["convert"], _ = first_write(
+        store, ["convert", f"{LLAMA}:q4", f"{LLAMA}:calibrate"], "blobs-done", work
+    )
     return bench
 
 
@@ -293,7 +336,7 @@ def trial(bench: Bench, op: str, rng: random.Random, tally: Tally, *, failpoint:
     before_keys = store_keys(bench.store)
     before = log_in_process(bench.store, ref) if ref else []
     if failpoint is None:
-        killed = kill_after(bench.store, args, jitter(rng, bench.durations[op]))
+        killed = kill_after(bench.store, args, jitter(rng, bench.writes_from[op], bench.durations[op]))
     else:
         killed = kill_after(bench.store, args, 300, env={"SHARDPORT_FAILPOINT": failpoint})
         assert killed.landed, (op, failpoint, killed.output)
