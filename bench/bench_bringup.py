@@ -44,6 +44,7 @@ import pty
 import resource
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -324,7 +325,9 @@ def run_up_lib(
 @contextlib.contextmanager
 def existing_cluster(env: dict[str, str], cpus: int) -> Iterator[str]:
     """A Ray head started beforehand (``ray start --head`` on 127.0.0.1), as a user's cluster would be
-    running already: ``registry up --address`` then pays no head start-up. Stopped on exit."""
+    running already: ``registry up --address`` then pays no head start-up. Stopped on exit: its own
+    processes (those holding files in its temporary folder), never ``ray stop``, which stops every Ray
+    cluster on the machine."""
     ray = str(Path(sys.executable).parent / "ray")
     port = free_port()
     temp = tempfile.mkdtemp(prefix="sp-bench-ray-", dir="/tmp")
@@ -334,7 +337,13 @@ def existing_cluster(env: dict[str, str], cpus: int) -> Iterator[str]:
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run([ray, "stop", "--force"], env=env, check=False, capture_output=True)
+        from shardport.deploy.scratch import holders
+
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            for pid in holders(Path(temp)):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signum)
+            time.sleep(3)
         shutil.rmtree(temp, ignore_errors=True)
 
 
@@ -554,10 +563,11 @@ def main() -> int:
             f"decode {bf16['decode_tokens_per_s']}",
             file=sys.stderr,
         )
-        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only (FIELD-NOTES)
-        env["RAY_AUTH_MODE"] = "disabled"
-        with existing_cluster(env, max(args.tp, os.cpu_count() or 1)) as address:
-            warm = run_up_lib(env, store, ref, args.tp, args.generate, ladder="sample", address=address)
+        # the cluster started beforehand: loopback only (FIELD-NOTES), without a token (nothing written
+        # under ~/.ray); only its own runs see them (an embedded head refuses RAY_AUTH_MODE=disabled)
+        head_env = {**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+        with existing_cluster(head_env, max(args.tp, os.cpu_count() or 1)) as address:
+            warm = run_up_lib(head_env, store, ref, args.tp, args.generate, ladder="sample", address=address)
         print(
             f"bring_up tp {args.tp} --address: ttft {warm['seconds_to_first_token']:.1f}, "
             f"first stage {max(warm['seconds_to_first_stage'].values(), default=0):.1f}",

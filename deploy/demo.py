@@ -25,7 +25,7 @@ console = Console()
 
 
 def make_checkpoint(folder: Path, *, seed: int, layers: int = 2, hidden: int = 1024) -> None:
-    """A tiny llama-shaped float16 checkpoint: one shard per layer plus embeddings and config."""
+    """A tiny, complete llama-shaped float16 checkpoint: one shard per layer, one for the ends, a config."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     vocab, inter = 512, hidden * 2
@@ -35,9 +35,13 @@ def make_checkpoint(folder: Path, *, seed: int, layers: int = 2, hidden: int = 1
         f'"num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": {vocab}, '
         '"rms_norm_eps": 1e-05, "tie_word_embeddings": false}'
     )
-    embed = {"model.embed_tokens.weight": rng.standard_normal((vocab, hidden), dtype=np.float32)}
+    ends = {
+        "model.embed_tokens.weight": rng.standard_normal((vocab, hidden), dtype=np.float32),
+        "model.norm.weight": np.ones(hidden, dtype=np.float32),
+        "lm_head.weight": rng.standard_normal((vocab, hidden), dtype=np.float32) / np.sqrt(hidden),
+    }
     save_file(
-        {k: np.ascontiguousarray(v.astype(np.float16)) for k, v in embed.items()},
+        {k: np.ascontiguousarray(v.astype(np.float16)) for k, v in ends.items()},
         str(folder / "model-embed.safetensors"),
     )
     for i in range(layers):
@@ -54,6 +58,8 @@ def make_checkpoint(folder: Path, *, seed: int, layers: int = 2, hidden: int = 1
         arrays = {
             k: np.ascontiguousarray(rng.standard_normal(s).astype(np.float16)) for k, s in tensors.items()
         }
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            arrays[f"{p}{norm}.weight"] = np.ones(hidden, dtype=np.float16)
         save_file(arrays, str(folder / f"model-layer{i}.safetensors"))
 
 

@@ -10,6 +10,8 @@ Tree::
         │                                 operator, a linear returning the wrong width)
         ├── UnsupportedModelError    (5)  an architecture or operator the runtime does not implement
         ├── ClusterError             (6)  Ray could not be started or joined, or cannot place the ranks
+        │   └── ClusterSettingsError (2)  the environment asks for an embedded head we refuse to start
+        │                                 (authentication disabled without SHARDPORT_RAY_AUTH=disabled)
         ├── RankFailedError        (rank's)  a rank failed validation, admission or I/O: its reason
         ├── RankLostError            (6)  a rank's process died (actor killed, node gone) before it
         │                                 reported; ``registry up --retries N`` relaunches on this one only
@@ -55,6 +57,12 @@ class ClusterError(DeployError):
     """Ray could not be started or joined, or the cluster cannot place the ranks."""
 
     exit_code = 6
+
+
+class ClusterSettingsError(ClusterError):
+    """The environment asks for an embedded Ray head that would be unsafe (token authentication off)."""
+
+    exit_code = 2
 
 
 class RankFailedError(DeployError):

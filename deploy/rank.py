@@ -6,10 +6,11 @@ Two calls, so that no rank waits in a collective for a rank that already failed:
    (verified tiles, witness rows), dispatch every quantized linear weight and run its parity ladder,
    then release the loaded planes no operator uses (:mod:`.release`). No collectives. Returns a
    summary or a failure (rank, stage, error type, message, exit code).
-2. :meth:`Rank.run` — join the torch.distributed group on 127.0.0.1 (gloo on the CPU, NCCL on a CUDA
-   device: :mod:`.devices`; world 1: none), build the graph, warm up, prefill and greedily decode,
-   re-check the KV cache. Returns the rank's report: timeline, ledger (host and device memory),
-   device, dispatch traces, ladders, and on the reporting rank the logits.
+2. :meth:`Rank.run` — join the torch.distributed group at the driver's rendezvous
+   (:mod:`.rendezvous`; gloo on the CPU, NCCL on a CUDA device: :mod:`.devices`; world 1: none), build
+   the graph, warm up, prefill and greedily decode, re-check the KV cache. Returns the rank's report:
+   timeline, ledger (host and device memory), device, dispatch traces, ladders, and on the reporting
+   rank the logits.
 
 Everything returned is plain data (lists, dicts, numpy arrays), picklable across processes.
 """
@@ -21,13 +22,18 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardport import ShardportError
+from shardport.registry import _failpoints
 
 from .devices import RankDevice
+
+if TYPE_CHECKING:
+    from shardport.kernels.capability import ActivationDtype
 
 STAGES = ("resolve", "plan", "fetch", "verify", "repack", "ladder", "release", "warm-up", "first token")
 
@@ -56,10 +62,16 @@ class RankSpec:
     keep_planes: bool = False
     """Keep the loaded planes after preparation (tests and benches that run ladders again); by default
     the planes no operator uses are released (:mod:`.release`)."""
+    model_bytes: int = 0
+    """The checkpoint's size in bytes: the driver scales its stage timeouts with it (:mod:`.stage_budget`)."""
     activations: str = "auto"
     """The dtype of the quantized operators' activations, ``float32``, ``bfloat16`` or ``auto`` (by the
     rank's device: :func:`.rank_ops.activations_for`) (``--activations``;
     :func:`.rank_ops.dispatch_activations`); the graph around them stays float32."""
+    trust: str | None = None
+    """The trust policy or public key the driver resolved with (``--trust``; None: the home's policy)."""
+    allow_unsigned: bool = False
+    """``--allow-unsigned``, as the driver was given it."""
 
 
 #: What a rank imports before it can prepare and run (torch, the loader, the kernels, the graph): a Ray
@@ -164,7 +176,16 @@ class Rank:
         self.device = RankDevice("cpu")
         self.cuda_visible: list[str] = []
         self.ladder_mode = "off"
-        self.activations = "float32"
+        self.activations: ActivationDtype = "float32"
+
+    def _enter(self, stage: str) -> None:
+        """Begin ``stage`` (a failure is reported with it); the failpoint ``rank<R>-<stage>`` is here.
+
+        ``SHARDPORT_FAILPOINT=rank1-ladder`` kills rank 1 as it begins its ladder (``:term``: sends it
+        SIGTERM; ``:pause``: stops it a minute), for the bring-up fault tests.
+        """
+        self.stage = stage
+        _failpoints.hit(f"rank{self.spec.rank}-{stage}")
 
     # -- phase 1 ---------------------------------------------------------------------------------
     def prepare(self) -> dict[str, Any]:
@@ -178,8 +199,22 @@ class Rank:
         except BaseException as exc:  # every failure goes back as data, with the stage it happened in
             return {"failure": failure(self.spec.rank, self.stage, exc)}
 
-    def _prepare(self) -> dict[str, Any]:
+    def _take_device(self) -> None:
+        """The rank's threads, device (a visible GPU, else the CPU) and activation dtype."""
         import torch
+
+        from .devices import rank_device, visible_cuda
+        from .rank_ops import activations_for
+
+        torch.set_num_threads(max(1, self.spec.threads))
+        self.cuda_visible = visible_cuda()
+        self.device = rank_device(self.cuda_visible)
+        self.activations = activations_for(self.spec.activations, self.device.kind)
+        if self.device.kind == "cuda":  # pragma: no cover - no GPU in CI
+            torch.cuda.set_device(self.device.index)
+            torch.cuda.reset_peak_memory_stats(self.device.index)
+
+    def _prepare(self) -> dict[str, Any]:
 
         from shardport.loader import load_rank
         from shardport.placement import Topology
@@ -188,30 +223,29 @@ class Rank:
         from shardport.registry.trust.resolve import resolve
 
         from .contract import contract_of
-        from .devices import kernel_device, rank_device, visible_cuda
+        from .devices import kernel_device
         from .ladder_budget import ladder_mode
-        from .rank_ops import activations_for, policy_of, prepare_ops, run_ladders
+        from .rank_ops import policy_of, prepare_ops, run_ladders
 
         spec = self.spec
-        torch.set_num_threads(max(1, spec.threads))
-        self.cuda_visible = visible_cuda()
-        self.device = rank_device(self.cuda_visible)
-        self.activations = activations_for(spec.activations, self.device.kind)
-        if self.device.kind == "cuda":  # pragma: no cover - no GPU in CI
-            torch.cuda.set_device(self.device.index)
-            torch.cuda.reset_peak_memory_stats(self.device.index)
+        self._take_device()
         if spec.home is not None:
             os.environ["SHARDPORT_HOME"] = spec.home
         self.rss_start = _rss()
-        self.stage = "resolve"
+        self._enter("resolve")
         self.clock["resolve"] = time.time()
         t0 = time.perf_counter()
-        session = Session.open(spec.store, s3_endpoint=spec.s3_endpoint)
+        session = Session.open(
+            spec.store,
+            s3_endpoint=spec.s3_endpoint,
+            trust=None if spec.trust is None else Path(spec.trust),
+            allow_unsigned=spec.allow_unsigned,
+        )
         resolved = resolve(session, parse_ref(spec.ref))
         self.manifest = resolved.manifest
         self.contract = contract_of(resolved.manifest)
         self.timeline["resolve"] = time.perf_counter() - t0
-        self.stage = "fetch"
+        self._enter("fetch")
         t1 = time.perf_counter()
         topology = Topology(tp=spec.tp, ep=spec.ep, pp=spec.pp)
         loaded = load_rank(session, resolved, topology, spec.rank)
@@ -221,7 +255,7 @@ class Rank:
         self.timeline["fetch"] = sec.fetch
         self.timeline["verify"] = sec.verify + sec.materialize
         self.loaded = loaded
-        self.stage = "repack"
+        self._enter("repack")
         t2 = time.perf_counter()
         runtime = resolved.manifest.runtime
         policy = policy_of(spec.fallback)
@@ -238,7 +272,7 @@ class Rank:
         self.timeline["repack"] = time.perf_counter() - t2
         self.ladder_mode = ladder_mode(spec.ladder)
         if self.ladder_mode != "off":
-            self.stage = "ladder"
+            self._enter("ladder")
             t3 = time.perf_counter()
             run_ladders(loaded, weights, self.ops, mode=self.ladder_mode)
             self.timeline["ladder"] = time.perf_counter() - t3
@@ -266,7 +300,7 @@ class Rank:
         """
         from .release import PlaneRelease
 
-        self.stage = "release"
+        self._enter("release")
         release = PlaneRelease(self.loaded, keep=self.ops)
         if not self.spec.keep_planes:
             self.loaded = release.metadata
@@ -275,18 +309,21 @@ class Rank:
         self.timeline["release"] = kept.seconds
 
     # -- phase 2 ---------------------------------------------------------------------------------
-    def run(self, port: int | None) -> dict[str, Any]:
-        """Join the group, build the graph, generate; the rank's report, or ``{"failure": …}``."""
+    def run(self, init_method: str | None) -> dict[str, Any]:
+        """Join the group at ``init_method`` (world 1: none), build the graph, generate.
+
+        Returns the rank's report, or ``{"failure": …}``.
+        """
         import torch.distributed as dist
 
         world = self.spec.tp * self.spec.ep * self.spec.pp
         joined = False
         try:
-            self.stage = "join"
+            self._enter("join")
             if world > 1:
                 dist.init_process_group(
                     self.device.backend,
-                    init_method=f"tcp://127.0.0.1:{port}",
+                    init_method=init_method,
                     rank=self.spec.rank,
                     world_size=world,
                     timeout=timedelta(seconds=120),
@@ -341,7 +378,7 @@ class Rank:
         # warm-up forward: on the direct kernels (GGUF blocks, int4 as loaded) a forward decodes every
         # weight whatever the token count, so one would cost as much as the prefill it precedes; the
         # first token pays its own one-time costs.
-        self.stage = "warm-up"
+        self._enter("warm-up")
         t0 = time.perf_counter()
         mesh = (
             dist_mesh(topology, spec.rank)
@@ -360,14 +397,14 @@ class Rank:
         )
         model = RankModel(contract, layout, weights, mesh, device=dev)
         self.timeline["warm-up"] = time.perf_counter() - t0
-        self.stage = "first token"
+        self._enter("first token")
         t1 = time.perf_counter()
         cache = model.new_cache()
         prompt_logits = model.forward(list(spec.prompt), cache)
         rows = [prompt_logits[-1]]
         tokens = [int(torch.argmax(rows[-1]))]
         self.timeline["first token"] = time.perf_counter() - t1
-        self.stage = "decode"
+        self._enter("decode")
         t2 = time.perf_counter()
         for _ in range(spec.steps - 1):
             rows.append(model.forward([tokens[-1]], cache)[-1])
@@ -377,7 +414,7 @@ class Rank:
         from .graph.model import Generation
 
         generation = Generation(prompt_logits, tuple(tokens), torch.stack(rows))
-        self.stage = "cache check"
+        self._enter("cache check")
         scale = float(prompt_logits.abs().max())
         tolerance = cache_tolerance(self.activations, spec.cache_tolerance, contract.layers, scale)
         checked = check_cache(model, list(spec.prompt), generation, tolerance)

@@ -5,11 +5,15 @@ every rank, a share of the CPUs otherwise: :meth:`Cluster.bundle`) before the ra
 actor starts importing what a rank needs (:func:`~.rank.warm_imports`) at once, while the driver still
 resolves and plans (:class:`StartedRayRanks` joins the cluster and starts the actors; the driver hands
 it the specs when its plan is done). It then calls ``prepare`` on every rank (a :class:`~.rank.Rank`
-built from its spec), and only when every rank prepared, ``run`` with the rendezvous port (a TCP
-store on 127.0.0.1; each rank joins with gloo, or NCCL on a CUDA device: :mod:`.devices`). A rank
+built from its spec), and only when every rank prepared, ``run`` with the rendezvous (a file
+store in the bring-up's private folder, gloo and NCCL on loopback, when every rank reported the
+driver's node: :mod:`.rendezvous`; each rank joins with gloo, or NCCL on a CUDA device:
+:mod:`.devices`). The driver waits for each stage as long as :mod:`.stage_budget` allows for the
+model's size. A rank
 that reports a failure aborts the bring-up with :class:`RankFailedError` (rank, stage, reason);
 an actor that dies (or whose answer is lost with its node) is a :class:`RankLostError` naming the rank
-and the phase (``prepare`` or ``run``).
+and the phase (``prepare`` or ``run``). A rank process sent SIGTERM (how nodes and pods are drained)
+dies at once, as with SIGKILL, and is a lost rank too: ``--retries`` applies.
 :meth:`RayRanks.close` kills every actor and removes the placement group (the ranks destroy their
 process groups themselves, or die with them). Each actor is named ``shardport-<bring-up id>-rank-<r>``
 (:func:`actor_name`) so that an operator (``ray list actors``) sees which rank of which bring-up a
@@ -21,14 +25,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .cluster import Cluster, connect, free_port
+from .cluster import CONNECT_TIMEOUT_S, Cluster, connect, driver_node
 from .errors import ClusterError, RankFailedError, RankLostError
 from .rank import Rank, RankSpec, failure, warm_imports
+from .rendezvous import Rendezvous, rendezvous_for
+from .stage_budget import PLACEMENT_S, StageTimeouts, stage_timeouts
 
 Progress = Callable[[int, str], None]
 
@@ -37,6 +44,10 @@ class _RankActor:
     """The actor body: started without a spec (:meth:`warm`), then a :class:`Rank` and its two calls."""
 
     def __init__(self) -> None:
+        # Ray's worker turns SIGTERM into SystemExit inside whatever the rank runs, which the rank would
+        # report as its own failure (exit 1, never retried). A drained node's rank is lost, not failed:
+        # die at once, as with SIGKILL; the driver sees the actor die (RankLostError, --retries applies).
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         self.clock = {"started": time.time()}
         self.warm_error: BaseException | None = None
         self.rank: Rank | None = None
@@ -55,12 +66,18 @@ class _RankActor:
         self.rank.clock.update(self.clock)
         if self.warm_error is not None:
             return {"failure": failure(spec.rank, "start", self.warm_error)}
-        return self.rank.prepare()
+        out = self.rank.prepare()
+        import ray
 
-    def run(self, port: int | None) -> dict[str, Any]:
+        out["node"] = str(ray.get_runtime_context().get_node_id())  # where this rank runs (rendezvous)
+        return out
+
+    def run(self, rendezvous: Rendezvous | None) -> dict[str, Any]:
         if self.rank is None:
             raise ClusterError("run before prepare")
-        out = self.rank.run(port)
+        if rendezvous is not None:
+            os.environ.update(rendezvous.env)
+        out = self.rank.run(None if rendezvous is None else rendezvous.init_method)
         if "failure" not in out:  # the GPUs Ray gave this rank (its bundle's), whatever it computes on
             import ray
 
@@ -113,14 +130,16 @@ class RayRanks:
         cluster: Cluster,
         world: int,
         *,
-        timeout: float = 600.0,
+        timeouts: StageTimeouts | None = None,
         progress: Progress | None = None,
     ) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.ray, self.timeout, self.progress = ray, timeout, progress
+        self.ray, self.cluster, self.progress = ray, cluster, progress
+        self.timeouts = timeouts or stage_timeouts(0, world, 1)
+        self.nodes: list[str] = []
         self.specs: list[RankSpec] = []
         self.id = uuid.uuid4().hex[:12]
         bundle = cluster.bundle(world)
@@ -128,7 +147,7 @@ class RayRanks:
         self.actors: list[Any] = []
         try:
             ready = self.group.ready()
-            done, _ = ray.wait([ready], timeout=min(120.0, timeout))
+            done, _ = ray.wait([ready], timeout=PLACEMENT_S)
             if not done:
                 raise ClusterError(
                     f"cannot place {world} ranks of {bundle} on the cluster ({cluster.cpus:g} CPUs, "
@@ -170,13 +189,17 @@ class RayRanks:
         rank_of = {ref: spec.rank for spec, ref in zip(self.specs, refs, strict=True)}
         results: dict[int, dict[str, Any]] = {}
         pending = list(refs)
-        deadline = time.monotonic() + self.timeout
+        timeout = self.timeouts.of(what)
+        deadline = time.monotonic() + timeout
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not done:
                 ranks = sorted(rank_of[r] for r in pending)
                 raise RankLostError(
-                    f"ranks {ranks}: no answer to {what} within {self.timeout:g} s", rank=ranks[0], stage=what
+                    f"ranks {ranks}: no answer to {what} within {timeout:g} s (the stage's timeout for this "
+                    "model; --stage-timeout sets it); the bring-up was aborted and every rank torn down",
+                    rank=ranks[0],
+                    stage=what,
                 )
             for ref in done:
                 rank = rank_of[ref]
@@ -203,9 +226,11 @@ class RayRanks:
 
     def pids(self) -> list[int]:
         """The actors' process ids (tests)."""
-        return [int(p) for p in self.ray.get([a.pid.remote() for a in self.actors], timeout=self.timeout)]
+        return [int(p) for p in self.ray.get([a.pid.remote() for a in self.actors], timeout=60.0)]
 
-    def prepare(self, specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+    def prepare(
+        self, specs: Sequence[RankSpec], timeouts: StageTimeouts | None = None
+    ) -> list[dict[str, Any]]:
         """Every rank's ``prepare`` with its spec (rank r to actor r); raises for the first failed rank."""
         if [s.rank for s in specs] != list(range(len(self.actors))):
             raise ClusterError(
@@ -213,17 +238,28 @@ class RayRanks:
                 f"ranks 0..{len(self.actors) - 1} in order"
             )
         self.specs = list(specs)
+        if timeouts is not None:
+            self.timeouts = timeouts
         env = _env()
         results = self._gather(
             [a.prepare.remote(s, env) for a, s in zip(self.actors, specs, strict=True)], "prepare"
         )
         raise_failures(results)
+        self.nodes = [str(r.get("node", "")) for r in results]
         return results
 
+    def rendezvous(self) -> Rendezvous | None:
+        """Where the ranks meet (:mod:`.rendezvous`; None for one rank), from the nodes they reported."""
+        if len(self.actors) < 2:
+            return None
+        if self.cluster.folder is None:
+            raise ClusterError("no private folder for the ranks' rendezvous")
+        return rendezvous_for(self.nodes, driver_node(), self.cluster.folder, self.id)
+
     def run(self) -> list[dict[str, Any]]:
-        """Every rank's ``run`` (one rendezvous on 127.0.0.1); raises for the first failed rank."""
-        port = free_port() if len(self.actors) > 1 else None
-        results = self._gather([a.run.remote(port) for a in self.actors], "run")
+        """Every rank's ``run`` (one rendezvous: :meth:`rendezvous`); raises for the first failed rank."""
+        rendezvous = self.rendezvous()
+        results = self._gather([a.run.remote(rendezvous) for a in self.actors], "run")
         raise_failures(results)
         return results
 
@@ -254,14 +290,17 @@ class StartedRayRanks:
         world: int,
         *,
         progress: Progress | None = None,
-        timeout: float = 600.0,
+        stage_timeout: float | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+        verbose: bool = False,
     ) -> None:
         self._stack = contextlib.ExitStack()
+        self.stage_timeout = stage_timeout
         try:
-            self.cluster = self._stack.enter_context(connect(address, world=world))
-            self.ranks = self._stack.enter_context(
-                RayRanks(self.cluster, world, timeout=timeout, progress=progress)
+            self.cluster = self._stack.enter_context(
+                connect(address, world=world, connect_timeout=connect_timeout, verbose=verbose)
             )
+            self.ranks = self._stack.enter_context(RayRanks(self.cluster, world, progress=progress))
         except BaseException:
             self._stack.close()
             raise
@@ -271,7 +310,16 @@ class StartedRayRanks:
         try:
             cpus = self.cluster.cpus
             threads = max(1, int(cpus // max(1, len(specs)))) if cpus else 1
-            self.ranks.prepare([dataclasses.replace(s, threads=min(s.threads, threads)) for s in specs])
+            first = specs[0] if specs else None
+            timeouts = stage_timeouts(
+                first.model_bytes if first else 0,
+                len(specs),
+                first.steps if first else 1,
+                override=self.stage_timeout,
+            )
+            self.ranks.prepare(
+                [dataclasses.replace(s, threads=min(s.threads, threads)) for s in specs], timeouts
+            )
             return self.ranks.run()
         finally:
             self.close()

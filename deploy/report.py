@@ -13,7 +13,8 @@ The fields read (all optional; what is missing is shown as missing):
   ``runtime`` (``{"activations", "float32"}``: the operators' activation dtype and which ran float32
   instead), ``created``, ``passed``;
 - ``parity``: a list of ``{"level", "name", "passed", "value", "tolerance", "detail"}`` (``passed`` None
-  with ``status`` "not run" for a level the bring-up did not run);
+  with ``status`` "not run" for a level the bring-up did not run; a non-finite measure as the text
+  ``"NaN"`` / ``"Infinity"``, shown as such; the charts draw it as nothing and list it by name);
 - ``ladder``: the ladder's budget and coverage (``{"mode", "operators", "full", "sampled", "classes"}``,
   each class ``{"rank", "kernel", "representative", "represents", "covered"}``);
 - ``dispatch``: a list of ``{"rank", "weight", "phase", "kernel", "transformation", "activations",
@@ -36,6 +37,8 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from shardport.provenance.canonical import finite_text
 
 _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1b1f24; }
@@ -60,13 +63,17 @@ _SCRIPT = """
     if (text !== undefined) node.textContent = text;
     return node;
   }
+  // a measure that is not a finite number (the evidence writes NaN as "NaN") draws nothing and is
+  // listed beside its rank's bar instead
+  function num(x) { const v = Number(x); return Number.isFinite(v) ? v : 0; }
+  function finite(x) { return x === undefined || x === null || Number.isFinite(Number(x)); }
   function stacked(id, rows, unit, scale) {
     const host = document.getElementById(id);
     const ranks = Object.keys(rows || {}).sort((a, b) => Number(a) - Number(b));
     if (ranks.length === 0) { host.textContent = "no data"; return; }
     const keys = [];
     ranks.forEach(r => Object.keys(rows[r]).forEach(k => { if (!keys.includes(k)) keys.push(k); }));
-    const totals = ranks.map(r => Object.values(rows[r]).reduce((a, b) => a + Number(b), 0));
+    const totals = ranks.map(r => Object.values(rows[r]).reduce((a, b) => a + num(b), 0));
     const max = Math.max(...totals, 1e-12), width = 640, left = 70, bar = 22, gap = 8;
     const height = ranks.length * (bar + gap) + 40 + 18 * Math.ceil(keys.length / 4);
     const svg = el("svg", {width: left + width + 120, height: height, role: "img", "aria-label": id});
@@ -75,7 +82,7 @@ _SCRIPT = """
       svg.appendChild(el("text", {x: 4, y: y + 15}, "rank " + r));
       let x = left;
       keys.forEach((k, j) => {
-        const v = Number(rows[r][k] || 0), w = width * v / max;
+        const v = num(rows[r][k]), w = width * v / max;
         if (w > 0) {
           const rect = el("rect", {x: x, y: y, width: w, height: bar, fill: colors[j % colors.length],
                                    "class": "mark", "data-key": k});
@@ -84,7 +91,9 @@ _SCRIPT = """
           x += w;
         }
       });
-      svg.appendChild(el("text", {x: x + 6, y: y + 15}, (totals[i] / scale).toFixed(2) + " " + unit));
+      const odd = Object.keys(rows[r]).filter(k => !finite(rows[r][k]));
+      svg.appendChild(el("text", {x: x + 6, y: y + 15}, (totals[i] / scale).toFixed(2) + " " + unit +
+                         (odd.length ? " (not finite: " + odd.join(", ") + ")" : "")));
     });
     keys.forEach((k, j) => {
       const y = ranks.length * (bar + gap) + 24 + 18 * Math.floor(j / 4), x = left + (j % 4) * 160;
@@ -103,7 +112,7 @@ _SCRIPT = """
                     ["host_peak", "host peak"],
                     ["device_resident", "device resident"], ["device_peak", "device peak"],
                     ["repack_workspace_peak", "repack workspace peak"]];
-    const value = (r, k) => Number((k in (memory[r] || {}) ? memory[r] : (ledger || {})[r] || {})[k] || 0);
+    const value = (r, k) => num((k in (memory[r] || {}) ? memory[r] : (ledger || {})[r] || {})[k]);
     const max = Math.max(...ranks.flatMap(r => fields.map(f => value(r, f[0]))), 1);
     const left = 170, width = 520, bar = 12, gap = 4, head = 20;
     const block = head + fields.length * (bar + gap) + 8;
@@ -157,8 +166,12 @@ def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], empty: str
 
 
 def _script_json(data: Mapping[str, Any]) -> str:
-    """JSON safe inside a ``<script>`` element: no ``</script>``, no HTML-significant characters."""
-    text = json.dumps(data, sort_keys=True, default=str)
+    """JSON safe inside a ``<script>`` element: no ``</script>``, no HTML-significant characters.
+
+    Strict JSON (``JSON.parse`` takes no NaN): a non-finite number is written as text, as the
+    evidence writes it (:func:`shardport.provenance.canonical.finite_text`).
+    """
+    text = json.dumps(finite_text(data), sort_keys=True, default=str, allow_nan=False)
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
@@ -248,6 +261,12 @@ def render_report(evidence: Mapping[str, Any]) -> str:
 
 
 def write_report(evidence: Mapping[str, Any], path: Path) -> Path:
-    """Write the page to ``path`` (replacing it); return the path."""
-    path.write_text(render_report(evidence), encoding="utf-8")
+    """Write the page to ``path`` atomically; return the path.
+
+    A temporary file in its folder, created without following links, flushed and renamed over it; a
+    link or anything but a regular file at ``path`` is refused, never followed.
+    """
+    from shardport.registry.writers import write_file
+
+    write_file(path, render_report(evidence).encode("utf-8"), durable=True)
     return path

@@ -1,13 +1,17 @@
 """``registry up``: bring a pinned, verified model up on ranks, prove it, store signed evidence.
 
-The driver (this module) resolves the reference once to a manifest digest (a tag never moves under a
-running bring-up: every rank loads ``NAME@sha256:…``), takes the graph contract from the manifest and
-checks the inventory against the architecture strictly, builds the placement plan (refusing a
-topology the graph cannot run), then hands one :class:`~.rank.RankSpec` per rank to a launcher: Ray
+The driver (this module) first makes every check it can make alone, before anything starts
+(:func:`admit`: the request's flags, the signing key evidence needs, the reference resolved once to a
+manifest digest — a tag never moves under a running bring-up: every rank loads ``NAME@sha256:…`` —
+then the sizes against that manifest (:mod:`.bounds`: world size against heads and rows, prompt and
+generated tokens against the context, token ids against the vocabulary, a text prompt's bytes before it
+is tokenized) and the required kernels against the catalog). It then checks the inventory against the
+architecture strictly, builds the placement plan (refusing a topology the graph cannot run), and hands
+one :class:`~.rank.RankSpec` per rank to a launcher: Ray
 actors in a placement group (:mod:`.ray_ranks`), or the one rank in-process; a lost rank relaunches
 the whole launch up to ``UpRequest.retries`` times (:func:`launch_with_retries`). A launcher that can
 start before the specs exist (:class:`StartingLauncher`, as the Ray one does: join or start the cluster,
-place the actors, let them import torch) is started while the driver resolves and plans
+place the actors, let them import torch) is started after :func:`admit`, while the driver plans
 (:func:`start_while_planning`); a plan that fails tears the started ranks down and raises its error.
 It builds the float32 reference from the registry's reference decode of every weight, compares (L4),
 checks dispatch and resources (L5), signs and stores the evidence, and writes the logits and the HTML
@@ -18,13 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar, get_args, runtime_checkable
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -33,40 +36,20 @@ from shardport.registry.errors import UsageError
 from shardport.registry.session import Session
 from shardport.registry.trust.resolve import Resolved, resolve
 
-from .errors import DeployError, GraphLayoutError, RankLostError
+from .errors import DeployError, UnsupportedModelError
+from .launch import (
+    Launcher,
+    Progress,
+    RayLauncher,
+    StartingLauncher,
+    launch_with_retries,
+    start_while_planning,
+)
 from .rank import RankSpec
 
-Launcher = Callable[[Sequence[RankSpec]], list[dict[str, Any]]]
-Progress = Callable[[int, str], None]
 Activations = Literal["auto", "float32", "bfloat16"]
 """``--activations``: the choices the driver accepts (each rank checks its own with
 :func:`.rank_ops.activations_of`; the driver does not import that module, which imports torch)."""
-T = TypeVar("T")
-
-
-class Started(Protocol):
-    """A launch started before its specs exist: ranks already booting."""
-
-    def launch(self, specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
-        """Hand the ranks their specs, prepare and run them; every report. Tears the launch down."""
-        ...
-
-    def close(self) -> None:
-        """Tear down a launch (never made, or made); safe to repeat."""
-        ...
-
-
-@runtime_checkable
-class StartingLauncher(Protocol):
-    """A :data:`Launcher` that can also start ``world`` ranks before their specs exist."""
-
-    def __call__(self, specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
-        """One whole launch, started fresh (a relaunch after a lost rank)."""
-        ...
-
-    def start(self, world: int) -> Started:
-        """Start ``world`` ranks now (returns once they are booting); the specs follow."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -93,6 +76,18 @@ class UpRequest:
     """The quantized operators' activation dtype (``--activations``; float32: parity first, bfloat16:
     the CPU int4pack fast path, auto: float32 on CPU ranks and bfloat16 on CUDA ranks); norms, rotary,
     softmax, residual stream and KV cache stay float32."""
+    trust: str | None = None
+    """``--trust``: the trust policy or public key the driver resolved with (an absolute path); every rank
+    resolves the pinned reference again with the same policy."""
+    allow_unsigned: bool = False
+    """``--allow-unsigned``: passed on to every rank's session."""
+    stage_timeout: float | None = None
+    """``--stage-timeout``: seconds to wait for the ranks at each stage (None: scaled to the model,
+    :mod:`.stage_budget`)."""
+    connect_timeout: float = 30.0
+    """``--connect-timeout``: seconds joining ``--address`` may take (:func:`.cluster.probe`)."""
+    verbose: bool = False
+    """``--verbose``: Ray's own log lines on stderr (kept off it by default)."""
 
 
 @dataclass(frozen=True)
@@ -147,28 +142,44 @@ def _versions() -> dict[str, str]:
 
 
 def check_plan(resolved: Resolved, request: UpRequest) -> Any:
-    """The graph contract, inventory and placement checks, at plan time; returns the contract."""
+    """The graph contract, inventory and placement checks, at plan time; returns the contract.
+
+    The sizes (:func:`.bounds.check_world`, :func:`.bounds.check_sequence`) are checked again here for a
+    caller that did not :func:`admit` first; they are cheap, and bound the planner's work.
+    """
     from shardport.placement import Topology, plan
 
+    from .bounds import check_sequence, check_world, context_length
     from .contract import check_inventory, contract_of
     from .plan_layout import layout_from_plan
 
     contract = contract_of(resolved.manifest)
+    check_world(contract, request.tp, request.ep, request.pp)
+    check_sequence(request.tokens, request.steps, contract, context_length(resolved.manifest))
     check_inventory(contract, resolved.manifest)
-    if not request.tokens:
-        raise UsageError("registry up: no prompt (pass --tokens 1,2,3)")
-    bad = [t for t in request.tokens if not 0 <= t < contract.vocab]
-    if bad:
-        raise UsageError(f"--tokens {bad}: outside the vocabulary 0..{contract.vocab - 1}")
-    if request.ep > 1 and not contract.moe:
-        raise GraphLayoutError(f"--ep {request.ep}: {contract.architecture} has no experts to spread")
     topology = Topology(tp=request.tp, ep=request.ep, pp=request.pp)
     planned = plan(resolved.manifest, topology)
-    if request.pp > contract.layers:
-        raise GraphLayoutError(f"--pp {request.pp}: more stages than the model's {contract.layers} layers")
     for tp_rank in range(request.tp):
         layout_from_plan(planned, contract, tp_rank)
     return contract
+
+
+def check_kernels(required: Sequence[str]) -> None:
+    """Refuse ``runtime.kernels_required`` naming no kernel of this shardport's catalog.
+
+    No rank could run a quantized weight; ids the catalog lacks next to one it has are left to dispatch.
+    """
+    from shardport.kernels.catalog import CATALOG_IDS
+
+    if not required:
+        return
+    known = {*CATALOG_IDS, *(k.split("@")[0] for k in CATALOG_IDS)}
+    if not any(r in known for r in required):
+        raise UnsupportedModelError(
+            f"runtime.kernels_required {list(required)}: names no kernel this shardport has "
+            f"({', '.join(CATALOG_IDS)}); no rank could run its quantized weights. Push the checkpoint "
+            "again with --kernels-required naming kernels of this version, or upgrade shardport"
+        )
 
 
 def reference_generation(
@@ -199,7 +210,11 @@ def _modes(request: UpRequest) -> tuple[str, str]:
 
 
 def check_request(request: UpRequest) -> None:
-    """What the request alone can get wrong (before anything starts): retries, steps, degrees, modes."""
+    """What the request alone can get wrong (before anything starts).
+
+    The reference's form, retries, steps, degrees, modes.
+    """
+    parse_ref(request.ref)  # a malformed REF: its UsageError
     if request.retries < 0:
         raise UsageError(f"--retries {request.retries}: expected 0 or more")
     if request.steps < 1:
@@ -210,7 +225,7 @@ def check_request(request: UpRequest) -> None:
     _modes(request)
 
 
-def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
+def specs_for(request: UpRequest, pinned: str, cpus: float, model_bytes: int = 0) -> list[RankSpec]:
     """One spec per rank; threads = the rank's share of the cores."""
     world = request.tp * request.ep * request.pp
     threads = max(1, int((cpus or os.cpu_count() or 1) // world))
@@ -231,131 +246,21 @@ def specs_for(request: UpRequest, pinned: str, cpus: float) -> list[RankSpec]:
             threads=threads,
             ladder=ladder,
             activations=activations,
+            trust=request.trust,
+            allow_unsigned=request.allow_unsigned,
+            model_bytes=model_bytes,
         )
         for rank in range(world)
     ]
 
 
-@dataclass(frozen=True)
-class RayLauncher:
-    """The ranks as Ray actors (an existing cluster at ``address``, or an embedded one on loopback).
-
-    ``progress(rank, what)``: called as each rank starts and finishes a stage (prepare: load, dispatch,
-    ladder; run: graph, generation).
-    """
-
-    address: str | None
-    progress: Progress | None = None
-
-    def start(self, world: int) -> Started:
-        """Join (or start) the cluster and start ``world`` actors, importing; the specs follow."""
-        from .ray_ranks import StartedRayRanks
-
-        return StartedRayRanks(self.address, world, progress=self.progress)
-
-    def __call__(self, specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
-        """One launch from scratch (a relaunch after a lost rank)."""
-        return self.start(len(specs)).launch(specs)
-
-
-def ray_launcher(address: str | None, progress: Progress | None = None) -> RayLauncher:
-    """Run the ranks as Ray actors (:class:`RayLauncher`)."""
-    return RayLauncher(address, progress)
-
-
-def start_while_planning(
-    launcher: StartingLauncher, world: int, planning: Callable[[], T]
-) -> tuple[T, Started]:
-    """Start ``world`` ranks (this thread) while ``planning`` runs in another; both results.
-
-    The start (joining or starting the cluster, placing the actors) mostly waits on other processes,
-    and the ranks then import for seconds: the driver's resolve and plan fit inside. A planning failure
-    tears the started ranks down and is raised (also when the start failed too: a refused plan is what
-    the user has to fix; the start's error is its context); a start failure alone is raised as it is.
-    """
-    outcome: dict[str, Any] = {}
-
-    def plan() -> None:
-        try:
-            outcome["planned"] = planning()
-        except BaseException as exc:  # handed to the caller's thread
-            outcome["error"] = exc
-
-    # a daemon thread, joined by hand: an interrupt (Ctrl-C) while the plan is stuck (a hung store)
-    # ends the driver at once; a pool's worker would be joined at exit, however long the plan takes
-    thread = threading.Thread(target=plan, name="shardport-plan", daemon=True)
-    thread.start()
-    try:
-        started = launcher.start(world)
-    except Exception:  # not an interrupt: that propagates as it is
-        thread.join()
-        refused = outcome.get("error")
-        if refused is not None:
-            raise refused  # noqa: B904 - the start's error stays its __context__
-        raise
-    try:
-        thread.join()
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["planned"], started
-    except BaseException:
-        started.close()
-        raise
-
-
-def launch_with_retries(
-    launch: Launcher,
-    specs: Sequence[RankSpec],
-    retries: int,
-    progress: Callable[[int, str], None] | None = None,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Launch the ranks; after a lost rank, relaunch the whole bring-up up to ``retries`` times.
-
-    Only :class:`RankLostError` (an actor died, a node went away, a rank stopped answering) is retried:
-    by then the launcher has torn everything down (actors, placement group, process group), so each
-    attempt starts clean. A rank's own failure (validation, admission, I/O: :class:`RankFailedError`)
-    and every other error propagate at once. Returns the reports and one record per attempt
-    (``attempt``, ``outcome`` lost/ok, ``seconds``; a lost one also ``rank``, ``stage``, ``reason``).
-    When the last attempt is lost, its error is raised with ``attempts`` set (and, after retries, the
-    earlier attempts named in its message).
-    """
-    if retries < 0:
-        raise UsageError(f"--retries {retries}: expected 0 or more")
-    attempts: list[dict[str, Any]] = []
-    for attempt in range(1, retries + 2):
-        t0 = time.perf_counter()
-        try:
-            reports = launch(specs)
-        except RankLostError as exc:
-            attempts.append(
-                {
-                    "attempt": attempt,
-                    "outcome": "lost",
-                    "rank": exc.rank,
-                    "stage": exc.stage,
-                    "reason": str(exc),
-                    "seconds": time.perf_counter() - t0,
-                }
-            )
-            if attempt <= retries:
-                if progress is not None:
-                    what = f"lost during {exc.stage}; relaunching (attempt {attempt + 1} of {retries + 1})"
-                    progress(-1 if exc.rank is None else exc.rank, what)
-                continue
-            if retries == 0:
-                exc.attempts = attempts
-                raise
-            earlier = "; ".join(
-                f"attempt {a['attempt']}: rank {a['rank']} lost during {a['stage']}" for a in attempts[:-1]
-            )
-            final = RankLostError(
-                f"{exc} (attempt {attempt} of {retries + 1}; {earlier})", rank=exc.rank, stage=exc.stage
-            )
-            final.attempts = attempts
-            raise final from exc
-        attempts.append({"attempt": attempt, "outcome": "ok", "seconds": time.perf_counter() - t0})
-        return reports, attempts
-    raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+def ray_launcher(
+    address: str | None, progress: Progress | None = None, request: UpRequest | None = None
+) -> RayLauncher:
+    """Run the ranks as Ray actors (:class:`RayLauncher`), with ``request``'s timeouts and verbosity."""
+    if request is None:
+        return RayLauncher(address, progress)
+    return RayLauncher(address, progress, request.stage_timeout, request.connect_timeout, request.verbose)
 
 
 def _tag_of(resolved: Resolved) -> dict[str, Any] | None:
@@ -401,6 +306,61 @@ def _check(
 
 
 @dataclass(frozen=True)
+class Admitted:
+    """A request the driver admitted (:func:`admit`).
+
+    The pinned manifest, the request with its text prompt encoded, the graph contract and the tokenizer
+    (None for ``--tokens``).
+    """
+
+    resolved: Resolved
+    request: UpRequest
+    contract: Any
+    tokenizer: Any
+    resolve_s: float
+    admit_s: float
+
+
+def admit(session: Session, request: UpRequest, *, store_evidence: bool = False) -> Admitted:
+    """Every check the driver can make alone, before anything starts (no cluster, no rank, no torch).
+
+    The request's flags (:func:`check_request`: the reference's form among them); the signing key, when
+    the evidence is to be stored; then the reference resolved once to a digest (~0.1 s) and the sizes
+    against its manifest (:mod:`.bounds`): world size against heads, kv heads, rows, experts and layers;
+    a text prompt's bytes against the context before it is tokenized; the prompt's token ids against the
+    vocabulary and prompt + generated tokens against the context; ``runtime.kernels_required`` against
+    the kernel catalog (:func:`check_kernels`).
+    """
+    from .bounds import check_prompt_bytes, check_sequence, check_world, context_length
+    from .contract import contract_of
+    from .topology_check import check_degrees
+
+    check_request(request)
+    if store_evidence and session.key is None:
+        raise UsageError(
+            "registry up stores signed evidence and needs a signing key: pass --key or run "
+            "`registry keygen` (or --no-evidence to store none)"
+        )
+    t0 = time.perf_counter()
+    resolved = resolve(session, parse_ref(request.ref))
+    resolve_s = time.perf_counter() - t0
+    contract = contract_of(resolved.manifest)
+    context = context_length(resolved.manifest)
+    check_world(contract, request.tp, request.ep, request.pp)
+    check_degrees(resolved.manifest, request.tp, request.ep, request.pp)  # the topology layer
+    tokenizer = None
+    if request.prompt is not None:
+        from .tokenizer import load_tokenizer, read_tokenizer
+
+        check_prompt_bytes(request.prompt, context)
+        tokenizer = load_tokenizer(resolved.manifest, read_tokenizer(session.store, resolved.manifest))
+        request = dataclasses.replace(request, tokens=tuple(tokenizer.encode(request.prompt)))
+    check_sequence(request.tokens, request.steps, contract, context)
+    check_kernels(tuple(resolved.manifest.runtime.kernels_required))
+    return Admitted(resolved, request, contract, tokenizer, resolve_s, time.perf_counter() - t0 - resolve_s)
+
+
+@dataclass(frozen=True)
 class _Planned:
     """The driver's plan: the pinned manifest, the request (tokens encoded), contract and rank specs."""
 
@@ -413,22 +373,21 @@ class _Planned:
     plan_s: float
 
 
-def _plan(session: Session, request: UpRequest) -> _Planned:
-    """Resolve once to a digest, encode a text prompt, check contract, inventory and placement; specs."""
+def _plan_admitted(admitted: Admitted) -> _Planned:
+    """Inventory and placement of an admitted request (:func:`check_plan`); the rank specs."""
     t0 = time.perf_counter()
-    resolved = resolve(session, parse_ref(request.ref))
-    resolve_s = time.perf_counter() - t0
-    tokenizer = None
-    if request.prompt is not None:
-        from .tokenizer import load_tokenizer, read_tokenizer
-
-        tokenizer = load_tokenizer(resolved.manifest, read_tokenizer(session.store, resolved.manifest))
-        request = dataclasses.replace(request, tokens=tuple(tokenizer.encode(request.prompt)))
+    resolved, request = admitted.resolved, admitted.request
     contract = check_plan(resolved, request)
     pinned = f"{resolved.ref.name}@{resolved.digest}"
-    specs = specs_for(request, pinned, float(os.cpu_count() or 1))
-    plan_s = time.perf_counter() - t0 - resolve_s
-    return _Planned(resolved, request, contract, tokenizer, specs, resolve_s, plan_s)
+    model_bytes = sum(f.size for f in resolved.manifest.files)
+    specs = specs_for(request, pinned, float(os.cpu_count() or 1), model_bytes)
+    plan_s = admitted.admit_s + time.perf_counter() - t0
+    return _Planned(resolved, request, contract, admitted.tokenizer, specs, admitted.resolve_s, plan_s)
+
+
+def _plan(session: Session, request: UpRequest) -> _Planned:
+    """:func:`admit` and plan in one call (resolve once, encode, check sizes, inventory, placement)."""
+    return _plan_admitted(admit(session, request))
 
 
 def _launch_seconds(report: dict[str, Any], wall0: float, counted: float) -> dict[str, float]:
@@ -446,12 +405,13 @@ def _launch_seconds(report: dict[str, Any], wall0: float, counted: float) -> dic
 
 
 def _plan_and_launch(
-    session: Session, request: UpRequest, launch: Launcher, progress: Progress | None
+    admitted: Admitted, launch: Launcher, progress: Progress | None
 ) -> tuple[_Planned, list[dict[str, Any]], list[dict[str, Any]]]:
     """Plan, and launch with retries; a :class:`StartingLauncher` is started while the driver plans."""
+    request = admitted.request
 
     def planning() -> _Planned:
-        return _plan(session, request)
+        return _plan_admitted(admitted)
 
     if not isinstance(launch, StartingLauncher):
         planned = planning()
@@ -477,11 +437,14 @@ def bring_up(
     store_evidence: bool = True,
     progress: Callable[[int, str], None] | None = None,
 ) -> UpResult:
-    """Run the whole bring-up (see the module docstring); raises a typed error on any failure."""
-    check_request(request)
+    """Run the whole bring-up (see the module docstring); raises a typed error on any failure.
+
+    Nothing starts before :func:`admit` passed (a refused request costs a resolve, never a cluster).
+    """
     wall0 = time.time()
-    launch = launcher or ray_launcher(request.address, progress)
-    planned, reports, attempts = _plan_and_launch(session, request, launch, progress)
+    admitted = admit(session, request, store_evidence=store_evidence)
+    launch = launcher or ray_launcher(request.address, progress, request)
+    planned, reports, attempts = _plan_and_launch(admitted, launch, progress)
     resolved, request, contract, tokenizer = (
         planned.resolved,
         planned.request,
@@ -498,6 +461,7 @@ def bring_up(
     from shardport.registry import evidence as registry_evidence
 
     from .up_evidence import predicate
+    from .up_finite import seal
 
     run, parity, l5 = _check(session, resolved, contract, request, reports)
     pred = predicate(
@@ -518,6 +482,7 @@ def bring_up(
     if tokenizer is not None:
         pred["tokenizer"] = {"source": tokenizer.source, "digest": str(tokenizer.digest)}
         pred["text"] = {"prompt": request.prompt, "generated": tokenizer.decode(run.tokens)}
+    pred = seal(pred)  # what was added since: a NaN is text and fails, never an unsignable number
     stored = None
     if store_evidence:
         stored = registry_evidence.store_evidence(session, resolved.ref.name, resolved.digest, pred)
@@ -533,10 +498,13 @@ def bring_up(
 
 
 def write_logits(path: Path, logits: np.ndarray) -> Path:
-    """``--logits-out``: float32 ``logits`` ``[T, vocab]`` as safetensors (written whole, then renamed)."""
-    from safetensors.numpy import save_file
+    """``--logits-out``: float32 ``logits`` ``[T, vocab]`` as safetensors, written atomically.
 
-    tmp = path.with_name(path.name + ".partial")
-    save_file({"logits": np.ascontiguousarray(logits, dtype=np.float32)}, str(tmp))
-    tmp.replace(path)
+    A temporary file in the same folder (created ``O_EXCL | O_NOFOLLOW``), read back and compared,
+    flushed to disk, renamed over ``path``; removed on any failure. ``path`` must be a new name or a
+    regular file (:func:`~shardport.registry.destination.file_destination`, checked before the bring-up).
+    """
+    from shardport.registry.writers import write_safetensors
+
+    write_safetensors({"logits": np.asarray(logits, dtype=np.float32)}, path, durable=True)
     return path

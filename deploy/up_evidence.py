@@ -2,12 +2,15 @@
 
 Pure: the ranks' reports, the reference generation and the policy in; the evidence predicate out
 (``https://shardport.dev/evidence/v1``; the fields :mod:`.report` draws, plus the details). No Ray,
-no store. Every number is a finite float or an int (the statement is canonical JSON).
+no store. Every number is a finite float or an int (the statement is canonical JSON): a measured NaN
+or infinity is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` and fails its row
+and the row "every measured value finite" (:mod:`.up_finite`): the evidence is signed, and fails.
 
 - L4: the parallel logits against the single-process float32 reference built from the registry's
   reference decode of every weight — max |Δ| over the prompt positions, top-1 agreement per position,
   identical greedy tokens for K steps, and each rank's KV-cache check (decode steps vs one fresh
-  prefill of the whole sequence).
+  prefill of the whole sequence). A position or step whose logits are non-finite or all equal
+  (all zero, all NaN) fails top-1 and greedy: an argmax there proves nothing.
   The tolerance is derived from the admitted kernels' recorded L3 errors (see :func:`tolerance`).
 - L0-L3: the ranks' ladder records under the budget (``--ladder``, :mod:`.ladder_budget`): a
   ``sampled`` record (L0, L1, the witness rows) counts as proved only together with its class
@@ -31,6 +34,8 @@ from typing import Any, Literal
 
 from shardport.kernels import FallbackPolicy, OperatorSignature, admit, default_catalog, named, ordered
 
+from .up_finite import finite_row, seal, within, worst
+
 #: Slack of the resident-memory check: the interpreter's, torch's lazy runtime (thread pools, kernel
 #: caches) and gloo's own growth on a rank. 96 MiB was too tight: on the quick bring-up benchmark
 #: (bench/bench_bringup.py, 4 layers of 2048, tp 4) ranks grew 229-337 MB for a 96 MB ledger, before
@@ -51,10 +56,6 @@ LEDGER_COMPONENTS = (
     "kv_cache",
     "repack_workspace_peak",
 )
-
-
-def _finite(x: float) -> float:
-    return float(x) if math.isfinite(x) else -1.0
 
 
 @dataclass(frozen=True)
@@ -132,18 +133,26 @@ def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: fl
     follow the operators' activation dtype (:data:`L4_BUDGETS`): float32 ``64 · max(E, 1e-6) ·
     (layers + 1)``, bfloat16 ``16 · max(E, 2^-8) · sqrt(layers + 1)``.
     """
-    worst = 0.0
-    for r in reports:
-        for lad in r.get("ladders", []):
-            for x in lad["l3"]:
-                worst = max(worst, float(x["e_kernel"]), float(x["e_conversion"]))
+    e_max = worst(
+        float(v)
+        for r in reports
+        for lad in r.get("ladders", [])
+        for x in lad["l3"]
+        for v in (x["e_kernel"], x["e_conversion"])
+    )
     dtype = activations_run(reports)
     budget = L4_BUDGETS[dtype]
-    value = budget.amplification * max(worst, budget.e_floor) * budget.growth(layers) * max(1.0, logit_scale)
+    # a NaN anywhere stays NaN (max() would drop it): the tolerance is then NaN and L4 fails, sealed
+    value = (
+        budget.amplification
+        * worst([e_max, budget.e_floor])
+        * budget.growth(layers)
+        * worst([1.0, float(logit_scale)])
+    )
     return {
-        "e_kernel_max": _finite(worst),
-        "logit_scale": _finite(logit_scale),
-        "value": _finite(value),
+        "e_kernel_max": e_max,
+        "logit_scale": float(logit_scale),
+        "value": value,
         "activations": dtype,
         "amplification": budget.amplification,
         "e_floor": budget.e_floor,
@@ -421,8 +430,8 @@ def _ladder_rows(
             "level": "L2",
             "name": "layout decode = reference decode; witness rows",
             "passed": all(lad["l2"]["passed"] for lad in ladders) and covered,
-            "value": max((float(lad["l2"]["max_abs_error"]) for lad in full), default=0.0),
-            "tolerance": max((float(lad["l2"]["tolerance"]) for lad in full), default=0.0),
+            "value": worst(float(lad["l2"]["max_abs_error"]) for lad in full),
+            "tolerance": worst(float(lad["l2"]["tolerance"]) for lad in full),
             "detail": f"{sum(int(lad['l2']['witness_checked']) for lad in ladders)} witness cells or rows "
             f"on all {len(ladders)} operators; reconstruction: {scope}" + (f"; {gaps}" if gaps else ""),
         },
@@ -430,8 +439,8 @@ def _ladder_rows(
             "level": "L3",
             "name": "operator error vs reference (max E_kernel)",
             "passed": all(x["passed"] for x in l3) and covered,
-            "value": max((float(x["e_kernel"]) for x in l3), default=0.0),
-            "tolerance": max((float(x["tol_kernel"]) + float(x["e_conversion"]) for x in l3), default=0.0),
+            "value": worst(float(x["e_kernel"]) for x in l3),
+            "tolerance": worst(float(x["tol_kernel"]) + float(x["e_conversion"]) for x in l3),
             "detail": f"{len(l3)} golden batches; {scope}" + (f"; {gaps}" if gaps else ""),
         },
     ]
@@ -443,13 +452,16 @@ def _graph_rows(
     """The L4 and L5 rows of the parity table."""
     rows: list[dict[str, Any]] = []
     caches = [r["cache"] for r in reports]
-    cache_ok = all(float(c["max_abs_diff"]) <= float(c["tolerance"]) for c in caches)
+    cache_ok = all(within(c["max_abs_diff"], c["tolerance"]) for c in caches)
     top1 = parity["top1_agree"]
+    degenerate = list(parity.get("degenerate_positions", []))
+    steps = list(parity.get("degenerate_steps", []))
     rows += [
         {
             "level": "L4",
             "name": "logits max |Δ| vs float32 reference",
-            "passed": parity["max_abs_diff"] <= parity["tolerance"],
+            "passed": within(parity["max_abs_diff"], parity["tolerance"])
+            and within(parity["decode_max_abs_diff"], parity["tolerance"]),
             "value": parity["max_abs_diff"],
             "tolerance": parity["tolerance"],
             "detail": f"{parity['positions']} positions; decode max |Δ| {parity['decode_max_abs_diff']:.3g}",
@@ -457,25 +469,27 @@ def _graph_rows(
         {
             "level": "L4",
             "name": "top-1 agreement per position",
-            "passed": all(top1),
+            "passed": all(top1) and not degenerate,
             "value": sum(top1),
             "tolerance": len(top1),
-            "detail": "".join("1" if x else "0" for x in top1),
+            "detail": "".join("1" if x else "0" for x in top1)
+            + (f"; degenerate logits (non-finite or all equal) at positions {degenerate}" * bool(degenerate)),
         },
         {
             "level": "L4",
             "name": "greedy tokens identical",
-            "passed": list(parity["tokens"]) == list(parity["reference_tokens"]),
+            "passed": list(parity["tokens"]) == list(parity["reference_tokens"]) and not steps,
             "value": len(parity["tokens"]),
             "tolerance": None,
-            "detail": f"{list(parity['tokens'])} vs {list(parity['reference_tokens'])}",
+            "detail": f"{list(parity['tokens'])} vs {list(parity['reference_tokens'])}"
+            + (f"; degenerate logits (non-finite or all equal) at decode steps {steps}" * bool(steps)),
         },
         {
             "level": "L4",
             "name": "KV cache: decode steps = one fresh prefill",
             "passed": cache_ok,
-            "value": max((float(c["max_abs_diff"]) for c in caches), default=0.0),
-            "tolerance": max((float(c["tolerance"]) for c in caches), default=0.0),
+            "value": worst(float(c["max_abs_diff"]) for c in caches),
+            "tolerance": worst(float(c["tolerance"]) for c in caches),
             "detail": f"{len(caches)} ranks",
         },
         {
@@ -530,12 +544,13 @@ def predicate(
     """The evidence predicate (what is signed) and what ``--json`` / ``--report`` show.
 
     ``activations``: the dtype the bring-up asked its quantized operators to run in (the ``runtime``
-    section records it beside what each operator was admitted with).
+    section records it beside what each operator was admitted with). Sealed (:func:`.up_finite.seal`):
+    a NaN or infinity measured anywhere is written as text and fails the evidence.
     """
     coverage = ladder_coverage(reports)
-    rows = _ladder_rows(reports, digest, coverage) + _graph_rows(reports, parity, l5)
+    rows = _ladder_rows(reports, digest, coverage) + _graph_rows(reports, parity, l5) + [finite_row()]
     by_rank = sorted(reports, key=lambda r: int(r["rank"]))
-    return {
+    out = {
         "manifest": digest,
         "repository": repository,
         "tag": dict(tag) if tag else None,
@@ -563,7 +578,7 @@ def predicate(
             for r in by_rank
             for t in r["dispatch"]
         ],
-        "timeline": {str(r["rank"]): {k: _finite(v) for k, v in r["timeline"].items()} for r in by_rank},
+        "timeline": {str(r["rank"]): {k: float(v) for k, v in r["timeline"].items()} for r in by_rank},
         "ledger": {str(r["rank"]): components(r["ledger"]) for r in by_rank},
         "memory": {
             str(r["rank"]): {k: int(v) for k, v in r["ledger"].items() if k not in LEDGER_COMPONENTS}
@@ -571,8 +586,9 @@ def predicate(
         },
         "devices": {str(r["rank"]): str(r.get("device", "cpu")) for r in by_rank},
         "gpus": {str(r["rank"]): [str(g) for g in r.get("gpu_ids", [])] for r in by_rank},
-        "read_amplification": {str(r["rank"]): _finite(r["read_amplification"]) for r in by_rank},
+        "read_amplification": {str(r["rank"]): float(r["read_amplification"]) for r in by_rank},
         "tiles_verified": {str(r["rank"]): int(r["tiles_verified"]) for r in by_rank},
         "witness": {str(r["rank"]): r["witness"] for r in by_rank},
-        "decode_seconds": {str(r["rank"]): _finite(r["decode_seconds"]) for r in by_rank},
+        "decode_seconds": {str(r["rank"]): float(r["decode_seconds"]) for r in by_rank},
     }
+    return seal(out)

@@ -45,6 +45,20 @@ class Catalog:
         return tuple(k.capability.id for k in self.kernels)
 
 
+CATALOG_IDS: tuple[str, ...] = (
+    "cpu.int4pack@1",
+    "cpu.int4-direct@1",
+    "cpu.int8pack@1",
+    "cpu.gguf-direct@1",
+    "cuda.int4-tinygemm@1",
+    "full-dequant@1",
+    "reference@1",
+)
+"""``id@version`` of every kernel :func:`default_catalog` holds, in its order, importable without torch:
+the bring-up's driver checks ``runtime.kernels_required`` against it before anything starts (a test holds
+the two equal)."""
+
+
 def default_catalog() -> Catalog:
     """The kernels of this package, specialised first, the reference (oracle) last.
 

@@ -43,6 +43,8 @@ from .gguf_errors import (
     UnknownGgmlTypeError,
     WorkspaceError,
 )
+from .gguf_types import GGUF_DIRECT_TYPES as GGUF_DIRECT_TYPES
+from .gguf_types import NATIVE_TYPES as NATIVE_TYPES
 
 #: A tile decoder: raw bytes ``[R, blocks_per_row, type_size]`` (uint8) → ``out`` float32
 #: ``[R, blocks_per_row, block_size]``, written in place.
@@ -234,32 +236,8 @@ _NATIVE: dict[str, TileDecoder] = {
     "Q6_K": _decode_q6_k,
 }
 
-#: Types decoded tile by tile through ``gguf.quants.dequantize`` (those this gguf has).
-_VIA_GGUF: tuple[str, ...] = tuple(
-    name
-    for name in (
-        "IQ1_S",
-        "IQ1_M",
-        "IQ2_XXS",
-        "IQ2_XS",
-        "IQ2_S",
-        "IQ3_XXS",
-        "IQ3_S",
-        "IQ4_NL",
-        "IQ4_XS",
-        "TQ1_0",
-        "TQ2_0",
-        "MXFP4",
-        "NVFP4",
-    )
-    if name in GGMLQuantizationType.__members__ and GGMLQuantizationType[name] in GGML_QUANT_SIZES
-)
-
-GGUF_DIRECT_TYPES: frozenset[str] = frozenset(_NATIVE) | frozenset(_VIA_GGUF)
-"""The GGUF types :func:`gguf_block_matmul` handles (native torch decoders plus gguf.quants ones)."""
-
-NATIVE_TYPES: frozenset[str] = frozenset(_NATIVE)
-"""The subset decoded by this module's own torch tile decoders."""
+#: The type lists live in :mod:`.gguf_types` (torch-free: the kernel's capability is read at push);
+#: ``_NATIVE`` names exactly :data:`NATIVE_TYPES` (tests/kernels/test_gguf_types.py checks it).
 
 #: Bound on each torch decoder's temporaries, as a multiple of the float32 tile's bytes (measured
 #: resident high-water mark on a 1024 x 4096 tile plus 0.1, rounded: uint8 code planes, int32 lookup

@@ -2,7 +2,7 @@
 
 The rank's block bytes are used as they are (transformation ``none``): the kernel decodes one tile of
 rows at a time inside the matmul into a bounded float32 workspace and keeps no float copy of the
-weight. It takes every type :data:`.gguf_direct.GGUF_DIRECT_TYPES` names (Q8_0, the K-quants, MXFP4,
+weight. It takes every type :data:`.gguf_types.GGUF_DIRECT_TYPES` names (Q8_0, the K-quants, MXFP4,
 NVFP4, ...), computes in float32 and returns the activation dtype.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .capability import Capability, OperatorSignature
-from .gguf_direct import GGUF_DIRECT_TYPES, gguf_block_matmul, workspace_bytes
+from .gguf_types import GGUF_DIRECT_TYPES
 from .prepared import F32, PreparedLinear
 from .weight import RankWeight
 
@@ -40,6 +40,8 @@ class PreparedGguf(PreparedLinear):
     """Holds the rank's block plane as loaded (no copy); decodes a tile of rows per step of each call."""
 
     def __init__(self, weight: RankWeight, op: OperatorSignature, kernel: str) -> None:
+        from .gguf_direct import workspace_bytes  # torch: only when a rank prepares the kernel
+
         super().__init__(kernel, op, "none")
         assert op.ggml_type is not None
         self.ggml_type = op.ggml_type
@@ -47,6 +49,8 @@ class PreparedGguf(PreparedLinear):
         self.workspace = workspace_bytes(self.ggml_type, weight.k_local, TILE_ROWS)
 
     def _run(self, x: Any) -> Any:
+        from .gguf_direct import gguf_block_matmul
+
         y = gguf_block_matmul(
             x, self.blocks, self.ggml_type, self.op.k_local, tile_rows=TILE_ROWS, tensor=self.op.weight
         )

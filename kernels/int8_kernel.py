@@ -30,7 +30,6 @@ from shardport.registry.contracts.packing import apply_encoding
 
 from .capability import Capability, OperatorSignature
 from .errors import KernelInputError
-from .int8_cpu import int8_weight_only_matmul
 from .prepared import F32, I64, ROW_CHUNK, PreparedLinear
 from .weight import RankWeight
 
@@ -159,6 +158,8 @@ class PreparedInt8(PreparedLinear):
         return float(np.max(diff, where=_row_presence(codes), initial=0.0))
 
     def _run(self, x: Any) -> Any:
+        from .int8_cpu import int8_weight_only_matmul  # torch: only when a rank runs the kernel
+
         return int8_weight_only_matmul(x, self.codes, self.scales, tensor=self.op.weight)
 
     @property

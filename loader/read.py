@@ -139,6 +139,7 @@ def read_slices(
 ) -> SliceRead:
     """Read and verify ``slices`` from ``store`` (see the module docstring); raise on any mismatch."""
     opts = options or ReadOptions()
+    files = tuple(files)
     start = time.perf_counter()
     profile = store.profile
     max_gap = opts.max_gap if opts.max_gap is not None else profile.max_gap
@@ -167,6 +168,7 @@ def read_slices(
         concurrency=max(1, opts.concurrency // depth),
         direct=direct,
         retry=opts.retry,
+        sizes={f.path: f.size for f in files},
     )
     runner = _Runner(
         schedule,

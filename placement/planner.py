@@ -258,13 +258,14 @@ def plan(
     """
     if policy not in ("align", "refuse"):
         raise TopologyError(f"placement policy {policy!r}: expected 'align' or 'refuse'")
+    planner = _Planner(source, topology, policy)  # the topology and splits checked before any rank loop
     wanted = range(topology.world_size) if ranks is None else sorted(set(ranks))
-    for rank in wanted:
-        if not 0 <= rank < topology.world_size:
-            raise TopologyError(f"rank {rank}: expected 0..{topology.world_size - 1} for {topology}")
+    if ranks is not None:
+        for rank in wanted:
+            if not 0 <= rank < topology.world_size:
+                raise TopologyError(f"rank {rank}: expected 0..{topology.world_size - 1} for {topology}")
     if not wanted:
         raise TopologyError("no rank to plan: expected at least one")
-    planner = _Planner(source, topology, policy)
     planned = tuple(
         _rank_plan(at, planner.reads(at), planner, max_gap) for at in map(topology.coords, wanted)
     )

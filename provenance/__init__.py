@@ -7,6 +7,7 @@ other package; imports none of them. Sigstore itself is imported only where a bu
 
 - :mod:`.dsse` — :class:`Envelope`, :func:`sign`, :func:`pae` (DSSE pre-authentication encoding);
 - :mod:`.statement` — :class:`Statement`, :class:`Subject`, :data:`PAYLOAD_TYPE`;
+- :mod:`.canonical` — RFC 8785 bytes of a document to sign, refusing NaN/inf by JSON pointer;
 - :mod:`.keys` — :class:`SigningKey`, :class:`VerifyingKey` (Ed25519, PEM, ``ed25519:`` key ids);
 - :mod:`.sigstore_signing` — keyless signing (needs the network) and offline bundle verification;
 - errors: :class:`ProvenanceError` and its subclasses (:mod:`.errors` draws the tree).
@@ -16,6 +17,7 @@ from .dsse import Envelope, Signature, pae, sign
 from .errors import (
     EnvelopeFormatError,
     KeyFormatError,
+    NonFiniteNumberError,
     ProvenanceError,
     SigstoreSigningError,
     SigstoreUnavailableError,
@@ -29,6 +31,7 @@ __all__ = [
     "Envelope",
     "EnvelopeFormatError",
     "KeyFormatError",
+    "NonFiniteNumberError",
     "ProvenanceError",
     "Signature",
     "SigningKey",

@@ -58,7 +58,7 @@ class Envelope:
         """Parse an envelope; ``source`` names where it came from in error messages."""
         try:
             doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep, a huge number
             raise EnvelopeFormatError(f"{source}: not a JSON DSSE envelope ({exc})") from exc
         if not isinstance(doc, dict):
             raise EnvelopeFormatError(f"{source}: expected a JSON object, found {type(doc).__name__}")

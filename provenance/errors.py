@@ -12,6 +12,8 @@ Tree::
     └── ProvenanceError                    (1)
         ├── KeyFormatError                 (2)  a key file is unreadable, not PEM, or not Ed25519
         ├── EnvelopeFormatError                 bytes are not a well-formed DSSE envelope
+        ├── NonFiniteNumberError           (2)  a document to sign holds NaN or ±inf (JCS has
+        │                                       neither); the JSON pointers are listed
         ├── SigstoreUnavailableError       (6)  sigstore cannot sign (or is not installed) here:
         │                                       no network to Fulcio/Rekor, no OIDC identity
         ├── SigstoreSigningError           (6)  the statement or the request was refused
@@ -39,6 +41,26 @@ class KeyFormatError(ProvenanceError):
 
 class EnvelopeFormatError(ProvenanceError):
     """Bytes are not a well-formed DSSE envelope (the message names the source and the field)."""
+
+
+class NonFiniteNumberError(ProvenanceError):
+    """A document to be canonicalised and signed holds NaN or ±inf, which RFC 8785 cannot write.
+
+    ``paths``: the JSON pointers of the values. The caller handed a value it should have recorded as a
+    failed measurement (a usage error of the API, as a manifest's non-finite float is).
+    """
+
+    exit_code = 2
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = list(paths)
+        shown = ", ".join(self.paths[:8]) + (
+            f" and {len(self.paths) - 8} more" if len(self.paths) > 8 else ""
+        )
+        super().__init__(
+            f"a document to sign holds {len(self.paths)} non-finite number(s) (NaN or inf; canonical JSON, "
+            f"RFC 8785, has none) at {shown}: record them as failed measurements, not as numbers"
+        )
 
 
 class SigstoreUnavailableError(ProvenanceError):

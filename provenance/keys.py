@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -31,7 +31,7 @@ class VerifyingKey:
         """Load a PEM (SubjectPublicKeyInfo) Ed25519 public key."""
         try:
             key = serialization.load_pem_public_key(pem)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
             raise KeyFormatError(f"{source}: not a PEM public key ({exc})") from exc
         if not isinstance(key, Ed25519PublicKey):
             raise KeyFormatError(f"{source}: expected an Ed25519 key, found {type(key).__name__}")
@@ -70,7 +70,7 @@ class SigningKey:
         """Load an unencrypted PKCS#8 PEM Ed25519 private key."""
         try:
             key = serialization.load_pem_private_key(pem, password=None)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
             raise KeyFormatError(f"{source}: not an unencrypted PEM private key ({exc})") from exc
         if not isinstance(key, Ed25519PrivateKey):
             raise KeyFormatError(f"{source}: expected an Ed25519 key, found {type(key).__name__}")

@@ -315,7 +315,7 @@ def _load_bundle(bundle_json: bytes) -> tuple[Bundle, dict[str, Any]]:
 
     try:
         doc = json.loads(bundle_json)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
         raise SigstoreVerificationError(f"bad bundle JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise SigstoreVerificationError(f"bad bundle JSON: expected an object, found {type(doc).__name__}")
@@ -366,7 +366,7 @@ def _check_statement(payload_type: str, statement: bytes, artifact: bytes | None
         if not str(doc["_type"]).startswith(_STATEMENT_TYPE_PREFIX):
             raise ValueError(f"_type is {doc['_type']!r}")
         subjects = [s["digest"].get("sha256") for s in doc["subject"]]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
+    except (RecursionError, KeyError, TypeError, AttributeError, ValueError) as exc:
         raise SigstoreVerificationError(f"DSSE payload is not an in-toto statement ({exc})") from exc
     if artifact is not None:
         actual = hashlib.sha256(artifact).hexdigest()

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import rfc8785
+from .canonical import canonical_bytes
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -29,21 +29,24 @@ class Statement:
     predicate: dict[str, Any]
 
     def to_bytes(self) -> bytes:
-        """Canonical (RFC 8785) JSON bytes of the statement."""
+        """Canonical (RFC 8785) JSON bytes of the statement.
+
+        A NaN or inf anywhere in the predicate is :class:`~.errors.NonFiniteNumberError` (:mod:`.canonical`).
+        """
         doc: dict[str, Any] = {
             "_type": STATEMENT_TYPE,
             "subject": [{"name": s.name, "digest": {"sha256": s.sha256}} for s in self.subjects],
             "predicateType": self.predicate_type,
             "predicate": self.predicate,
         }
-        return rfc8785.dumps(doc)
+        return canonical_bytes(doc)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Statement:
         """Parse a statement; raises ``ValueError`` naming the field that is wrong."""
         try:
             doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep, a huge number
             raise ValueError(f"statement is not JSON: {exc}") from exc
         if not isinstance(doc, dict):
             raise ValueError("statement is not a JSON object")

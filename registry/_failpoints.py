@@ -9,7 +9,9 @@ of ``verify REF``: ``verify-blobs-fetched`` (its temporary copy is complete); of
 ``gc-marked`` (what to remove is chosen, nothing removed yet), ``gc-blob-removed`` (after each blob).
 
 ``SHARDPORT_FAILPOINT=<name>:pause`` sleeps there for a minute instead (then goes on), so that a test
-can send the process a signal at that step. With ``SHARDPORT_FAILPOINT_RESUME=PATH`` the pause
+can send the process a signal at that step; ``<name>:term`` sends it SIGTERM there. A bring-up rank
+has one at the start of every stage: ``rank<R>-<stage>`` (:meth:`shardport.deploy.rank.Rank._enter`).
+With ``SHARDPORT_FAILPOINT_RESUME=PATH`` a pause
 creates ``PATH.paused`` on arrival and ends as soon as ``PATH`` exists: a test can run another command
 while this one waits at the step, then let it go on.
 """
@@ -38,3 +40,6 @@ def hit(name: str) -> None:
         deadline = time.monotonic() + PAUSE_SECONDS
         while not Path(resume).exists() and time.monotonic() < deadline:
             time.sleep(0.02)
+    elif armed == f"{name}:term":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(PAUSE_SECONDS)  # a process that handles SIGTERM by unwinding does so here

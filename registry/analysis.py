@@ -22,6 +22,7 @@ from shardport.registry.artifact.witness_file import ProducerWitness, check_prod
 from shardport.registry.contracts import (
     DeclareSpec,
     FloatContract,
+    GgufBlockContract,
     LogicalWeight,
     TensorInfo,
     check_witness,
@@ -38,6 +39,8 @@ from shardport.registry.describe import read_json_object
 from shardport.registry.errors import UsageError
 from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
 from shardport.registry.formats.elements import ELEMENTS
+from shardport.registry.formats.errors import NonFiniteValueError
+from shardport.registry.formats.finite import StoredFloat, check_finite
 from shardport.registry.formats.notes import Note, Notes
 from shardport.registry.tiles.grid import plane_layout
 from shardport.registry.tiles.layout import LAYOUT, from_tiled
@@ -60,6 +63,7 @@ class Analysis:
     recorded in the manifest). ``remarks``: what was checked, for people (not recorded).
     ``gguf_headers``: each GGUF file's header digest, by path (recorded on its file entry).
     ``gguf_meta``: the GGUF files' key/value pairs (long arrays as their type and length only).
+    ``gguf_versions``: each GGUF file's header version, by path.
     """
 
     kind: str
@@ -71,6 +75,7 @@ class Analysis:
     params: Mapping[str, Any] = field(default_factory=dict)
     gguf_headers: Mapping[str, GgufHeaderDigest] = field(default_factory=dict)
     gguf_meta: Mapping[str, Any] = field(default_factory=dict)
+    gguf_versions: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -223,12 +228,15 @@ def analyze(
     reference: Path | None = None,
     witnesses: bool = True,
     strict: bool = False,
+    allow_nonfinite: bool = False,
 ) -> Analysis | None:
     """Gate every container under ``root`` (``paths`` relative), infer contracts, check values.
 
     Returns None when the checkpoint has no safetensors or GGUF files. Raises the named container,
     contract and usage errors. A check of a field no consumer reads becomes a note
-    (:attr:`Analysis.notes`), or, with ``strict``, raises its error.
+    (:attr:`Analysis.notes`), or, with ``strict``, raises its error. A float tensor holding NaN or inf
+    is refused (:mod:`shardport.registry.formats.finite`); with ``allow_nonfinite`` it becomes a note
+    (even under ``strict``), unless it is a plane of a quantized weight.
     """
     st_files = sorted(p for p in paths if p.endswith(".safetensors"))
     gguf_files = sorted(p for p in paths if p.endswith(".gguf"))
@@ -240,7 +248,7 @@ def analyze(
     reader = PlaneReader(root)
     entries = _safetensors_entries(root, st_files, notes)
     weights = _safetensors_weights(root, entries, reader, declare) if st_files else []
-    g_entries, g_weights, gguf_meta, headers = _gguf_inventory(root, gguf_files, notes, declare)
+    g_entries, g_weights, gguf_meta, headers, versions = _gguf_inventory(root, gguf_files, notes, declare)
     entries += g_entries
     weights += g_weights
     by_name = {e.name: e for e in entries}
@@ -248,6 +256,7 @@ def analyze(
     remarks = check_architecture(architecture, params, weights, notes=notes)
     _check_tied(weights, by_name, reader, params)
     checked = _checked_weights(weights, reader, by_name, _reference_rows(reference), witnesses=witnesses)
+    _check_finite(root, entries, checked, notes, allow=allow_nonfinite)
     gguf_only = bool(gguf_files) and not st_files
     return Analysis(
         kind="gguf" if gguf_only else "safetensors",
@@ -259,6 +268,32 @@ def analyze(
         params=_gguf_params(gguf_meta) if gguf_only else {},
         gguf_headers=headers,
         gguf_meta=gguf_meta,
+        gguf_versions=versions,
+    )
+
+
+def _check_finite(
+    root: Path, entries: Iterable[TensorEntry], weights: Iterable[LogicalWeight], notes: Notes, *, allow: bool
+) -> None:
+    """Every stored float tensor finite: refused, or noted with ``allow`` (a quantized plane: refused)."""
+    # the float planes beside a quantized weight's codes (a GGUF tensor is its own plane)
+    quantized = {
+        p.tensor
+        for w in weights
+        if not isinstance(w.contract, FloatContract | GgufBlockContract)
+        for p in w.planes
+    }
+
+    def report(error: NonFiniteValueError, fatal: bool) -> None:
+        if fatal or not allow:
+            raise error
+        notes.keep(error)
+
+    check_finite(
+        root,
+        (StoredFloat(e.file, e.name, e.start, e.end, e.dtype) for e in entries if e.layout == "row_major"),
+        report=report,
+        fatal=quantized.__contains__,
     )
 
 
@@ -306,15 +341,19 @@ def _safetensors_weights(
 
 def _gguf_inventory(
     root: Path, files: list[str], notes: Notes, declare: str | Mapping[str, Any] | DeclareSpec | None
-) -> tuple[list[TensorEntry], list[LogicalWeight], dict[str, Any], dict[str, GgufHeaderDigest]]:
-    """The GGUF ``files``' tensors (gated), logical weights, merged key-values and header digests."""
+) -> tuple[
+    list[TensorEntry], list[LogicalWeight], dict[str, Any], dict[str, GgufHeaderDigest], dict[str, int]
+]:
+    """The GGUF ``files``' tensors (gated), logical weights, merged key-values, header digests, versions."""
     entries: list[TensorEntry] = []
     weights: list[LogicalWeight] = []
     meta: dict[str, Any] = {}
     headers: dict[str, GgufHeaderDigest] = {}
+    versions: dict[str, int] = {}
     for rel in files:
         gheader = parse_gguf(root / rel, notes=notes)
         headers[rel] = header_digest(root / rel, gheader)
+        versions[rel] = gheader.version
         meta.update(gheader.kv)
         g_entries = [
             TensorEntry(
@@ -326,7 +365,7 @@ def _gguf_inventory(
             dict(gheader.kv), [TensorInfo(e.name, e.dtype, e.shape) for e in g_entries], declare=declare
         )
         entries += g_entries
-    return entries, weights, meta, headers
+    return entries, weights, meta, headers, versions
 
 
 def _checked_weights(

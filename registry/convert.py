@@ -54,6 +54,7 @@ from shardport.registry.errors import (
     UsageError,
     VerificationError,
 )
+from shardport.registry.layers import encoding_of
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.push import LEASE_TIME, PushResult, publish, source_date, unchanged_head
 from shardport.registry.session import Session
@@ -318,11 +319,13 @@ def _tiled_manifest(
     """The converted artifact's manifest: ``m`` with the tiled container, files, tensors and tile index."""
     manifest = m.model_copy(
         update={
-            "container": ContainerInfo(kind=LAYOUT, profile_version=LAYOUT_VERSION),
+            "container": ContainerInfo(
+                kind=LAYOUT, profile_version=LAYOUT_VERSION, spec_revision=str(LAYOUT_VERSION)
+            ),
             "packing": PackingInfo(
                 layout=LAYOUT,
                 layout_version=LAYOUT_VERSION,
-                encoding=m.container.kind,
+                encoding=",".join(sorted({encoding_of(w) for w in m.weights or ()})) or m.container.kind,
                 packer="shardport.convert",
                 packer_version=shardport.__version__,
             ),
@@ -352,8 +355,13 @@ def convert(
     reporter: Reporter | None = None,
     retries: int = 0,
     valid_for: timedelta = DEFAULT_VALIDITY,
+    layers: Callable[[Manifest], Manifest] | None = None,
 ) -> PushResult:
-    """Convert ``ref`` to ``layout`` and publish it as ``name:tag``."""
+    """Convert ``ref`` to ``layout`` and publish it as ``name:tag``.
+
+    ``layers``: as :func:`shardport.registry.push.push`'s — finishes the converted manifest (the CLI fills
+    ``runtime`` and ``topology``); without it they are the source's.
+    """
     if layout != "tiled":
         raise UsageError(f"--layout {layout!r}: the only layout is 'tiled'")
     require_signing_scope(session, name, tag)
@@ -392,6 +400,8 @@ def convert(
             files.append((out / p, FileEntry(path=p, size=size, digest=digest), ident))
         index_bytes = new_index.to_bytes()
         manifest = _tiled_manifest(m, resolved.digest, [f for _, f, _ in files], entries, index_bytes)
+        if layers is not None:
+            manifest = layers(manifest)
         return publish(
             session,
             name,

@@ -1,4 +1,4 @@
-"""Describe a checkpoint folder for its manifest: files, container kind, model and quantization info.
+"""Describe a checkpoint folder for its manifest: files, container kind, model info, quantization config.
 
 Pure reading of the folder (small JSON files only); file hashing happens in :mod:`push`.
 """
@@ -13,7 +13,7 @@ from typing import Any
 import rfc8785
 
 from shardport.registry.artifact.hashing import digest_bytes
-from shardport.registry.artifact.manifest import ContainerInfo, FileEntry, ModelInfo, QuantizationInfo
+from shardport.registry.artifact.manifest import ContainerInfo, FileEntry, ModelInfo
 from shardport.registry.errors import UsageError
 
 METADATA_DIR = ".shardport"
@@ -108,18 +108,14 @@ def model_of(src: Path, files: dict[str, FileEntry]) -> ModelInfo:
     )
 
 
-def quantization_of(src: Path) -> QuantizationInfo:
-    """Quantization family and config digest from ``config.json`` or ``quantize_config.json``."""
+def quantization_config(src: Path) -> dict[str, Any] | None:
+    """The quantization config: ``config.json``'s ``quantization_config``, else ``quantize_config.json``.
+
+    :func:`shardport.registry.layers.quantization_layer` makes the manifest's section of it.
+    """
     config = read_json_object(src / "config.json") or {}
     qc = config.get("quantization_config") or read_json_object(src / "quantize_config.json")
-    if not isinstance(qc, dict):
-        return QuantizationInfo(family="none")
-    family = str(qc.get("quant_method") or qc.get("format") or "unknown")
-    return QuantizationInfo(
-        family=family,
-        config_digest=digest_bytes(rfc8785.dumps(qc)),
-        producer=str(qc["producer"]) if "producer" in qc else None,
-    )
+    return qc if isinstance(qc, dict) else None
 
 
 def source_digest(files: list[FileEntry]) -> str:

@@ -12,6 +12,11 @@ Never, even with ``force``: the file system root, the home folder, the current f
 containing it, the store or shardport's home folder (or a folder inside or containing either), a
 symbolic link, or something that is not a folder. A per-rank pull only adds or replaces its own files
 in DEST, so DEST may hold anything, but must not be (or be inside) the store or shardport's home.
+
+One output file (``registry up --logits-out/--report``: :func:`file_destination`) follows the same
+rules for one file: a path that does not exist yet in an existing, writable folder, or a regular file
+to replace; never a symbolic link, a folder, a device, a named pipe or a socket, and never the store
+or shardport's home (or anything inside them). It is written atomically (:mod:`.writers`).
 """
 
 from __future__ import annotations
@@ -51,15 +56,13 @@ def _resolved(path: Path | str) -> Path | None:
         return None
 
 
-def _refuse_store(given: Path, where: Path, store_root: Path | None) -> None:
+def _refuse_store(given: Path, where: Path, store_root: Path | None, writer: str = "a pull") -> None:
     for what, path in (("the store", store_root), ("shardport's home folder", shardport_home())):
         other = _resolved(path) if path is not None else None
         relation = _relation(where, other) if other is not None else None
         if relation is not None:
-            raise UsageError(
-                f"{given}: {relation} {what} ({other}); a pull never writes there. "
-                "Pull into a folder outside it"
-            )
+            advice = "Pull into a folder outside it" if writer == "a pull" else "Write to a path outside it"
+            raise UsageError(f"{given}: {relation} {what} ({other}); {writer} never writes there. {advice}")
 
 
 def _refuse_protected(given: Path, where: Path, store_root: Path | None) -> None:
@@ -168,5 +171,55 @@ def rank_pull_destination(dest: Path, *, store_root: Path | None) -> Path:
     if real is not None and real.exists() and not real.is_dir():
         raise UsageError(
             f"{dest}: exists and is not a folder; a per-rank pull writes its files into a folder"
+        )
+    return where
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def file_destination(dest: Path, *, store_root: Path | None, flag: str) -> Path:
+    """The absolute path one output file (``flag``) may be written to, or a :class:`UsageError`.
+
+    Checked before the work that produces the file starts, and again when it is written (the staged
+    write refuses anything but a regular file at the final name). A path that does not exist yet must
+    sit in an existing, writable folder; an existing one must be a regular file (not followed if a
+    link); neither may be, or be inside, the store or shardport's home.
+    """
+    where = canonical(dest)
+    if dest.name in ("", ".", "..") or where.parent == where:
+        raise UsageError(f"{flag} {dest}: is a folder; {flag} writes one file (name a file in it)")
+    real = _resolved(where.parent)
+    _refuse_store(dest, real / where.name if real is not None else where, store_root, flag)
+    parent = where.parent
+    try:
+        folder = os.stat(parent)
+    except OSError as exc:
+        raise UsageError(f"{flag} {dest}: its folder {parent} does not exist ({exc.strerror})") from exc
+    if not stat.S_ISDIR(folder.st_mode):
+        raise UsageError(f"{flag} {dest}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {dest}: its folder {parent} is not writable")
+    try:
+        st = os.lstat(where)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise UsageError(f"{flag} {dest}: cannot be checked ({exc.strerror})") from exc
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise UsageError(
+            f"{flag} {dest}: exists and is {_kind(st.st_mode)}; {flag} replaces only a regular file "
+            "(name a new file, or remove it)"
         )
     return where

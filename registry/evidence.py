@@ -10,14 +10,23 @@ the subject) and ``repository``. Envelope: DSSE signed by the session key (evide
 unsigned). Stored as a blob, attached with artifact type :data:`EVIDENCE_ARTIFACT` under
 ``repos/<name>/referrers/<manifest-hex>/<blob-hex>``. Reading checks, per blob: the envelope parses,
 its signer is trusted for the repository (policy scopes as for manifests), the statement's predicate
-type and single subject name this manifest, and the predicate's ``manifest`` agrees.
+type and single subject name this manifest in this repository (``name@sha256:…`` and its sha256: a
+statement about the same digest in another repository does not verify here), and the predicate's
+``manifest`` and ``repository`` agree. Envelopes carrying the same statement (one re-signed, or with an
+extra signature added) are one statement: listed once, under the first blob digest, with the union of
+their trusted signers and the other blobs as ``duplicates``.
+
+Each statement says whether its bring-up passed (``passed``); :func:`exit_code` makes a listing exit 1
+when a blob does not verify or the newest statement records a failed bring-up (older failures are
+history: listed as failed, exit 0 once a newer bring-up passed).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shardport.provenance import dsse
@@ -40,6 +49,13 @@ class Evidence:
     digest: str
     signers: tuple[str, ...]
     predicate: Mapping[str, Any]
+    duplicates: tuple[str, ...] = ()
+    """Other blobs carrying the same statement (another envelope of the same payload)."""
+
+    @property
+    def passed(self) -> bool:
+        """Whether the bring-up this statement records passed (only ``passed: true`` counts)."""
+        return self.predicate.get("passed") is True
 
     def summary(self) -> dict[str, Any]:
         """The listing line: digest, signers and the predicate's headline fields."""
@@ -51,6 +67,7 @@ class Evidence:
             "topology": p.get("topology"),
             "tag": p.get("tag"),
             "passed": p.get("passed"),
+            "duplicates": list(self.duplicates),
         }
 
 
@@ -78,8 +95,8 @@ def store_evidence(session: Session, name: str, manifest: str, predicate: Mappin
     return blob
 
 
-def check_evidence(session: Session, raw: bytes, name: str, manifest: str, source: str) -> Evidence:
-    """Verify one evidence envelope about ``manifest``: signer trusted, subject and predicate agree."""
+def _checked(session: Session, raw: bytes, name: str, manifest: str, source: str) -> tuple[Evidence, str]:
+    """:func:`check_evidence`, and the sha256 of the statement (the envelope's payload)."""
     try:
         env = Envelope.from_bytes(raw, source=source)
         st = Statement.from_bytes(env.payload)
@@ -91,13 +108,31 @@ def check_evidence(session: Session, raw: bytes, name: str, manifest: str, sourc
         )
     if [s.sha256 for s in st.subjects] != [hex_of(manifest)]:
         raise SignatureError(f"{source}: its subject is not manifest {manifest}")
+    if st.subjects[0].name != f"{name}@{manifest}":
+        raise SignatureError(
+            f"{source}: its subject is {st.subjects[0].name!r}, expected {name}@{manifest} (evidence about "
+            "the same digest in another repository does not count here)"
+        )
     predicate = st.predicate if isinstance(st.predicate, Mapping) else {}
     if predicate.get("manifest") != manifest:
         raise SignatureError(
             f"{source}: predicate names manifest {predicate.get('manifest')!r}, expected {manifest}"
         )
+    if predicate.get("repository") != name:
+        raise SignatureError(
+            f"{source}: predicate names repository {predicate.get('repository')!r}, expected {name!r}"
+        )
     signers = session.policy.check(env, what=f"evidence about {manifest} ({source})", repository=name)
-    return Evidence(digest="", signers=tuple(signers), predicate=predicate)
+    payload = hashlib.sha256(env.payload).hexdigest()
+    return Evidence(digest="", signers=tuple(signers), predicate=predicate), payload
+
+
+def check_evidence(session: Session, raw: bytes, name: str, manifest: str, source: str) -> Evidence:
+    """Verify one evidence envelope about ``manifest`` in repository ``name``.
+
+    Signer trusted, subject (name and digest) and predicate (manifest and repository) agree.
+    """
+    return _checked(session, raw, name, manifest, source)[0]
 
 
 @dataclass(frozen=True)
@@ -110,26 +145,44 @@ class EvidenceReport:
 
 def read_evidence(session: Session, name: str, manifest: str) -> EvidenceReport:
     """Read and verify every evidence statement attached to ``manifest`` (newest last by ``created``)."""
-    verified: list[Evidence] = []
+    by_payload: dict[str, Evidence] = {}  # one statement, however many envelopes carry it
     failures: list[tuple[str, str, str]] = []
-    for blob in referrers(session, name, manifest, EVIDENCE_ARTIFACT):
+    for blob in sorted(referrers(session, name, manifest, EVIDENCE_ARTIFACT)):
         try:
             raw = session.store.read_blob(blob)
-            found = check_evidence(session, raw, name, manifest, f"evidence {blob}")
-            verified.append(Evidence(digest=blob, signers=found.signers, predicate=found.predicate))
+            found, payload = _checked(session, raw, name, manifest, f"evidence {blob}")
         except NotFoundError:
             failures.append((blob, "MissingBlob", f"evidence {blob} is attached but missing from the store"))
+            continue
         except VerificationError as exc:
             failures.append((blob, type(exc).__name__, str(exc)))
-    verified.sort(key=lambda e: (str(e.predicate.get("created", "")), e.digest))
+            continue
+        first = by_payload.get(payload)
+        if first is None:
+            by_payload[payload] = Evidence(digest=blob, signers=found.signers, predicate=found.predicate)
+        else:
+            signers = tuple(dict.fromkeys((*first.signers, *found.signers)))
+            by_payload[payload] = replace(first, signers=signers, duplicates=(*first.duplicates, blob))
+    verified = sorted(by_payload.values(), key=lambda e: (str(e.predicate.get("created", "")), e.digest))
     return EvidenceReport(verified=tuple(verified), failures=tuple(failures))
+
+
+def exit_code(report: EvidenceReport) -> int:
+    """``registry evidence REF``'s exit code.
+
+    1 when a blob does not verify or the newest statement records a failed bring-up (``passed`` not
+    true); 0 otherwise (none attached, or the newest passed).
+    """
+    if report.failures or (report.verified and not report.verified[-1].passed):
+        return 1
+    return 0
 
 
 def show_evidence(session: Session, name: str, manifest: str, digest: str) -> Evidence:
     """One verified evidence statement by its blob digest (a unique prefix of its hex is enough)."""
     report = read_evidence(session, name, manifest)
     want = digest.removeprefix("sha256:")
-    hits = [e for e in report.verified if hex_of(e.digest).startswith(want)]
+    hits = [e for e in report.verified if any(hex_of(d).startswith(want) for d in (e.digest, *e.duplicates))]
     if len(hits) == 1:
         return hits[0]
     failed = [f for f in report.failures if hex_of(f[0]).startswith(want)]
@@ -143,8 +196,12 @@ def show_evidence(session: Session, name: str, manifest: str, digest: str) -> Ev
 
 def to_json(report: EvidenceReport) -> dict[str, Any]:
     """The ``registry evidence REF --json`` document."""
+    newest = report.verified[-1] if report.verified else None
     return {
         "evidence": [e.summary() for e in report.verified],
+        "passed": sum(e.passed for e in report.verified),
+        "failed": sum(not e.passed for e in report.verified),
+        "newest": None if newest is None else {"digest": newest.digest, "passed": newest.passed},
         "failures": [{"digest": d, "type": t, "message": m} for d, t, m in report.failures],
     }
 

@@ -92,7 +92,7 @@ def _mark(session: Session, now: datetime, grace: timedelta) -> tuple[set[str], 
                 lease = json.loads(store.read(obj.key))
                 expires = parse_time(lease["expires"])
                 digests = [d for d in lease["digests"] if is_digest(d)]
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, RecursionError, KeyError, TypeError):
                 expires, digests = obj.mtime + grace, []
             except NotFoundError:  # the command finished (its lease removed) between walk and read
                 continue
@@ -219,7 +219,7 @@ def _signature_problem(session: Session, manifest: str, raw: bytes, artifact: st
     if artifact == SIGSTORE_ARTIFACT:
         try:
             doc = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:
             return f"Sigstore bundle is not JSON ({exc})"
         return None if isinstance(doc, dict) else "Sigstore bundle is not a JSON object"
     try:
@@ -270,7 +270,7 @@ def _check_referrers(
                 continue
             try:
                 doc = json.loads(store.read(f"{folder}/{child}/{link}"))
-            except (ValueError, UnicodeDecodeError) as exc:
+            except (ValueError, RecursionError) as exc:
                 report.bad_referrers.append(f"{where}: the link is not a JSON document ({exc})")
                 continue
             artifact = doc.get("artifactType") if isinstance(doc, dict) else None

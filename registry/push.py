@@ -4,6 +4,12 @@ Write order (each step only after the previous is durable): blobs → manifest �
 document. A crash at any point leaves no tag pointing at incomplete content; re-running the push
 finds the blobs already stored and uploads only what is missing. A lease under ``uploads/<id>/``
 names every blob the push will reference, so a concurrent ``gc`` keeps them.
+
+Manifest layers: ``container`` (spec revision), ``quantization`` and ``packing`` are read from the
+checkpoint here (:mod:`shardport.registry.layers`). ``runtime``'s expected kernels and ``topology`` need
+the kernel catalogue and the placement planner, above the registry: :func:`push`'s ``layers`` argument (a
+pure, deterministic function of the manifest draft) adds them — the CLI passes one. Without it
+``runtime`` holds only the kernel ids given and ``topology`` is None.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from shardport.registry.artifact.hashing import digest_bytes, digest_file
 from shardport.registry.artifact.manifest import FileEntry, Manifest, ProvenanceInfo, TileIndexRef
 from shardport.registry.artifact.manifest_check import check_manifest
 from shardport.registry.artifact.paths import check_paths
-from shardport.registry.describe import container_of, model_of, quantization_of, scan, source_digest
+from shardport.registry.describe import container_of, model_of, quantization_config, scan, source_digest
 from shardport.registry.errors import UnsignedError, UsageError
+from shardport.registry.layers import container_layer, packing_layer, quantization_layer
 from shardport.registry.model_graph import model_section
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.results import result_json
@@ -106,13 +113,16 @@ def build_manifest(
             update={"architecture": analysis.architecture, "params": dict(analysis.params)}
         )
     model, graph_notes = model_section(model, entries, analysis)
+    container = container_layer(container_of([e.path for e in entries]), analysis)
+    quantization = quantization_layer(quantization_config(src), analysis)
     return Manifest(
-        container=container_of([e.path for e in entries]),
+        container=container,
         tensors=list(analysis.tensors) if analysis else None,
         weights=list(analysis.weights) if analysis else None,
         tile_index=TileIndexRef(digest=tile_index) if tile_index else None,
         model=model,
-        quantization=quantization_of(src),
+        quantization=quantization,
+        packing=packing_layer(analysis.weights if analysis else (), quantization, container),
         files=[
             e.model_copy(update={"gguf_header": analysis.gguf_headers[e.path]})
             if analysis is not None and e.path in analysis.gguf_headers
@@ -147,22 +157,26 @@ def push(
     declare: str | Mapping[str, Any] | None = None,
     reference: Path | None = None,
     strict: bool = False,
+    allow_nonfinite: bool = False,
     sign: str = "ed25519",
     tile_target: int = 1 << 20,
     tile_minimum: int = 64 << 10,
     witness: Path | None = None,
     kernels_required: Sequence[str] = (),
     kernels_preferred: Sequence[str] = (),
+    layers: Callable[[Manifest], Manifest] | None = None,
 ) -> PushResult:
     """Push folder ``src`` as ``name:tag``.
 
     Before anything is hashed or written, every safetensors/GGUF file passes the container gates, each
     logical weight gets its numeric contract (inferred, or ``declare``d), the semantic gates run on its
-    planes, and quantized weights get a decode witness (with ``reference``, a float checkpoint, the
-    measured error is recorded and a push far beyond the bit width's error is refused).
-    ``witness``: the producer's own rows (:mod:`shardport.registry.artifact.witness_file`), checked the
-    same way and stored as a blob the manifest names. ``kernels_required`` / ``kernels_preferred``:
-    kernel ids (``cpu.int4pack`` or ``cpu.int4pack@1``) recorded in ``runtime`` for bring-up's dispatch.
+    planes, a float tensor holding NaN or inf is refused (a note with ``allow_nonfinite``), and quantized
+    weights get a decode witness (with ``reference``, a float checkpoint, the measured error is recorded
+    and a push far beyond the bit width's error is refused). ``witness``: the producer's own rows
+    (:mod:`shardport.registry.artifact.witness_file`), checked the same way and stored as a blob the
+    manifest names. ``kernels_required`` / ``kernels_preferred``: kernel ids (``cpu.int4pack`` or
+    ``cpu.int4pack@1``) recorded in ``runtime`` for bring-up's dispatch. ``layers``: finishes the
+    manifest draft before its digest (see the module docstring).
     """
     if session.key is None and not session.allow_unsigned:
         raise UnsignedError(
@@ -174,14 +188,15 @@ def push(
     files = scan(src)
     check_paths([rel for rel, _ in files], source=f"push {src}", error=UsageError)  # before any work
     total = sum(p.stat().st_size for _, p in files)
-    analysis = analyze(src, [rel for rel, _ in files], declare=declare, reference=reference, strict=strict)
-    producer = None
-    if witness is not None:
-        if analysis is None:
-            raise UsageError(
-                f"--witness {witness}: {src} holds no safetensors or GGUF weights to check it with"
-            )
-        producer = producer_witness(src, analysis, witness)
+    analysis = analyze(
+        src,
+        [rel for rel, _ in files],
+        declare=declare,
+        reference=reference,
+        strict=strict,
+        allow_nonfinite=allow_nonfinite,
+    )
+    producer = _checked_witness(src, analysis, witness)
 
     identities = [file_identity(p) for _, p in files]
     entries = _hash_files(files, reporter.task("hashing", total))
@@ -190,15 +205,11 @@ def push(
     manifest = build_manifest(src, entries, created_at, analysis, index_digest)
     if producer is not None:
         manifest = manifest.model_copy(update={"producer_witness": producer[1]})
-    manifest = _with_kernels(manifest, kernels_required, kernels_preferred)
+    manifest = _with_kernels(manifest, kernels_required, kernels_preferred, layers)
     unchanged = unchanged_head(session, name, tag, manifest)
     manifest_digest = manifest.digest()
 
-    bundle = None
-    if sign == "sigstore":  # keyless signing needs the network: fail before anything is written
-        from shardport.provenance.sigstore_signing import sign_statement_sigstore
-
-        bundle = sign_statement_sigstore(manifest_statement(name, manifest_digest).to_bytes())
+    bundle = _sigstore_bundle(sign, name, manifest_digest)
     return publish(
         session,
         name,
@@ -214,14 +225,40 @@ def push(
     )
 
 
-def _with_kernels(manifest: Manifest, required: Sequence[str], preferred: Sequence[str]) -> Manifest:
-    """The manifest with the kernel ids bring-up's dispatch must use / should prefer (``runtime``)."""
-    if not required and not preferred:
-        return manifest
-    runtime = manifest.runtime.model_copy(
-        update={"kernels_required": list(required), "kernels_preferred": list(preferred)}
-    )
-    return manifest.model_copy(update={"runtime": runtime})
+def _sigstore_bundle(sign: str, name: str, manifest_digest: str) -> Any:
+    """With ``--sign sigstore``, the keyless bundle, made before anything is written (needs the network)."""
+    if sign != "sigstore":
+        return None
+    from shardport.provenance.sigstore_signing import sign_statement_sigstore
+
+    return sign_statement_sigstore(manifest_statement(name, manifest_digest).to_bytes())
+
+
+def _checked_witness(src: Path, analysis: Any, witness: Path | None) -> Any:
+    """The producer's witness (``--witness``) checked against the decode: (its blob, its manifest ref)."""
+    if witness is None:
+        return None
+    if analysis is None:
+        raise UsageError(f"--witness {witness}: {src} holds no safetensors or GGUF weights to check it with")
+    return producer_witness(src, analysis, witness)
+
+
+def _with_kernels(
+    manifest: Manifest,
+    required: Sequence[str],
+    preferred: Sequence[str],
+    layers: Callable[[Manifest], Manifest] | None = None,
+) -> Manifest:
+    """The manifest with the kernel ids dispatch must use / should prefer (``runtime``), then ``layers``.
+
+    ``layers`` (above the registry) runs after the ids are recorded: they steer its expected kernels.
+    """
+    if required or preferred:
+        runtime = manifest.runtime.model_copy(
+            update={"kernels_required": list(required), "kernels_preferred": list(preferred)}
+        )
+        manifest = manifest.model_copy(update={"runtime": runtime})
+    return layers(manifest) if layers is not None else manifest
 
 
 def _hash_files(files: list[tuple[str, Path]], advance: Callable[[int], None]) -> list[FileEntry]:

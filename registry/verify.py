@@ -310,13 +310,16 @@ def _verify_ref(session: Session, ref: Ref, workdir: Path | None) -> Report:
     return report
 
 
-def verify_checkpoint(path: Path, *, strict: bool = False) -> Report:
-    """Run the container gates, contract inference and semantic gates on a plain local checkpoint."""
+def verify_checkpoint(path: Path, *, strict: bool = False, allow_nonfinite: bool = False) -> Report:
+    """Run the container gates, contract inference and semantic gates on a plain local checkpoint.
+
+    As push: a float tensor holding NaN or inf fails it, unless ``allow_nonfinite`` (then a note).
+    """
     report = Report(subject=str(path))
     root, paths = (path.parent, [path.name]) if path.is_file() else (path, [r for r, _ in scan(path)])
     report.checked_files = len(paths)
     try:
-        analysis = analyze(root, paths, witnesses=False, strict=strict)
+        analysis = analyze(root, paths, witnesses=False, strict=strict, allow_nonfinite=allow_nonfinite)
     except ShardportError as exc:
         report.add_error(str(path), exc)
         return report
@@ -349,7 +352,9 @@ def _pulled_signatures(
         report.add("Signature", "manifest.json", errors[0] if errors else "manifest is unsigned")
 
 
-def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Report:
+def verify_dir(
+    session: Session, folder: Path, *, strict: bool = False, allow_nonfinite: bool = False
+) -> Report:
     """Verify a pulled folder against the manifest and signatures recorded in ``.shardport/``.
 
     A path without ``.shardport/`` (a plain checkpoint folder or file) is checked with
@@ -357,7 +362,7 @@ def verify_dir(session: Session, folder: Path, *, strict: bool = False) -> Repor
     """
     meta = folder / METADATA_DIR
     if not (meta / "manifest.json").exists():
-        return verify_checkpoint(folder, strict=strict)
+        return verify_checkpoint(folder, strict=strict, allow_nonfinite=allow_nonfinite)
     report = Report(subject=str(folder))
     try:
         raw = (meta / "manifest.json").read_bytes()

@@ -174,7 +174,13 @@ class StagedFiles:
     ``folder`` if needed and removes stale temporary files of dead processes in it.
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, durable: bool = False) -> None:
+        """Open (or create) ``folder`` for staged files.
+
+        ``durable``: each staged file is flushed to disk (``fsync``) before it is published, and the
+        folder after the renames (an output file the user asked for; a pull's files are not).
+        """
+        self._durable = durable
         self._created = not os.path.lexists(folder)
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -242,6 +248,8 @@ class StagedFiles:
                 view = memoryview(chunk).cast("B")
                 while view:
                     view = view[os.write(fd, view) :]
+            if self._durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
 
@@ -345,6 +353,8 @@ class StagedFiles:
             temp = self._staged.pop(name)[0]
             if exchanged:
                 self._unlink(temp)  # the replaced old file
+        if self._durable:
+            os.fsync(self._fd)  # the renames themselves
         return [self.folder / name for name in names]
 
     def _roll_back(self, done: list[tuple[str, bool]]) -> None:
@@ -360,21 +370,25 @@ class StagedFiles:
 
 
 def write_safetensors(
-    arrays: Mapping[str, npt.NDArray[Any]], out: Path, metadata: Mapping[str, str] | None = None
+    arrays: Mapping[str, npt.NDArray[Any]],
+    out: Path,
+    metadata: Mapping[str, str] | None = None,
+    *,
+    durable: bool = False,
 ) -> None:
     """Write ``arrays`` to ``out``; publish only if every tensor reads back exactly (see the module)."""
-    with StagedFiles(out.parent) as staged:
+    with StagedFiles(out.parent, durable=durable) as staged:
         staged.write_safetensors(out.name, arrays, metadata)
         staged.publish()
 
 
-def write_file(path: Path, data: bytes) -> None:
+def write_file(path: Path, data: bytes, *, durable: bool = False) -> None:
     """Replace file ``path`` with ``data`` atomically, the one way (:class:`StagedFiles` of one file).
 
     A reader sees the old file or the new one, never a part; a symbolic link at ``path`` is refused, not
     followed. Used for shardport's own small files (client state, trust policy).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    with StagedFiles(path.parent) as staged:
+    with StagedFiles(path.parent, durable=durable) as staged:
         staged.write_bytes(path.name, data)
         staged.publish()

@@ -8,6 +8,8 @@ Mixture of experts: the router is replicated, each rank runs the experts its ep 
 routed to them, and one ``all_reduce`` over the stage's tp x ep ranks sums the weighted outputs.
 Pipeline: a stage receives hidden states from the previous one, runs its layers and sends them on; the
 last stage's logits reach every rank, so each one picks the same greedy token. Activations are float32.
+Attention takes the queries in chunks (:func:`query_chunk`): its scores are at most
+:data:`SCORE_BYTES` per chunk, whatever the prompt's length (not ``heads x T x T``).
 
 Device: a rank computes on one ``torch.device`` (``device=``; the CPU by default, a CUDA device on a
 CUDA rank). Every tensor the graph makes (embedding sums, masks, rotary tables, MoE sums, pipeline
@@ -33,6 +35,17 @@ from .collectives import Mesh
 from .layout import RankLayout
 from .rope import apply_rotary, rotary_tables
 from .weights import Attention, Experts, Layer, Mlp, RankWeights
+
+SCORE_BYTES = 64 * 1024 * 1024
+"""The most bytes of attention scores (float32 ``heads x queries x keys``) one chunk of queries makes."""
+
+
+def query_chunk(heads: int, keys: int) -> int:
+    """Queries per attention chunk (at least one).
+
+    As many as keep ``heads x chunk x keys`` float32 scores within :data:`SCORE_BYTES`.
+    """
+    return max(1, SCORE_BYTES // (4 * max(1, heads) * max(1, keys)))
 
 
 @dataclass(slots=True)
@@ -157,12 +170,17 @@ class RankModel:
         k = apply_rotary(k.view(t, self.kv_local, d), cos, sin, pairs)
         keys, values = cache.extend(layer, k, v.view(t, self.kv_local, d))
         keys, values = keys[:, self.kv_index], values[:, self.kv_index]
-        scores = torch.einsum("thd,shd->hts", q, keys) / math.sqrt(d)
         start = cache.length
-        query_pos = torch.arange(start, start + t, device=self.device)[:, None]
         key_pos = torch.arange(keys.shape[0], device=self.device)[None, :]
-        scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
-        out = torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), values).reshape(t, self.q_local * d)
+        step = query_chunk(self.q_local, keys.shape[0])
+        parts = []
+        for lo in range(0, t, step):  # one chunk of queries at a time: bounded scores (SCORE_BYTES)
+            hi = min(t, lo + step)
+            scores = torch.einsum("thd,shd->hts", q[lo:hi], keys) / math.sqrt(d)
+            query_pos = torch.arange(start + lo, start + hi, device=self.device)[:, None]
+            scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+            parts.append(torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), values))
+        out = (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(t, self.q_local * d)
         return self.mesh.tp.all_reduce(self._project(f"layer {layer} o", att.o, out, self.contract.hidden))
 
     def _mlp(self, name: str, mlp: Mlp, x: torch.Tensor) -> torch.Tensor:

@@ -285,15 +285,22 @@ class Parity(_Record):
     continuation."""
     decode_max_abs_diff: float
     tolerance: float
+    degenerate_positions: tuple[int, ...] = ()
+    """Prompt positions whose logits (the run's or the reference's) are not all finite or all equal: a
+    top-1 there proves nothing, so it does not agree (:func:`degenerate_rows`)."""
+    degenerate_steps: tuple[int, ...] = ()
+    """Decode steps whose logits (the run's or the reference's) are not all finite or all equal: the
+    greedy tokens are not identical evidence there."""
 
     @property
     def ok(self) -> bool:
-        """Within tolerance, top-1 equal at every position, the same greedy tokens."""
+        """Within tolerance (a NaN never is), top-1 equal at every position, the same greedy tokens."""
         return (
             self.max_abs_diff <= self.tolerance
             and self.decode_max_abs_diff <= self.tolerance
             and all(self.top1_agree)
             and self.tokens == self.reference_tokens
+            and not self.degenerate_steps
         )
 
 
@@ -310,22 +317,51 @@ class CacheCheck(_Record):
         return self.max_abs_diff <= self.tolerance
 
 
+def degenerate_rows(logits: torch.Tensor) -> torch.Tensor:
+    """Per row of ``[T, vocab]`` logits: True where a value is NaN or infinite, or all are equal.
+
+    An argmax over such a row is an artefact (the first index), not the model's choice: two runs whose
+    logits are all NaN, or all zero, agree on it and prove nothing.
+    """
+    if logits.shape[-1] == 0:
+        return torch.ones(logits.shape[:-1], dtype=torch.bool)
+    finite = torch.isfinite(logits).all(-1)
+    return ~finite | (logits.amax(-1) == logits.amin(-1))
+
+
+def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``max |a - b|``; NaN when either holds a NaN or the same infinity (never a finite hiding one)."""
+    if a.numel() == 0:
+        return 0.0
+    return float((a - b).abs().max())
+
+
 def compare(run: Generation, reference: Generation, tolerance: float) -> Parity:
-    """Parity of ``run`` against ``reference`` (same prompt, same number of steps)."""
+    """Parity of ``run`` against ``reference`` (same prompt, same number of steps).
+
+    A position or step whose logits are degenerate on either side (:func:`degenerate_rows`) never
+    agrees; a non-finite logit makes ``max |Δ|`` NaN or inf (the evidence fails that row).
+    """
     if run.prompt_logits.shape != reference.prompt_logits.shape:
         raise GraphLayoutError(
             f"compare: logits {list(run.prompt_logits.shape)} "
             f"vs reference {list(reference.prompt_logits.shape)}"
         )
     steps = min(len(run.tokens), len(reference.tokens))
+    bad = degenerate_rows(run.prompt_logits) | degenerate_rows(reference.prompt_logits)
+    same = run.prompt_logits.argmax(-1) == reference.prompt_logits.argmax(-1)
+    run_steps, ref_steps = run.token_logits[:steps], reference.token_logits[:steps]
+    bad_steps = degenerate_rows(run_steps) | degenerate_rows(ref_steps)
     return Parity(
         positions=run.prompt_logits.shape[0],
-        max_abs_diff=float((run.prompt_logits - reference.prompt_logits).abs().max()),
-        top1_agree=tuple(bool(x) for x in run.prompt_logits.argmax(-1) == reference.prompt_logits.argmax(-1)),
+        max_abs_diff=_max_abs(run.prompt_logits, reference.prompt_logits),
+        top1_agree=tuple(bool(x) for x in same & ~bad),
         tokens=run.tokens,
         reference_tokens=reference.tokens,
-        decode_max_abs_diff=float((run.token_logits[:steps] - reference.token_logits[:steps]).abs().max()),
+        decode_max_abs_diff=_max_abs(run_steps, ref_steps),
         tolerance=tolerance,
+        degenerate_positions=tuple(int(i) for i in torch.nonzero(bad).flatten()),
+        degenerate_steps=tuple(int(i) for i in torch.nonzero(bad_steps).flatten()),
     )
 
 

@@ -75,14 +75,16 @@ def open_source(
     concurrency: int = 16,
     direct: bool = False,
     retry: RetryPolicy | None = None,
+    sizes: Mapping[str, int] | None = None,
 ) -> BlobSource:
     """The source for ``store``: its files' descriptors where it has them, else its ranged reads.
 
     Descriptors (``profile.file_handles``) are read with ``preadv`` (``direct``: cold spans with
     ``O_DIRECT``).
 
-    ``retry``: the S3 reads' retry policy (None: the store's).
+    ``retry``: the S3 reads' retry policy (None: the store's). ``sizes``: each file's size in the
+    manifest; a local blob of another size is refused before any read (a DigestMismatchError).
     """
     if store.profile.file_handles:
-        return LocalBlobSource(store, blobs, direct=direct)
+        return LocalBlobSource(store, blobs, direct=direct, sizes=sizes)
     return S3BlobSource(store, blobs, concurrency=concurrency, retry=retry)

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from shardport.registry.errors import NotFoundError, StoreError, StoreObjectError
+from shardport.registry.errors import DigestMismatchError, NotFoundError, StoreError, StoreObjectError
 from shardport.registry.store.keys import blob_key
 from shardport.registry.store.protocol import Store
 
@@ -54,8 +54,17 @@ class LocalBlobSource:
     holds_responses = False
     retries = 0
 
-    def __init__(self, store: Store, blobs: Mapping[str, str], *, direct: bool = False) -> None:
+    def __init__(
+        self,
+        store: Store,
+        blobs: Mapping[str, str],
+        *,
+        direct: bool = False,
+        sizes: Mapping[str, int] | None = None,
+    ) -> None:
+        """``sizes``: each file's size as the manifest states it; a blob of another size is refused."""
         self._keys = {file: blob_key(digest) for file, digest in blobs.items()}
+        self._sizes = dict(sizes or {})
         self._store = store
         self._direct = direct
         self.direct_bytes = 0
@@ -81,6 +90,13 @@ class LocalBlobSource:
                 raise StoreObjectError(f"{file}: {exc}") from exc
             except StoreError as exc:
                 raise RangeReadError(f"{file} (blob {key}): cannot open: {exc}") from exc
+            expected, actual = self._sizes.get(file), os.fstat(fd).st_size
+            if expected is not None and actual != expected:  # its tiles may hash right; the blob is not it
+                os.close(fd)
+                raise DigestMismatchError(
+                    f"{file}: blob {key} holds {actual} bytes, but the manifest says {expected} "
+                    "(the blob was truncated or extended; run fsck)"
+                )
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             self._fds[file] = fd
             return fd

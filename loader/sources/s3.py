@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 
+from shardport.registry.errors import DigestMismatchError
 from shardport.registry.store.keys import blob_key
 from shardport.registry.store.protocol import Store
 from shardport.registry.store.retry import RetryPolicy
@@ -75,8 +76,11 @@ class S3BlobSource:
                 raise BlobNotFoundError(f"{where}: blob not in the store {self._store.url}") from data
             if isinstance(data, BaseException):
                 raise RangeReadError(f"{where}: {type(data).__name__}: {data}") from data
-            if len(data) != length:
-                raise RangeReadError(f"{where}: got {len(data)} bytes (blob truncated; run fsck)")
+            if len(data) != length:  # the reads retried a cut body: the object itself ends there
+                raise DigestMismatchError(
+                    f"{where}: the blob ends after {len(data)} of these bytes, before the size the manifest "
+                    "says (blob truncated; run fsck)"
+                )
             got.append(data)
         for span, data in zip(plan.spans, got, strict=False):
             for k, at in span.members:

@@ -63,7 +63,13 @@ class SchemaInfo(Section):
 
 
 class ContainerInfo(Section):
-    """Where the bytes live: ``safetensors`` | ``gguf`` | ``shardport-tiled`` | ``other``."""
+    """Where the bytes live: ``safetensors`` | ``gguf`` | ``shardport-tiled`` | ``other``.
+
+    ``spec_revision``: the revision of the container format the files follow, as push read it: the GGUF
+    header version (``"3"``; several files of different versions: ``"2,3"``), ``"1"`` for safetensors
+    (the format has one revision: u64 header length, JSON header, data), the tiled layout's version for
+    ``shardport-tiled``; None in manifests made before it was recorded, and for ``other``.
+    """
 
     section = "container"
 
@@ -94,7 +100,17 @@ class ModelInfo(Section):
 
 
 class QuantizationInfo(Section):
-    """Quantization family and the digest of its configuration."""
+    """Quantization family and the digest of its configuration, read from the checkpoint itself.
+
+    ``family``: ``gguf`` for GGUF files; the ``quant_method`` of a safetensors checkpoint's quantization
+    config (``gptq``, ``awq``, ``compressed-tensors``…); ``none`` for a float checkpoint.
+    ``producer``/``producer_version``: the tool the checkpoint names (``meta.quantizer``,
+    ``quantization_config.producer``, compressed-tensors' own ``version``; GGUF's
+    ``general.quantized_by``), else the quant method; ``calibration_digest``: where the producer records one.
+    ``tensor_types`` (GGUF): stored tensors per ggml type; ``quantization_version`` (GGUF):
+    ``general.quantization_version``. Both are left out of the JSON when absent (older manifests keep
+    their bytes).
+    """
 
     section = "quantization"
 
@@ -103,10 +119,19 @@ class QuantizationInfo(Section):
     producer: str | None = None
     producer_version: str | None = None
     calibration_digest: Digest | None = None
+    tensor_types: dict[str, int] | None = Field(default=None, exclude_if=lambda v: v is None)
+    quantization_version: int | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class PackingInfo(Section):
-    """Layout of the stored bytes."""
+    """Layout of the stored bytes.
+
+    ``layout``: ``row_major`` (the producer's bytes as its container stores them) or ``shardport-tiled``
+    (``convert --layout tiled``); ``encoding``: the weights' representations, sorted and comma-joined
+    (``gguf:Q4_0,gguf:Q8_0``, ``affine:u4:slots32,float:F16``); ``packer``: who laid the bytes out as
+    recorded (push: the producer, as :class:`QuantizationInfo` names it, or the container kind for a float
+    checkpoint; convert: ``shardport.convert``).
+    """
 
     section = "packing"
 
@@ -117,8 +142,34 @@ class PackingInfo(Section):
     packer_version: str | None = None
 
 
+class ExpectedKernel(BaseModel):
+    """The kernel admission over the catalogue expects for a class of weights on a class of devices.
+
+    ``weight_class``: the representation the kernels see
+    (:func:`shardport.kernels.expectations.weight_class`);
+    ``device``: ``cpu/float32``, ``cpu/bfloat16`` or ``cuda-sm80/bfloat16``; ``kernel``: ``id@version``
+    (None: nothing in the catalogue admits it under the default fallback policy); ``activations``: the
+    dtype it runs (float32 where bring-up falls back from the device class's dtype); ``weights``: how many
+    weights; ``weight``: set when the weights of one class expect different kernels (one entry each).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    weight_class: str
+    device: str
+    kernel: str | None
+    activations: str
+    weights: int = Field(ge=1)
+    weight: str | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
 class RuntimeInfo(Section):
-    """Runtime tested with, and kernels required or preferred."""
+    """Runtime tested with, and kernels required or preferred.
+
+    ``name``/``tested_version``: the runtime admission ran against at push (``shardport`` and its
+    version); ``catalogue``: its kernels (``id@version``, priority order); ``expected_kernels``: per
+    weight class and device class, what admission over that catalogue selects for the whole weight (tp=1;
+    :mod:`shardport.kernels.expectations`). The last two are left out of the JSON when absent.
+    """
 
     section = "runtime"
 
@@ -126,10 +177,16 @@ class RuntimeInfo(Section):
     tested_version: str | None = None
     kernels_required: list[str] = Field(default_factory=list)
     kernels_preferred: list[str] = Field(default_factory=list)
+    catalogue: list[str] | None = Field(default=None, exclude_if=lambda v: v is None)
+    expected_kernels: list[ExpectedKernel] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class TopologyHints(Section):
-    """Parallel layouts the producer validated."""
+    """Parallel degrees the artifact can be placed at, each axis with the others at 1.
+
+    Written at push by ``registry push`` (:mod:`shardport.deploy.topology_check`: the degrees bring-up's
+    plan-time checks accept, among the candidates it tries); ``None`` when not computed.
+    """
 
     section = "topology"
 
@@ -285,7 +342,7 @@ class Manifest(BaseModel):
             pass
         try:
             doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep, a huge number
             raise VerificationError(f"{source}: not valid JSON ({exc})") from exc
         try:
             return cls.model_validate(doc)

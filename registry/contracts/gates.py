@@ -32,7 +32,7 @@ from .errors import (
     UnsupportedContractError,
 )
 from .formats import as_plane
-from .gguf_blocks import SCALE_RULES, gguf_block_scales, row_bytes
+from .gguf_blocks import BLOCK_SIZES, SCALE_RULES, gguf_block_scales, row_bytes
 from .model import (
     AffineIntContract,
     CodesSpec,
@@ -286,7 +286,8 @@ def check_values(weight: LogicalWeight, planes: Planes) -> tuple[str, ...]:
                 weight.name,
                 f"{contract.plane} block scales ({contract.ggml_type})",
                 SCALE_RULES.get(contract.ggml_type, "finite d/dmin"),
-                f"{int(bad.sum())} NaN/inf",
+                f"{int(bad.sum())} NaN/inf, the first in "
+                + _block_at(int(np.flatnonzero(bad)[0]), scales.size, contract.ggml_type, weight.shape),
             )
         return ("values.block_scales",)
     if isinstance(contract, MicroscaleContract):
@@ -301,6 +302,17 @@ def check_values(weight: LogicalWeight, planes: Planes) -> tuple[str, ...]:
     plane_values.check_group_map(weight.name, contract, planes, k)
     plane_values.check_permutation(weight.name, contract, planes, k)
     return ("values.codes", "values.scales", "values.zero_point", "values.group_map", "values.permutation")
+
+
+def _block_at(index: int, count: int, ggml_type: str, shape: LogicalShape) -> str:
+    """Where block scale ``index`` of ``count`` lies: its block, row and flat element range."""
+    size = BLOCK_SIZES[ggml_type][0]
+    blocks = shape.rows * shape.columns // size
+    grouped = ggml_type not in ("IQ1_M", "MXFP4", "NVFP4")  # every d, then every m (dmin)
+    block = index % blocks if grouped else index * blocks // count
+    per_row = shape.columns // size
+    first = block * size
+    return f"block {block} (row {block // per_row}, flat elements {first}..{first + size - 1})"
 
 
 def require_planes(weight: LogicalWeight, planes: Planes) -> None:

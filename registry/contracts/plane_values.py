@@ -69,7 +69,13 @@ def check_scales(weight: str, scales: ScaleSpec, planes: Planes) -> None:
     values = scale_to_f32(plane, scales.format, scales.plane)
     bad = ~np.isfinite(values)
     if bad.any():
-        raise ScaleValueError(weight, f"{scales.plane} values", "finite scales", f"{int(bad.sum())} NaN/inf")
+        first = int(np.flatnonzero(bad)[0])
+        raise ScaleValueError(
+            weight,
+            f"{scales.plane} values",
+            "finite scales",
+            f"{int(bad.sum())} NaN/inf, the first at flat index {first}",
+        )
     negative = np.signbit(values)
     if scales.sign == "positive" and negative.any():
         raise ScaleSignError(

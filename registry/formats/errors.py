@@ -42,7 +42,9 @@ Tree::
         ├── ShardIndexError                     HF index JSON malformed or unsafe
         ├── ShardMissingError                   a shard named by the index does not exist
         ├── ShardMembershipError                tensor in no shard, two shards, or the wrong one
-        └── TotalSizeMismatchError              index ``total_size`` ≠ sum of tensor bytes
+        ├── TotalSizeMismatchError              index ``total_size`` ≠ sum of tensor bytes
+        └── NonFiniteValueError                 a float tensor holds NaN or ±inf (a note only under
+                                                ``--allow-nonfinite``, and never for a quantized plane)
 """
 
 from __future__ import annotations
@@ -232,3 +234,10 @@ class ShardMembershipError(ContainerError):
 
 class TotalSizeMismatchError(ContainerError):
     """The index ``metadata.total_size`` is not the sum of the tensors' data bytes."""
+
+
+class NonFiniteValueError(ContainerError):
+    """A float tensor (F64/F32/F16/BF16/F8, or a GGUF F32/F16/BF16/F64 tensor) holds NaN or ±inf.
+
+    ``found`` names the first non-finite element by its flat (row-major) index and counts the rest.
+    """

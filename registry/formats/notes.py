@@ -79,6 +79,10 @@ class Notes:
         """
         if self.strict:
             raise error
+        self.keep(error)
+
+    def keep(self, error: ShardportError) -> None:
+        """Record ``error`` as a note whatever ``strict`` says (a finding the user's switch allows)."""
         file = self._relative(getattr(error, "file", None))
         tensor = getattr(error, "tensor", None)
         field, expected, found = (str(getattr(error, k, "")) for k in ("field", "expected", "found"))

@@ -114,7 +114,8 @@ def read_bounded(root: str, key: str, limit: int) -> bytes:
         if size > limit:
             raise too_large(key, size, limit, "the documented maximum for it")
         data = bytearray()
-        while len(data) <= limit and (chunk := fh.read(limit + 1 - len(data))):
+        step = max(size + 1, 1 << 16)  # read() allocates what it is asked for: the size, not the cap
+        while len(data) <= limit and (chunk := fh.read(min(step, limit + 1 - len(data)))):
             data += chunk
     if len(data) > limit:  # it grew while read
         raise too_large(key, len(data), limit, "the documented maximum for it")

@@ -226,7 +226,7 @@ class TileIndex(BaseModel):
             failure = exc.with_traceback(None)  # holding every caller's locals (a rank's tensors) until a gc
         try:
             doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep, a huge number
             raise TileIndexError(f"{source}: not valid JSON ({exc})") from exc
         if not isinstance(doc, dict):
             raise TileIndexError(f"{source}: expected a JSON object, found {type(doc).__name__}")

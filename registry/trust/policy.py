@@ -140,7 +140,7 @@ class TrustPolicy:
                 )
                 for i in doc.get("sigstore", [])
             )
-        except (ValueError, KeyError, TypeError, AttributeError, KeyFormatError) as exc:
+        except (ValueError, RecursionError, KeyError, TypeError, AttributeError, KeyFormatError) as exc:
             raise UsageError(f"trust policy {source}: malformed ({exc}); expected {{'keys': [...]}}") from exc
         return cls(keys=keys, sigstore=idents)
 

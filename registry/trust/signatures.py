@@ -49,7 +49,7 @@ def referrers(session: Session, name: str, manifest: str, artifact_type: str | N
     for child in session.store.listdir(folder):
         try:
             doc = json.loads(session.store.read(f"{folder}/{child}"))
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):
             continue
         if isinstance(doc, dict) and (artifact_type is None or doc.get("artifactType") == artifact_type):
             digest = doc.get("digest")

@@ -85,7 +85,7 @@ def _parse(path: Path) -> dict[str, SeenTag]:
     )
     try:
         doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
         raise StateFileError(f"client state {path}: not valid JSON ({exc}); {remedy}") from exc
     tags = doc.get("tags", {}) if isinstance(doc, dict) else None
     if not isinstance(tags, dict):

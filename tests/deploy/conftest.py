@@ -16,6 +16,7 @@ def ray_cluster() -> Iterator[Any]:
     """A local Ray head on loopback: 4 logical CPUs on a 2-core machine, 80 MiB object store."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ["SHARDPORT_RAY_AUTH"] = "disabled"  # the explicit opt-in: a test head runs without a token
     import ray
 
     temp = tempfile.mkdtemp(prefix="sp-ray-", dir="/tmp")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -65,3 +66,20 @@ def test_report_draws_charts_without_script_errors(tmp_path: Path) -> None:
 def test_report_without_data_says_so() -> None:
     text = render_report({})
     assert "no parity results" in text and "no dispatch trace" in text
+
+
+@pytest.mark.slow
+def test_report_draws_charts_around_non_finite_measures(tmp_path: Path) -> None:
+    data = evidence()
+    data["timeline"] = {"0": {"resolve": 0.1, "fetch": "NaN"}, "1": {"resolve": 0.1, "fetch": float("inf")}}
+    data["ledger"] = {"0": {"codes": float("nan")}, "1": {"codes": 4 << 20}}  # an unsealed NaN, too
+    page = write_report(data, tmp_path / "report.html")
+    embedded = re.search(r'id="evidence-data">(.*?)</script>', page.read_text(), re.S)
+    assert embedded is not None
+    strict = json.loads(embedded.group(1), parse_constant=lambda c: pytest.fail(f"bare {c} in the page"))
+    assert strict["timeline"]["1"]["fetch"] == "Infinity" and strict["ledger"]["0"]["codes"] == "NaN"
+    dom = browse(page, "--dump-dom")
+    assert 'data-charts="drawn"' in dom.stdout, dom.stderr[-2000:]
+    assert len(re.findall(r'<rect[^>]*class="mark"', dom.stdout)) == 3  # the finite segments only
+    assert dom.stdout.count("(not finite: fetch)") == 2 and "(not finite: codes)" in dom.stdout
+    assert [line for line in dom.stderr.splitlines() if "CONSOLE" in line] == []

@@ -1,6 +1,7 @@
-"""The launch starts while the driver plans (``start_while_planning``): a refused plan tears the started
-ranks down and raises its own error, a relaunch after a lost rank starts fresh, and the driver's plan
-imports no torch."""
+"""The launch starts while the driver plans (``start_while_planning``), after the driver admitted the
+request (``admit``: nothing starts for a request it refuses, test_up_admission): a refused plan tears
+the started ranks down and raises its own error, a relaunch after a lost rank starts fresh, and the
+driver's plan imports no torch."""
 
 from __future__ import annotations
 
@@ -14,14 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bringup_artifacts import gptq_tiny
+from bringup_artifacts import gguf_mixtral, gptq_tiny
 from llama_artifacts import ok
 
 from shardport.deploy.errors import ClusterError, RankLostError
+from shardport.deploy.launch import Started, StartingLauncher
 from shardport.deploy.rank import RankSpec
 from shardport.deploy.ray_ranks import run_in_process
-from shardport.deploy.up import Started, StartingLauncher, UpRequest, bring_up, ray_launcher
-from shardport.registry.errors import UsageError
+from shardport.deploy.up import UpRequest, bring_up, ray_launcher
+from shardport.placement.errors import UnsplittableError
+from shardport.registry.errors import NotFoundError, UsageError
 from shardport.registry.session import Session
 
 PROMPT = (1, 5, 300, 7)
@@ -31,6 +34,19 @@ def _push(tmp: Path) -> str:
     store = str(tmp / "store")
     ok(store, "keygen")
     ok(store, "push", gptq_tiny(tmp / "gptq"), "llama/gptq:v1")
+    return store
+
+
+def _push_unlisted(tmp: Path, folder: Path, name: str) -> str:
+    """Pushed by the library without the CLI's runtime/topology layers (as before the layer existed):
+    the driver's ``check_degrees`` has no list to refuse from, so the placement plan refuses, after the
+    launch started."""
+    from shardport.registry.push import push
+
+    store = str(tmp / "store")
+    ok(store, "keygen")
+    repository, tag = name.split(":")
+    push(Session.open(store), folder, repository, tag)
     return store
 
 
@@ -78,28 +94,30 @@ def test_the_ray_launcher_starts_before_its_specs() -> None:
 def test_a_refused_plan_closes_the_started_launch_and_raises_the_plans_error(
     home: Path, tmp_path: Path
 ) -> None:
-    store = _push(tmp_path)
+    store = _push_unlisted(tmp_path, Path(gptq_tiny(tmp_path / "gptq")), "llama/gptq:v1")
     launcher = _Starting()
-    request = UpRequest(ref="llama/gptq:v1", tokens=(1, 10**6), store=store, ladder=False)
-    with pytest.raises(UsageError, match=r"--tokens \[1000000\]: outside the vocabulary"):
+    # tp 6 fits the 6 heads (3 kv heads, 2 each), but o_proj's K = 192 holds 3 groups of 64: the
+    # placement plan refuses it, while the launch is already started
+    request = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, tp=6, store=store, ladder=False)
+    with pytest.raises(UnsplittableError, match=r"holds 3 whole unit\(s\) of 64"):
         bring_up(Session.open(store), request, launcher=launcher)
-    assert launcher.log == ["start 1", "close"]  # started while planning, never launched, torn down
-    # an unknown reference: the resolve's own error, the start torn down alike
+    assert launcher.log == ["start 6", "close"]  # started while planning, never launched, torn down
+    # an unknown reference: the resolve's own error, before anything starts (admission resolves)
     launcher = _Starting()
-    with pytest.raises(Exception, match="llama/absent") as caught:
+    with pytest.raises(NotFoundError, match="llama/absent"):
         bring_up(
             Session.open(store),
             UpRequest(ref="llama/absent:v1", tokens=PROMPT, store=store),
             launcher=launcher,
         )
-    assert not isinstance(caught.value, ClusterError) and launcher.log == ["start 1", "close"]
+    assert launcher.log == []
 
 
 def test_a_refused_plan_wins_over_a_failed_start(home: Path, tmp_path: Path) -> None:
-    store = _push(tmp_path)
-    refused = UpRequest(ref="llama/gptq:v1", tokens=(10**6,), store=store, ladder=False)
+    store = _push_unlisted(tmp_path, Path(gptq_tiny(tmp_path / "gptq")), "llama/gptq:v1")
+    refused = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, tp=6, store=store, ladder=False)
     launcher = _Starting(start_error=ClusterError("cannot start or join Ray"))
-    with pytest.raises(UsageError, match="outside the vocabulary") as caught:
+    with pytest.raises(UnsplittableError, match="o_proj") as caught:
         bring_up(Session.open(store), refused, launcher=launcher)
     assert isinstance(caught.value.__context__, ClusterError)  # the start's failure is its context
     fine = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, store=store, ladder=False)
@@ -161,14 +179,15 @@ def test_the_drivers_plan_imports_no_torch(home: Path, tmp_path: Path) -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_refused_plan_tears_the_started_actors_down(home: Path, tmp_path: Path, ray_ranks: Any) -> None:
-    store = _push(tmp_path)
+    store = _push_unlisted(tmp_path, Path(gguf_mixtral(tmp_path / "moe")), "llama/gmoe:v1")
     events: list[tuple[int, str]] = []
-    request = UpRequest(ref="llama/gptq:v1", tokens=(1, 10**6), tp=2, store=store, ladder=False)
-    with pytest.raises(UsageError, match="outside the vocabulary"):
+    # the K-quant experts' K = 256 cannot split at tp 2 (test_up_gguf_moe): refused by the placement plan
+    request = UpRequest(ref="llama/gmoe:v1", tokens=PROMPT, tp=2, ep=2, store=store, ladder=False)
+    with pytest.raises(UnsplittableError, match="ffn_down_exps"):
         bring_up(
             Session.open(store), request, launcher=ray_launcher(None, lambda r, w: events.append((r, w)))
         )
-    assert events == [(0, "started"), (1, "started")]  # both actors were up (importing) when the plan failed
+    assert sorted(events) == [(r, "started") for r in range(4)]  # every actor was up when the plan failed
     # the ray_ranks fixture asserts no actor and no placement group is left
 
 
@@ -178,7 +197,7 @@ def test_an_interrupt_while_the_plan_hangs_ends_the_driver_at_once() -> None:
     child = textwrap.dedent(
         """
         import signal, time
-        from shardport.deploy.up import start_while_planning
+        from shardport.deploy.launch import start_while_planning
         # a parent (pytest after Ray started in it) may ignore SIGINT, and children inherit that
         signal.signal(signal.SIGINT, signal.default_int_handler)
         class Booted:

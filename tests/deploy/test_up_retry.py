@@ -45,14 +45,15 @@ def _push(home: Path, tmp: Path, folder: Path, ref: str) -> str:
 
 class KillOnce:
     """From a thread, kill the first live actor of rank ``rank`` once: ``ray.kill`` on its Ray name, or
-    (``crash=True``) SIGKILL to the process Ray's actor table names, as a crash or the OOM killer would.
+    (``crash=True``) ``signum`` to the process Ray's actor table names: SIGKILL as a crash or the OOM killer
+    would, SIGTERM as a node or pod drain does, SIGSTOP as a frozen machine looks.
 
     It watches the GCS actor table, so it sees the first attempt's actors as soon as they have a
     process; it also records every bring-up actor process it saw, so the test can check none survives.
     """
 
-    def __init__(self, ray: Any, rank: int, *, crash: bool = False) -> None:
-        self.ray, self.rank, self.crash = ray, rank, crash
+    def __init__(self, ray: Any, rank: int, *, crash: bool = False, signum: int = signal.SIGKILL) -> None:
+        self.ray, self.rank, self.crash, self.signum = ray, rank, crash, signum
         self.killed: list[str] = []
         self.pids: set[int] = set()
         self.stop = threading.Event()
@@ -69,7 +70,7 @@ class KillOnce:
                 self.pids.add(pid)
                 if not self.killed and name.endswith(f"-rank-{self.rank}"):
                     if self.crash:
-                        os.kill(pid, signal.SIGKILL)
+                        os.kill(pid, self.signum)
                     else:
                         self.ray.kill(self.ray.get_actor(name), no_restart=True)
                     self.killed.append(name)
@@ -166,6 +167,41 @@ def test_without_retries_a_lost_rank_fails_cleanly(home: Path, tmp_path: Path, r
     digest = resolve(session, parse_ref("llama/gptq:v1")).digest
     assert not read_evidence(session, "llama/gptq", digest).verified  # nothing stored for a failure
     killer.assert_no_process_left()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_drained_rank_is_lost_and_relaunched(home: Path, tmp_path: Path, ray_ranks: Any) -> None:
+    """SIGTERM (a node or pod drain) is a lost rank like SIGKILL, never the rank's own failure."""
+    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
+    request = UpRequest(
+        ref="llama/gptq:v1", tokens=PROMPT, steps=2, tp=2, store=store, ladder=False, retries=1
+    )
+    with KillOnce(ray_ranks, rank=1, crash=True, signum=signal.SIGTERM) as killer:
+        result = bring_up(Session.open(store), request, launcher=ray_launcher(None), store_evidence=False)
+    attempts = result.to_json()["attempts"]
+    assert len(killer.killed) == 1 and [a["outcome"] for a in attempts] == ["lost", "ok"]
+    assert attempts[0]["rank"] == 1 and "its actor died" in attempts[0]["reason"]
+    killer.assert_no_process_left()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_stopped_rank_is_lost_after_its_stage_timeout(home: Path, tmp_path: Path, ray_ranks: Any) -> None:
+    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq"), "llama/gptq:v1")
+    request = UpRequest(
+        ref="llama/gptq:v1", tokens=PROMPT, tp=2, store=store, ladder=False, stage_timeout=8.0
+    )
+    t0 = time.monotonic()
+    with (
+        KillOnce(ray_ranks, rank=1, crash=True, signum=signal.SIGSTOP) as killer,
+        pytest.raises(RankLostError) as caught,
+    ):
+        bring_up(Session.open(store), request, launcher=ray_launcher(None, request=request))
+    assert caught.value.rank == 1 and caught.value.exit_code == 6
+    assert f"ranks [1]: no answer to {caught.value.stage} within 8 s" in str(caught.value)
+    assert time.monotonic() - t0 < 120  # not the old 600 s per stage
+    killer.assert_no_process_left()  # a stopped process is killed all the same
 
 
 def test_a_tampered_tile_is_not_retried(home: Path, tmp_path: Path) -> None:

@@ -36,6 +36,12 @@ def test_convert_local(tmp_path: Path, home: Path) -> None:
     assert info["container"]["kind"] == "shardport-tiled"
     assert info["provenance"]["source_manifest"] == source
     assert {t["layout"] for t in info["tensors"]} == {"shardport-tiled"}
+    # every layer filled: the tiled layout, the weights' encoding, the source's runtime and topology
+    assert info["container"]["spec_revision"] == "1"
+    assert info["packing"]["layout"] == "shardport-tiled" and info["packing"]["packer"] == "shardport.convert"
+    packed = ok(store, "inspect", "acme/llama:q4")["manifest"]["packing"]
+    assert info["packing"]["encoding"] == packed["encoding"] and packed["layout"] == "row_major"
+    assert info["runtime"]["expected_kernels"] and info["topology"]["tp"]
     # a full pull re-checks every witness on the de-tiled planes
     ok(store, "pull", "acme/llama:q4-tiled", tmp_path / "full")
     assert ok(store, "verify", tmp_path / "full")["weights_checked"] > 0

@@ -14,6 +14,7 @@ from shardport.provenance.statement import PAYLOAD_TYPE
 from shardport.registry.errors import NotFoundError, SignatureError, UsageError
 from shardport.registry.evidence import (
     EVIDENCE_ARTIFACT,
+    EVIDENCE_PREDICATE,
     evidence_statement,
     read_evidence,
     show_evidence,
@@ -93,3 +94,83 @@ def test_refusals(pushed: tuple[Cli, str, str], tmp_path: Path) -> None:
     unsigned = dataclasses.replace(session, key=None)
     with pytest.raises(UsageError, match="signing key"):
         store_evidence(unsigned, "acme/m", digest, predicate())
+
+
+def test_each_statement_says_whether_it_passed_and_the_newest_decides_the_exit(
+    pushed: tuple[Cli, str, str],
+) -> None:
+    from shardport.cli.render import human
+
+    cli, store, digest = pushed
+    session = Session.open(store)
+    failed = store_evidence(session, "acme/m", digest, predicate(passed=False))
+    code, listed = cli("evidence", "acme/m:prod")
+    assert code == 1 and listed["failures"] == []  # it verifies, but the newest bring-up failed
+    assert [e["passed"] for e in listed["evidence"]] == [False]
+    assert (listed["passed"], listed["failed"], listed["newest"]) == (
+        0,
+        1,
+        {"digest": failed, "passed": False},
+    )
+    text = human("evidence", listed)
+    assert "1 verified evidence statement(s) (0 passed, 1 failed; newest failed)" in text
+    assert f"failed  {failed}" in text
+
+    later = predicate(passed=True, created="2026-12-02T00:00:00Z")
+    passed = store_evidence(session, "acme/m", digest, later)
+    code, listed = cli("evidence", "acme/m:prod")
+    assert code == 0 and [e["passed"] for e in listed["evidence"]] == [False, True]  # older failure: history
+    assert listed["newest"] == {"digest": passed, "passed": True}
+    assert "(1 passed, 1 failed; newest passed)" in human("evidence", listed)
+    code, shown = cli("evidence", "acme/m:prod", "--show", failed)
+    assert code == 1 and shown["predicate"]["passed"] is False
+    assert cli("evidence", "acme/m:prod", "--show", passed)[0] == 0
+
+
+def test_evidence_about_the_digest_in_another_repository_does_not_verify_here(
+    pushed: tuple[Cli, str, str],
+) -> None:
+    from shardport.provenance.statement import Statement, Subject
+
+    cli, store, digest = pushed
+    session = Session.open(store)
+    # the same manifest digest pushed as acme/other: its (trusted, valid) evidence linked under acme/m
+    other = dsse.sign(
+        PAYLOAD_TYPE, evidence_statement("acme/other", digest, predicate()).to_bytes(), [session.key]
+    )
+    elsewhere = session.store.put_blob(other.to_bytes())
+    attach(session, "acme/m", digest, elsewhere, EVIDENCE_ARTIFACT)
+    # the subject names acme/m, but the predicate says acme/other
+    body = {**predicate(), "manifest": digest, "repository": "acme/other"}
+    subject = (Subject(name=f"acme/m@{digest}", sha256=digest.removeprefix("sha256:")),)
+    st = Statement(subjects=subject, predicate_type=EVIDENCE_PREDICATE, predicate=body)
+    mixed = session.store.put_blob(dsse.sign(PAYLOAD_TYPE, st.to_bytes(), [session.key]).to_bytes())
+    attach(session, "acme/m", digest, mixed, EVIDENCE_ARTIFACT)
+
+    report = read_evidence(session, "acme/m", digest)
+    assert report.verified == ()
+    messages = {blob: message for blob, _, message in report.failures}
+    assert f"its subject is 'acme/other@{digest}', expected acme/m@{digest}" in messages[elsewhere]
+    assert "predicate names repository 'acme/other', expected 'acme/m'" in messages[mixed]
+    assert cli("evidence", "acme/m:prod")[0] == 1
+
+
+def test_an_extra_signature_on_a_stored_statement_is_not_a_second_statement(
+    pushed: tuple[Cli, str, str],
+) -> None:
+    cli, store, digest = pushed
+    session = Session.open(store)
+    assert session.key is not None
+    blob = store_evidence(session, "acme/m", digest, predicate())
+    env = dsse.Envelope.from_bytes(session.store.read_blob(blob), source="test")
+    extra = dsse.sign(env.payload_type, env.payload, [session.key, SigningKey.generate()])
+    again = session.store.put_blob(extra.to_bytes())
+    attach(session, "acme/m", digest, again, EVIDENCE_ARTIFACT)
+
+    report = read_evidence(session, "acme/m", digest)
+    assert len(report.verified) == 1 and report.failures == ()
+    one = report.verified[0]
+    assert {one.digest, *one.duplicates} == {blob, again} and one.signers == (session.key.keyid,)
+    listed = cli.ok("evidence", "acme/m:prod")
+    assert len(listed["evidence"]) == 1 and listed["evidence"][0]["duplicates"] == [max(blob, again)]
+    assert cli.ok("verify", "acme/m:prod")["evidence_verified"] == 1

@@ -2,8 +2,9 @@
 
 Exit codes (:data:`shardport.EXIT_CODES`; each means one thing): 0 ok, 1 verification failed, 2 usage,
 3 not found, 4 conflict (retry), 5 refused input (a container or contract gate), 6 unavailable,
-70 internal error. ``--json`` prints one JSON document on stdout; errors then go to stdout as
-``{"error": {...}}`` too. Progress bars appear only on an interactive terminal without ``--json``.
+70 internal error. ``--json`` prints one strict JSON document on stdout (a non-finite number as
+the text ``"NaN"`` or ``"Infinity"``); errors then go to stdout as ``{"error": {...}}`` too.
+Progress bars appear only on an interactive terminal without ``--json``.
 
 Modules: :mod:`~shardport.cli.parser` (the arguments), :mod:`~shardport.cli.dispatch` (which function
 runs a command), one module per command group (:mod:`~shardport.cli.keys`,
@@ -55,7 +56,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     json_mode = bool(getattr(args, "json", False))
     try:
         result, code = dispatch(args, json_mode)
-        text = json.dumps(result, sort_keys=True) if json_mode else human(args.command, result)
+        text = _strict_json(result) if json_mode else human(args.command, result)
     except ShardportError as exc:
         return report(args.command, exc, json_mode)
     except Exception as exc:  # the last line of defence; KeyboardInterrupt and SystemExit pass
@@ -67,6 +68,13 @@ def run(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at interpreter exit
     return code
+
+
+def _strict_json(result: object) -> str:
+    """``--json``: strict JSON; a non-finite number as text (``"NaN"``), as the evidence records it."""
+    from shardport.provenance.canonical import finite_text
+
+    return json.dumps(finite_text(result), sort_keys=True, allow_nan=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,12 +1,14 @@
 """How a failed command is reported: a typed error on stderr (or as JSON), and the last line of defence.
 
 Any exception that is not a :class:`~shardport.ShardportError` is a bug; it becomes an
-:class:`~shardport.registry.errors.InternalError` (exit 70) whose traceback goes to a file.
+:class:`~shardport.registry.errors.InternalError` (exit 70) whose traceback goes to a file. A command
+stopped by a signal reports it in one line (:func:`interrupted`) and ends by that signal.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -71,3 +73,38 @@ def report(command: str, exc: ShardportError, json_mode: bool) -> int:
     else:
         print(f"registry {command}: error: {exc}", file=sys.stderr)
     return exc.exit_code
+
+
+def stopped_by(exc: BaseException) -> int | None:
+    """The signal that stopped the command, if ``exc`` is (or was raised while handling) one.
+
+    A signal's exception raised inside a C extension's call can come back wrapped (Ray's ``wait``
+    returns a ``SystemError`` whose context is the :class:`~shardport.registry.staging.StopSignal` the
+    handler raised).
+    """
+    from shardport.registry.staging import StopSignal
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, StopSignal):
+            return current.signum
+        if isinstance(current, KeyboardInterrupt):
+            return int(signal.SIGINT)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def interrupted(command: str, signum: int, json_mode: bool) -> None:
+    """Report in one line that ``command`` was stopped by ``signum`` (what it started is torn down).
+
+    The process then ends by that signal (the shell shows 128 + n: 130 for Ctrl-C, 143 for SIGTERM).
+    """
+    name = signal.Signals(signum).name
+    message = f"interrupted by {name}: stopped, and what it had started was torn down"
+    if json_mode:
+        body = {"type": "Interrupted", "message": message, "exit_code": 128 + signum}
+        print(json.dumps({"error": body}), flush=True)
+    else:
+        print(f"registry {command}: {message}", file=sys.stderr, flush=True)

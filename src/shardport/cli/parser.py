@@ -77,6 +77,12 @@ def _push(add: _Add) -> None:
         help="refuse instead of noting: the inventory must match the architecture exactly, and a check of "
         "a field no loader reads (README: checks noted, not refused) refuses with its error",
     )
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="record a float tensor holding NaN or inf (a norm, an embedding) as a manifest note instead "
+        "of refusing it (exit 5); a quantized weight's float scales and zeros are refused regardless",
+    )
     p.add_argument("--tile-size", type=int, default=1 << 20, help="target tile size in bytes (tile index)")
     p.add_argument("--tile-min", type=int, default=64 << 10, help="smallest tile in bytes (tile index)")
     p.add_argument(
@@ -150,6 +156,11 @@ def _reads(add: _Add) -> None:
     p.add_argument("target")
     p.add_argument(
         "--strict", action="store_true", help="for a checkpoint PATH: refuse what push only notes (see push)"
+    )
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="for a checkpoint PATH: note, not fail, a float tensor holding NaN or inf (as push)",
     )
 
 

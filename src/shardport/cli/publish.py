@@ -13,7 +13,24 @@ from typing import TYPE_CHECKING, Any
 from shardport.registry.errors import UsageError
 
 if TYPE_CHECKING:
+    from shardport.registry.artifact.manifest import Manifest
     from shardport.registry.session import Session
+
+
+def manifest_layers(manifest: Manifest) -> Manifest:
+    """The layers above the registry, computed from the manifest draft (pure; push and convert).
+
+    ``runtime``: the runtime and catalogue admission ran against and the expected kernel per weight
+    class and device class (:func:`shardport.kernels.expectations.runtime_layer`; the draft's
+    ``--kernels-*`` ids steer it); ``topology``: the degrees bring-up can place it at
+    (:func:`shardport.deploy.topology_check.placeable_degrees`).
+    """
+    from shardport.deploy.topology_check import placeable_degrees
+    from shardport.kernels.expectations import runtime_layer
+
+    return manifest.model_copy(
+        update={"runtime": runtime_layer(manifest), "topology": placeable_degrees(manifest)}
+    )
 
 
 def _declare(text: str | None) -> str | None:
@@ -50,11 +67,13 @@ def push(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[A
             reference=args.reference,
             witness=args.witness,
             strict=args.strict,
+            allow_nonfinite=args.allow_nonfinite,
             sign=args.sign,
             tile_target=args.tile_size,
             tile_minimum=args.tile_min,
             kernels_required=_kernel_ids("--kernels-required", args.kernels_required),
             kernels_preferred=_kernel_ids("--kernels-preferred", args.kernels_preferred),
+            layers=manifest_layers,
         )
     return res.to_json(), 0
 
@@ -126,5 +145,6 @@ def convert(session: Session, args: argparse.Namespace, json_mode: bool) -> tupl
             layout=args.layout,
             reporter=rep,
             retries=args.retry,
+            layers=manifest_layers,
         )
     return res.to_json(), 0

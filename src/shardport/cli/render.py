@@ -72,10 +72,16 @@ def _verified(result: Any) -> str:
 def _evidence(result: Any) -> str:
     if "predicate" in result:  # --show: the statement itself
         return json.dumps(result, indent=2, sort_keys=True)
-    lines = [f"{result['manifest']}: {len(result['evidence'])} verified evidence statement(s)"]
-    for e in result["evidence"]:
+    head = f"{result['manifest']}: {len(result['evidence'])} verified evidence statement(s)"
+    if result["evidence"]:
+        newest = "passed" if result["newest"]["passed"] else "failed"
+        head += f" ({result['passed']} passed, {result['failed']} failed; newest {newest})"
+    lines = [head]
+    for e in result["evidence"]:  # oldest first, as created
         signers = ", ".join(e["signers"])
-        lines.append(f"  {e['digest']}  {e['created'] or '-'}  {e['topology'] or ''}  by {signers}")
+        mark = "passed" if e["passed"] is True else "failed"
+        lines.append(f"  {mark:6}  {e['digest']}  {e['created'] or '-'}  {e['topology'] or ''}  by {signers}")
+        lines += [f"          same statement: {d}" for d in e.get("duplicates", [])]
     lines += [f"  FAILED {f['digest']}: {f['type']}: {f['message']}" for f in result["failures"]]
     return "\n".join(lines)
 

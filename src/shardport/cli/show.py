@@ -44,16 +44,21 @@ def verify(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple
     local = Path(args.target)
     if local.exists():
         if local.is_dir():
-            report = verify_dir(session, local, strict=args.strict)
+            report = verify_dir(session, local, strict=args.strict, allow_nonfinite=args.allow_nonfinite)
         else:
-            report = verify_checkpoint(local, strict=args.strict)
+            report = verify_checkpoint(local, strict=args.strict, allow_nonfinite=args.allow_nonfinite)
     else:
         report = verify_ref(session, parse_ref(args.target))
     return report.to_json(), report.exit_code
 
 
 def evidence(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:
-    """Run ``evidence REF [--show DIGEST]``: exit 1 when an attached statement does not verify."""
+    """Run ``evidence REF [--show DIGEST]``.
+
+    Exit 1 when an attached statement does not verify or the newest one records a failed bring-up
+    (:func:`~shardport.registry.evidence.exit_code`); with ``--show``, when the statement shown records
+    a failed bring-up.
+    """
     from shardport.registry import evidence as ev
     from shardport.registry.artifact.refs import parse_ref
     from shardport.registry.trust.resolve import resolve
@@ -61,9 +66,10 @@ def evidence(session: Session, args: argparse.Namespace, json_mode: bool) -> tup
     resolved = resolve(session, parse_ref(args.ref))
     if args.show:
         one = ev.show_evidence(session, resolved.ref.name, resolved.digest, args.show)
-        return {"digest": one.digest, "signers": list(one.signers), "predicate": dict(one.predicate)}, 0
+        doc = {"digest": one.digest, "signers": list(one.signers), "predicate": dict(one.predicate)}
+        return doc, 0 if one.passed else 1
     report = ev.read_evidence(session, resolved.ref.name, resolved.digest)
-    return {"manifest": resolved.digest, **ev.to_json(report)}, 1 if report.failures else 0
+    return {"manifest": resolved.digest, **ev.to_json(report)}, ev.exit_code(report)
 
 
 def decode(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any, int]:

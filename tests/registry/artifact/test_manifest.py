@@ -209,3 +209,25 @@ def test_paths_in_a_manifest_follow_the_path_rules() -> None:
     bad = m.model_copy(update={"files": [m.files[0].model_copy(update={"path": "a\u202etxt"})]})
     with pytest.raises(UnsafePathError, match="U\\+202E"):
         check_manifest(bad, source="manifest X")
+
+
+OLDER = (
+    b'{"container":{"kind":"gguf","profile_version":1,"spec_revision":null,"version":1},'
+    b'"files":[{"digest":"sha256:' + b"a" * 64 + b'","path":"m.gguf","size":10}],'
+    b'"mediaType":"application/vnd.shardport.manifest.v1+json",'
+    b'"model":{"architecture":null,"params":{},"revision":null,"tokenizer_digest":null,"version":1},'
+    b'"notes":[],"packing":{"encoding":null,"layout":null,"layout_version":null,"packer":null,'
+    b'"packer_version":null,"version":1},"producer_witness":null,"provenance":{"converter":null,'
+    b'"converter_version":null,"created_at":null,"parent":null,"source_digest":null,'
+    b'"source_manifest":null,"version":1},"quantization":{"calibration_digest":null,"config_digest":null,'
+    b'"family":"none","producer":null,"producer_version":null,"version":1},"runtime":{"kernels_preferred":[],'
+    b'"kernels_required":[],"name":null,"tested_version":null,"version":1},"schema":{"id":"shardport.manifest",'
+    b'"version":1},"tensors":null,"tile_index":null,"topology":null,"weights":null}'
+)
+"""A manifest as pushed before the layers were filled (no tensor types, catalogue, expected kernels)."""
+
+
+def test_a_manifest_without_the_new_layer_fields_keeps_its_bytes_and_digest() -> None:
+    m = Manifest.from_bytes(OLDER)
+    assert m.to_bytes() == OLDER
+    assert m.runtime.expected_kernels is None and m.quantization.tensor_types is None and m.topology is None
