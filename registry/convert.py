@@ -56,7 +56,7 @@ from shardport.registry.errors import (
 )
 from shardport.registry.layers import encoding_of
 from shardport.registry.progress import Quiet, Reporter
-from shardport.registry.push import LEASE_TIME, PushResult, publish, source_date
+from shardport.registry.push import LEASE_TIME, PushResult, publish, source_date, unchanged_head
 from shardport.registry.session import Session
 from shardport.registry.store.copies import file_identity
 from shardport.registry.store.keys import blob_key
@@ -413,4 +413,6 @@ def convert(
             retries=retries,
             valid_for=valid_for,
             move=True,  # the tiled files are ours: a local store renames them into place, no copy
+            # like push: a re-run (e.g. after a crash) whose tag already points here adds no version
+            unchanged=unchanged_head(session, name, tag, manifest),
         )

@@ -16,11 +16,12 @@ from shardport.provenance.dsse import Envelope
 from shardport.provenance.errors import EnvelopeFormatError
 from shardport.provenance.keys import VerifyingKey
 from shardport.provenance.statement import Statement
+from shardport.registry import _failpoints
 from shardport.registry.artifact.digests import Digest
 from shardport.registry.artifact.hashing import digest_bytes, digest_of_hex, hex_of, is_digest
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.artifact.manifest_check import check_manifest
-from shardport.registry.errors import RegistryError, VerificationError
+from shardport.registry.errors import NotFoundError, RegistryError, VerificationError
 from shardport.registry.results import result_json
 from shardport.registry.session import Session
 from shardport.registry.store.keys import blob_key
@@ -78,15 +79,13 @@ def _mark_manifest(session: Session, name: str, digest: Digest, live: set[str]) 
     live.update(d for child in session.store.listdir(folder) if (d := digest_of_hex(child)) is not None)
 
 
-def gc(session: Session, *, dry_run: bool = False, grace: timedelta = GRACE) -> GcReport:
-    """Collect unreferenced blobs, expired uploads and attachments of collected manifests."""
+def _mark(session: Session, now: datetime, grace: timedelta) -> tuple[set[str], set[str], list[str]]:
+    """(live digests, folders of live leases, expired lease folders): the mark phase of gc."""
     store = session.store
-    now = session.clock()
     live: set[str] = set()
-    report = GcReport(dry_run=dry_run)
-    uploads = list(store.walk("uploads"))
     leased: set[str] = set()  # folders of live leases: everything in them is in use (a push, a convert)
-    for obj in uploads:
+    expired: list[str] = []
+    for obj in store.walk("uploads"):
         if obj.key.endswith("/lease.json"):
             folder = obj.key.rsplit("/", 1)[0]
             try:
@@ -95,11 +94,36 @@ def gc(session: Session, *, dry_run: bool = False, grace: timedelta = GRACE) -> 
                 digests = [d for d in lease["digests"] if is_digest(d)]
             except (ValueError, RecursionError, KeyError, TypeError):
                 expires, digests = obj.mtime + grace, []
+            except NotFoundError:  # the command finished (its lease removed) between walk and read
+                continue
             if expires > now:
                 live.update(digests)
                 leased.add(folder + "/")
             else:
-                report.removed_uploads.append(folder)
+                expired.append(folder)
+    for name in repositories(session):
+        for tag in store.listdir(f"repos/{name}/tags"):
+            for doc_digest, target in _targets(session, name, tag):
+                live.add(doc_digest)
+                if target:
+                    _mark_manifest(session, name, target, live)
+    return live, leased, expired
+
+
+def gc(session: Session, *, dry_run: bool = False, grace: timedelta = GRACE) -> GcReport:
+    """Collect unreferenced blobs, expired uploads and attachments of collected manifests.
+
+    Marks twice: once to choose what to remove, and again (leases and tags re-read) just before
+    removing it, sparing whatever a push, convert or tag made live in between (a push that found a
+    garbage blob already present, and so did not upload it, names it in its lease or its tag).
+    Attachments go before blobs, so a gc killed half-way leaves no link to a removed manifest.
+    """
+    store = session.store
+    now = session.clock()
+    report = GcReport(dry_run=dry_run)
+    uploads = list(store.walk("uploads"))
+    live, leased, expired = _mark(session, now, grace)
+    report.removed_uploads.extend(expired)
     for obj in uploads:
         if (
             not obj.key.endswith("/lease.json")
@@ -107,28 +131,37 @@ def gc(session: Session, *, dry_run: bool = False, grace: timedelta = GRACE) -> 
             and not any(obj.key.startswith(folder) for folder in leased)
         ):
             report.removed_uploads.append(obj.key)
-    for name in repositories(session):
-        for tag in store.listdir(f"repos/{name}/tags"):
-            for doc_digest, target in _targets(session, name, tag):
-                live.add(doc_digest)
-                if target:
-                    _mark_manifest(session, name, target, live)
+    sizes: dict[str, int] = {}
     for obj in store.walk("blobs/sha256"):
         digest = digest_of_hex(obj.key.rsplit("/", 1)[-1])
         if digest is None or digest in live or obj.mtime > now - grace:  # None: not a blob, not ours
             report.kept_blobs += 1
             continue
-        report.removed_blobs.append(digest)
-        report.removed_bytes += obj.size
-    for name in repositories(session):
-        for child in store.listdir(f"repos/{name}/referrers"):
-            if digest_of_hex(child) not in live:
-                report.removed_referrers.append(f"repos/{name}/referrers/{child}")
+        sizes[digest] = obj.size
+    referrers = [
+        (f"repos/{name}/referrers/{child}", digest_of_hex(child))
+        for name in repositories(session)
+        for child in store.listdir(f"repos/{name}/referrers")
+        if digest_of_hex(child) not in live
+    ]
     if not dry_run:
-        for digest in report.removed_blobs:
-            store.delete(blob_key(digest))
+        _failpoints.hit("gc-marked")
+        again, leased_now, _ = _mark(session, now, grace)
+        report.kept_blobs += len(sizes.keys() & again)
+        sizes = {d: n for d, n in sizes.items() if d not in again}
+        referrers = [(key, d) for key, d in referrers if d is None or d not in again]
+        report.removed_uploads = [
+            k for k in report.removed_uploads if not any(k.startswith(f) for f in leased_now)
+        ]
+    report.removed_blobs = list(sizes)
+    report.removed_bytes = sum(sizes.values())
+    report.removed_referrers = [key for key, _ in referrers]
+    if not dry_run:
         for key in report.removed_referrers:
             store.delete_tree(key)
+        for digest in report.removed_blobs:
+            store.delete(blob_key(digest))
+            _failpoints.hit("gc-blob-removed")
         for key in report.removed_uploads:
             store.delete_tree(key)
     return report
@@ -220,9 +253,12 @@ def _check_referrers(
         if manifest is None:
             report.bad_referrers.append(f"{name}: {folder}/{child}: not named by a manifest digest")
             continue
+        links = store.listdir(f"{folder}/{child}")
+        if not links:  # an empty folder: nothing attached (SeaweedFS lists the folders deletes leave)
+            continue
         if manifest not in present:
             report.dangling.append(f"{name}: attachments of manifest {manifest}, which is missing")
-        for link in store.listdir(f"{folder}/{child}"):
+        for link in links:
             report.referrers += 1
             where = f"{name}: attachment sha256:{link} of {manifest}"
             blob = digest_of_hex(link)

@@ -139,7 +139,7 @@ def build_manifest(
     )
 
 
-def _unchanged_head(session: Session, name: str, tag: str, manifest: Manifest) -> bool:
+def unchanged_head(session: Session, name: str, tag: str, manifest: Manifest) -> bool:
     """Whether the tag already points at exactly this manifest (an idempotent re-push)."""
     entries = history(session, name, tag)
     return bool(entries) and entries[-1].doc.target == manifest.digest()
@@ -206,7 +206,7 @@ def push(
     if producer is not None:
         manifest = manifest.model_copy(update={"producer_witness": producer[1]})
     manifest = _with_kernels(manifest, kernels_required, kernels_preferred, layers)
-    unchanged = _unchanged_head(session, name, tag, manifest)
+    unchanged = unchanged_head(session, name, tag, manifest)
     manifest_digest = manifest.digest()
 
     bundle = _sigstore_bundle(sign, name, manifest_digest)

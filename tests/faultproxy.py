@@ -9,6 +9,9 @@ One request per connection (every answer says ``Connection: close``). A seeded R
 - ``error``: HTTP 500 with S3's XML error body (``InternalError``);
 - ``flip``: the real answer, complete, with one byte of the body flipped (a lie retries must not hide).
 
+Requests with a body (PUTs, multipart parts) work too: an ``Expect: 100-continue`` is answered by the
+proxy itself, so a fault can also hit a write (after the upstream applied it, for ``truncate``).
+
 ``per_request`` caps the faults injected into one request (the same path and ``Range``), so that a
 transient fault stays transient: a client trying more times than that always gets through.
 
@@ -145,6 +148,12 @@ class FaultProxy:
                     (int(h.split(b":", 1)[1]) for h in lines[1:] if h.lower().startswith(b"content-length:")),
                     0,
                 )
+                if any(h.lower().replace(b" ", b"") == b"expect:100-continue" for h in lines[1:]):
+                    # the client sends the body only after "100 Continue" (botocore's PUTs): say it here,
+                    # and forward the request without the expectation
+                    conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    lines = [h for h in lines if not h.lower().startswith(b"expect:")]
+                    head = b"\r\n".join(lines)
                 while len(rest) < length:
                     chunk = conn.recv(65536)
                     if not chunk:

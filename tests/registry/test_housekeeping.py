@@ -153,3 +153,14 @@ def test_malformed_digests_in_leases_and_client_state(pushed: tuple[Cli, Session
     session.state.path.write_text(json.dumps(state))
     with pytest.raises(StateFileError, match=r"client state .*a/m:t.*'sha256:\.\./\.\./x'"):
         session.state.get("a/m", "t")
+
+
+def test_an_empty_attachment_folder_is_not_dangling(pushed: tuple[Cli, Session, str], tmp_path: Path) -> None:
+    """SeaweedFS keeps listing, for a while, the folder gc's delete left; it attaches nothing."""
+    _, session, _ = pushed
+    assert session.store.local_root is not None
+    missing = "0" * 64
+    (session.store.local_root / "repos/a/m/referrers" / missing).mkdir(parents=True)
+    assert fsck(session).ok, fsck(session)
+    session.store.put(f"repos/a/m/referrers/{missing}/{'1' * 64}", b"{}")  # a link in it: reported
+    assert any(f"sha256:{missing}, which is missing" in d for d in fsck(session).dangling)
