@@ -143,6 +143,18 @@ def check_degrees(manifest: Manifest, tp: int, ep: int, pp: int) -> None:
         if p is not None
     ]
     if problems:
+        reason = _plan_reason(manifest, Topology(tp=tp, ep=ep, pp=pp))
         raise GraphLayoutError(
-            "; ".join(problems) + " (the manifest's topology layer, computed at push; pick a listed degree)"
+            "; ".join(problems)
+            + " (the manifest's topology layer, computed at push; pick a listed degree)"
+            + (f": {reason}" if reason else "")
         )
+
+
+def _plan_reason(manifest: Manifest, topology: Topology) -> str | None:
+    """Why the placement plan refuses ``topology`` (which weight, which cut), where it does."""
+    try:
+        plan(manifest, topology, ranks=[0])
+    except ShardportError as exc:
+        return str(exc)
+    return None

@@ -19,14 +19,13 @@ from bringup_artifacts import HIDDEN, MOE_INTER, gguf_mixtral
 from llama_artifacts import cli, ok
 
 from shardport.deploy.contract import check_inventory, contract_of
-from shardport.deploy.errors import UnsupportedModelError
+from shardport.deploy.errors import GraphLayoutError, UnsupportedModelError
 from shardport.deploy.rank_experts import expert_name, expert_weight, split_experts
 from shardport.deploy.rank_ops import policy_of, prepare_ops, run_ladders
 from shardport.deploy.ray_ranks import run_in_process
 from shardport.deploy.up import UpRequest, bring_up, ray_launcher
 from shardport.loader import load_rank
 from shardport.placement import Topology
-from shardport.placement.errors import UnsplittableError
 from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.contracts.decode import decode_weight
 from shardport.registry.evidence import read_evidence
@@ -158,7 +157,8 @@ def test_a_k_quant_expert_split_inside_its_superblock_is_refused_at_plan_time(
 ) -> None:
     store, _ = _push(home, gguf_mixtral(tmp_path / "moe"), "llama/gmoe:v1")
     request = UpRequest(ref="llama/gmoe:v1", tokens=PROMPT, tp=2, ep=2, store=store)
-    with pytest.raises(UnsplittableError) as caught:  # before any rank starts
+    refused = r"--tp 2: the artifact can be placed at tp in \[1\]"  # the topology layer, before any rank
+    with pytest.raises(GraphLayoutError, match=refused) as caught:
         bring_up(Session.open(store), request, launcher=run_in_process)
     message = str(caught.value)
     assert "blk.0.ffn_down_exps.weight" in message and "K=256" in message and "Q4_K" in message

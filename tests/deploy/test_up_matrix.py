@@ -49,9 +49,9 @@ import pytest
 from bringup_artifacts import gguf_mix, gguf_tiny, gptq_mixtral, quantized_llama
 from llama_artifacts import ok
 
+from shardport.deploy.errors import GraphLayoutError
 from shardport.deploy.ray_ranks import run_in_process
 from shardport.deploy.up import UpRequest, UpResult, bring_up, ray_launcher
-from shardport.placement.errors import UnsplittableError
 from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.evidence import read_evidence
 from shardport.registry.session import Session
@@ -275,9 +275,10 @@ def test_gptq_partial_group_refusals(pushed: Pusher) -> None:
     session = Session.open(store)
     for tp in (3, 4):
         request = UpRequest(ref="wide/gptq:g128", tokens=PROMPT, tp=tp, store=store)
-        with pytest.raises(
-            UnsplittableError,
-            match=rf"K=576 holds 2 whole unit\(s\) of 384 .*tp={tp} ranks cannot each get one",
+        with pytest.raises(  # the topology layer refuses it, naming the plan's reason
+            GraphLayoutError,
+            match=rf"--tp {tp}: the artifact can be placed at tp in .*K=576 holds 2 whole unit\(s\) of 384 "
+            rf".*tp={tp} ranks cannot each get one",
         ):
             bring_up(session, request, launcher=run_in_process)
 
