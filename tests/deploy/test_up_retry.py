@@ -204,21 +204,31 @@ def test_a_stopped_rank_is_lost_after_its_stage_timeout(home: Path, tmp_path: Pa
     killer.assert_no_process_left()  # a stopped process is killed all the same
 
 
-def test_a_tampered_tile_is_not_retried(home: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("when", ["before the bring-up", "between plan and fetch"])
+def test_a_tampered_tile_is_not_retried(home: Path, tmp_path: Path, when: str) -> None:
+    """A tile flipped in the store, before the bring-up or after the driver planned (its launcher called)
+    and before the rank fetched: the rank names itself and the tensor, nothing is relaunched or stored."""
     store = _push(home, tmp_path, gguf_tiny(tmp_path / "gguf"), "llama/gguf:v1")
     session = Session.open(store)
     negative = UpRequest(ref="llama/gguf:v1", tokens=PROMPT, store=store, retries=-1)
     with pytest.raises(UsageError, match=r"--retries -1: expected 0 or more"):
         bring_up(session, negative, launcher=run_in_process)
-    manifest = resolve(session, parse_ref("llama/gguf:v1")).manifest
-    entry = next(t for t in manifest.tensors or [] if t.name == "blk.1.ffn_up.weight")
-    blob = next(f.digest for f in manifest.files if f.path == entry.file)
-    data = bytearray(session.store.read(blob_key(blob)))
-    data[entry.start + 5] ^= 0x10
-    session.store.put(blob_key(blob), bytes(data))
+    resolved = resolve(session, parse_ref("llama/gguf:v1"))
+    entry = next(t for t in resolved.manifest.tensors or [] if t.name == "blk.1.ffn_up.weight")
+    blob = next(f.digest for f in resolved.manifest.files if f.path == entry.file)
+
+    def tamper() -> None:
+        data = bytearray(session.store.read(blob_key(blob)))
+        data[entry.start + 5] ^= 0x10
+        session.store.put(blob_key(blob), bytes(data))
+
+    if when == "before the bring-up":
+        tamper()
     launches: list[int] = []
 
     def counted(specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+        if when == "between plan and fetch":
+            tamper()
         launches.append(len(specs))
         return run_in_process(specs)
 
@@ -226,7 +236,9 @@ def test_a_tampered_tile_is_not_retried(home: Path, tmp_path: Path) -> None:
     with pytest.raises(RankFailedError) as caught:
         bring_up(session, request, launcher=counted)
     assert caught.value.kind == "TileDigestMismatchError" and "blk.1.ffn_up.weight" in str(caught.value)
+    assert caught.value.exit_code == 1 and "rank 0" in str(caught.value)
     assert launches == [1]  # aborted at once with the rank's reason, never relaunched
+    assert not read_evidence(session, "llama/gguf", resolved.digest).verified  # nothing stored
 
 
 def test_retries_on_the_command_line() -> None:
