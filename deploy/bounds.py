@@ -29,7 +29,17 @@ from shardport.registry.errors import UsageError
 from .errors import GraphLayoutError
 
 DEFAULT_CONTEXT = 2048
-"""The context length assumed when the manifest states none (transformers' ``LlamaConfig`` default)."""
+"""The context length assumed when the manifest states none and its architecture has no default below
+(transformers' ``LlamaConfig`` default)."""
+ARCHITECTURE_CONTEXT = {
+    "LlamaForCausalLM": 2048,
+    "MistralForCausalLM": 4096 * 32,
+    "MixtralForCausalLM": 4096 * 32,
+    "Qwen2ForCausalLM": 32768,
+    "Qwen2MoeForCausalLM": 32768,
+}
+"""transformers' configs' ``max_position_embeddings`` defaults: what a checkpoint whose config omits the
+key means (a Mistral config without it runs 131,072 positions, not Llama's 2,048)."""
 PROMPT_BYTES_PER_TOKEN = 32
 """A text prompt may hold at most this many UTF-8 bytes per token of context (checked before the
 tokenizer runs: no vocabulary's tokens are that long in practice, so no prompt that fits is refused)."""
@@ -49,8 +59,11 @@ def _positive_int(value: object) -> int | None:
     return value
 
 
-def context_of(params: Mapping[str, Any]) -> Context:
-    """The context length the manifest's model parameters state, else :data:`DEFAULT_CONTEXT`."""
+def context_of(params: Mapping[str, Any], architecture: str | None = None) -> Context:
+    """The context length the model's parameters state, else its architecture's default, else 2048.
+
+    The defaults: :data:`ARCHITECTURE_CONTEXT`, then :data:`DEFAULT_CONTEXT`.
+    """
     stated = _positive_int(params.get("max_position_embeddings"))
     if stated is not None:
         return Context(stated, "max_position_embeddings")
@@ -59,12 +72,17 @@ def context_of(params: Mapping[str, Any]) -> Context:
             stated = _positive_int(params[key])
             if stated is not None:
                 return Context(stated, key)
+    if architecture in ARCHITECTURE_CONTEXT:
+        return Context(
+            ARCHITECTURE_CONTEXT[architecture],
+            f"{architecture}'s default (the manifest states no context length)",
+        )
     return Context(DEFAULT_CONTEXT, "the default (the manifest states no context length)")
 
 
 def context_length(manifest: Manifest) -> Context:
-    """:func:`context_of` the manifest's ``model.params``."""
-    return context_of(manifest.model.params)
+    """:func:`context_of` the manifest's ``model.params`` and architecture."""
+    return context_of(manifest.model.params, manifest.model.architecture)
 
 
 def check_world(contract: GraphContract, tp: int, ep: int, pp: int) -> None:

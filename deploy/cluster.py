@@ -224,7 +224,8 @@ def connect(
     try:
         env: dict[str, str | None] = {}
         if not ray.is_initialized() and address is None:
-            env = embedded_auth_env(folder)
+            # RAY_ADDRESS would make ray.init join that cluster instead of starting the embedded head
+            env = {**embedded_auth_env(folder), "RAY_ADDRESS": None}
         with _environment(env):
             if not ray.is_initialized():
                 _start(ray, address, world, folder, connect_timeout, verbose)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import glob
 import os
 
+import shardport
+from shardport.kernels.catalog import CATALOG_IDS
 from shardport.registry.artifact.manifest import Manifest
 
 from .errors import UnsupportedModelError
@@ -34,10 +36,24 @@ def embedded_device_class(activations: str, *, gpu: bool) -> str | None:
     return "cpu/bfloat16" if activations == "bfloat16" else "cpu/float32"
 
 
+def pinned_here(manifest: Manifest) -> bool:
+    """Whether the manifest's push-time layers were computed by this shardport with this catalogue.
+
+    Pins and degrees from another version (a kernel added since, a planner relaxed) are not held
+    against a request: the ranks' own dispatch and the plan-time checks decide then.
+    """
+    runtime = manifest.runtime
+    return (
+        runtime.name == "shardport"
+        and runtime.tested_version == shardport.__version__
+        and runtime.catalogue == list(CATALOG_IDS)
+    )
+
+
 def check_runnable(manifest: Manifest, device_class: str | None, fallback: str) -> None:
     """Refuse (:class:`UnsupportedModelError`, exit 5) weights no kernel admits on ``device_class``."""
     pins = manifest.runtime.expected_kernels
-    if device_class is None or not pins or fallback == "allow":
+    if device_class is None or not pins or fallback == "allow" or not pinned_here(manifest):
         return
     missing = [p for p in pins if p.device == device_class and p.kernel is None]
     if not missing:

@@ -25,6 +25,7 @@ from shardport.registry.contracts.graph import GraphContract
 from .contract import check_inventory, contract_of
 from .errors import GraphLayoutError
 from .plan_layout import layout_from_plan
+from .runnable import pinned_here
 
 TP_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 """The tensor-parallel degrees tried (the tile cuts' sizes and the usual powers of two)."""
@@ -130,12 +131,13 @@ def _listed(axis: str, want: int, valid: Sequence[int]) -> str | None:
 def check_degrees(manifest: Manifest, tp: int, ep: int, pp: int) -> None:
     """Refuse (:class:`GraphLayoutError`, exit 5) a degree the manifest's ``topology`` does not list.
 
-    A manifest without a topology layer (pushed before it was recorded) is not checked here, nor a
+    A manifest without a topology layer (pushed before it was recorded) or whose layers another shardport
+    version computed (:func:`.runnable.pinned_here`) is not checked here, nor a
     degree push did not try (tp outside :data:`TP_CANDIDATES`, ep or pp over :data:`MAX_DEGREE`): the
     world-size bounds and the plan-time checks decide those.
     """
     hints = manifest.topology
-    if hints is None:
+    if hints is None or not pinned_here(manifest):  # another version's planner may have said otherwise
         return
     problems = [
         p

@@ -80,7 +80,7 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path``, or None when it is missing, unreadable or not an object."""
     try:
         doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than Python parses
         return None
     return doc if isinstance(doc, dict) else None
 

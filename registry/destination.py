@@ -32,11 +32,17 @@ from shardport.registry.home import home as shardport_home
 
 
 def canonical(dest: Path) -> Path:
-    """``dest`` made absolute, its parent folders resolved (DEST itself, if a link, is not followed)."""
+    """``dest`` made absolute, its parent folders resolved (DEST itself, if a link, is not followed).
+
+    A link loop on the way (or a path the system cannot resolve) is a :class:`UsageError` naming it.
+    """
     absolute = dest.absolute()
-    if absolute.name in ("", ".", ".."):
-        return absolute.resolve()
-    return absolute.parent.resolve() / absolute.name
+    try:
+        if absolute.name in ("", ".", ".."):
+            return absolute.resolve()
+        return absolute.parent.resolve() / absolute.name
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symbolic link loop (Python < 3.13)
+        raise UsageError(f"{dest}: cannot resolve the path ({exc}); name one without a link loop") from exc
 
 
 def _relation(where: Path, other: Path) -> str | None:
@@ -92,7 +98,7 @@ def _listed(where: Path) -> set[str] | None:
             return None
         doc = json.loads((meta / "manifest.json").read_bytes())
         paths = {f["path"] for f in doc["files"]}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     if not all(isinstance(p, str) for p in paths):
         return None

@@ -367,7 +367,7 @@ def verify_dir(
     try:
         raw = (meta / "manifest.json").read_bytes()
         ref = json.loads((meta / "ref.json").read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise UsageError(
             f"{folder}: no shardport metadata ({METADATA_DIR}/manifest.json, ref.json); "
             "verify takes a folder written by `registry pull` or a stored reference"

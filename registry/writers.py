@@ -182,11 +182,15 @@ class StagedFiles:
         """
         self._durable = durable
         self._created = not os.path.lexists(folder)
+        if durable and self._created:  # an output file's folder was checked to exist: never made here
+            raise UsageError(f"{folder}: the folder is gone (it existed when the destination was checked)")
         try:
             folder.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except (FileExistsError, NotADirectoryError) as exc:
             raise UsageError(f"{folder}: exists and is not a folder") from exc
+        except OSError as exc:  # permissions, a read-only or full file system
+            raise UsageError(f"{folder}: cannot write files there ({exc.strerror or exc})") from exc
         self.folder = folder
         self._published = False
         self._staged: dict[str, tuple[str, int, int]] = {}  # final name -> (temp name, dev, inode)
@@ -241,6 +245,9 @@ class StagedFiles:
         except FileExistsError:  # not ours (a fresh random name: practically never)
             del self._staged[name]
             raise
+        except OSError as exc:  # no permission, a read-only or full file system
+            del self._staged[name]
+            raise UsageError(f"{self.folder / name}: cannot create it ({exc.strerror or exc})") from exc
         try:
             st = os.fstat(fd)
             self._staged[name] = (temp, st.st_dev, st.st_ino)
@@ -250,6 +257,8 @@ class StagedFiles:
                     view = view[os.write(fd, view) :]
             if self._durable:
                 os.fsync(fd)
+        except OSError as exc:  # a full disk, a quota, an I/O error: the staged file goes in discard()
+            raise UsageError(f"{self.folder / name}: could not write it ({exc.strerror or exc})") from exc
         finally:
             os.close(fd)
 
@@ -354,7 +363,10 @@ class StagedFiles:
             if exchanged:
                 self._unlink(temp)  # the replaced old file
         if self._durable:
-            os.fsync(self._fd)  # the renames themselves
+            try:
+                os.fsync(self._fd)  # the renames themselves
+            except OSError as exc:
+                raise UsageError(f"{self.folder}: could not flush it ({exc.strerror or exc})") from exc
         return [self.folder / name for name in names]
 
     def _roll_back(self, done: list[tuple[str, bool]]) -> None:
@@ -388,7 +400,8 @@ def write_file(path: Path, data: bytes, *, durable: bool = False) -> None:
     A reader sees the old file or the new one, never a part; a symbolic link at ``path`` is refused, not
     followed. Used for shardport's own small files (client state, trust policy).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not durable:  # shardport's own files: their folder is made; a user's output file's never is
+        path.parent.mkdir(parents=True, exist_ok=True)
     with StagedFiles(path.parent, durable=durable) as staged:
         staged.write_bytes(path.name, data)
         staged.publish()

@@ -74,3 +74,18 @@ def test_registry_up_refuses_an_unlisted_degree_before_anything_starts(home: Pat
     session = Session.open(store)
     with pytest.raises(GraphLayoutError, match=r"the artifact can be placed at tp in \["):
         admit(session, UpRequest(ref="llama/gguf:v1", tokens=(1, 2), tp=6, store=store))
+
+
+def test_layers_another_shardport_version_computed_are_not_held_against_a_request(manifest: Manifest) -> None:
+    from shardport.deploy.runnable import pinned_here
+
+    assert pinned_here(manifest)
+    older = manifest.model_copy(
+        update={"runtime": manifest.runtime.model_copy(update={"tested_version": "0.0.1"})}
+    )
+    assert not pinned_here(older)
+    check_degrees(older, tp=4, ep=1, pp=1)  # the plan-time checks decide instead
+    fewer = manifest.model_copy(
+        update={"runtime": manifest.runtime.model_copy(update={"catalogue": manifest.runtime.catalogue[:-1]})}
+    )
+    check_degrees(fewer, tp=4, ep=1, pp=1)

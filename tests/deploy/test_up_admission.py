@@ -157,6 +157,16 @@ def test_the_context_comes_from_the_manifest() -> None:
     assert context_of({}).tokens == DEFAULT_CONTEXT == 2048 and "states no context" in context_of({}).source
     assert context_of({"max_position_embeddings": 0}).tokens == DEFAULT_CONTEXT  # not a usable bound
     assert PROMPT_BYTES_PER_TOKEN * DEFAULT_CONTEXT == 65536
+    # a config without the key means its architecture's default, as transformers reads it
+    assert (
+        context_of({}, "MistralForCausalLM").tokens == 131072
+        and "Mistral" in context_of({}, "MistralForCausalLM").source
+    )
+    assert context_of({}, "Qwen2ForCausalLM").tokens == 32768
+    assert (
+        context_of({}, "LlamaForCausalLM").tokens == context_of({}, "SomethingElse").tokens == DEFAULT_CONTEXT
+    )
+    assert context_of({"max_position_embeddings": 4096}, "MistralForCausalLM").tokens == 4096
 
 
 def test_a_gguf_context_length_bounds_the_sequence(home: Path, tmp_path: Path) -> None:

@@ -49,3 +49,13 @@ def test_a_failure_names_the_failed_rows() -> None:
 def test_without_evidence_or_report_it_says_so() -> None:
     line = verdict_line(_result(evidence=None, report=None))
     assert line.endswith("— no evidence stored")
+
+
+def test_timeouts_beyond_a_week_are_refused_by_the_parser(capsys: Any) -> None:
+    from shardport.cli import main
+    from shardport.cli.parser import build_parser
+
+    for flag in ("--connect-timeout", "--stage-timeout"):
+        assert main(["--json", "up", "m:v1", "--tokens", "1", flag, "1e12"]) == 2
+        assert "at most 604800" in capsys.readouterr().out
+        assert build_parser().parse_args(["up", "m:v1", "--tokens", "1", flag, "3600"])

@@ -82,3 +82,9 @@ def test_the_store_and_shardports_home_are_refused(tmp_path: Path, home: Path) -
         _check(tmp_path / "via" / "x", store)
     with pytest.raises(UsageError, match="is inside shardport's home folder"):
         _check(home / "report.html")
+
+
+def test_a_link_loop_on_the_way_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(UsageError, match=r"cannot resolve the path"):
+        _check(tmp_path / "loop" / "logits.safetensors")

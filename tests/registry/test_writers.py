@@ -116,3 +116,41 @@ def test_read_back_names_the_first_difference(tmp_path: Path) -> None:
     with open(path, "r+b") as f:
         f.truncate(len(header) + 5)
     assert _first_difference(str(path), header, data) == f"the file's size {len(header) + 5}"
+
+
+def test_a_write_the_file_system_refuses_is_a_usage_error_and_leaves_nothing(tmp_path: Path) -> None:
+    """A full disk or a quota (here: RLIMIT_FSIZE, which root cannot bypass) during a durable write."""
+    import subprocess
+    import sys
+    import textwrap
+
+    child = textwrap.dedent(
+        f"""
+        import resource, signal
+        from pathlib import Path
+        from shardport.registry.errors import UsageError
+        from shardport.registry.writers import write_file
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a signal
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+        try:
+            write_file(Path({str(tmp_path / "out.bin")!r}), b"x" * 5000, durable=True)
+        except UsageError as exc:
+            print("refused:", exc)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "refused:" in done.stdout and "out.bin: could not write it (File too large)" in done.stdout
+    assert os.listdir(tmp_path) == []  # no staged part left, nothing published
+
+
+def test_a_durable_write_never_makes_its_folder(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    with pytest.raises(UsageError, match=r"the folder is gone"):
+        StagedFiles(gone, durable=True)
+    assert not gone.exists()
+    from shardport.registry.writers import write_file
+
+    with pytest.raises(UsageError, match=r"the folder is gone"):
+        write_file(gone / "report.html", b"<html>", durable=True)
+    assert not gone.exists()

@@ -30,13 +30,19 @@ def _tokens(text: str) -> tuple[int, ...]:
     return out
 
 
+MAX_SECONDS = 7 * 24 * 3600.0
+"""The longest ``--connect-timeout``/``--stage-timeout`` taken."""
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, found {text!r}") from exc
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, found {text!r}")
+    if not 0 < value <= MAX_SECONDS:  # the socket and Ray's waits take milliseconds in a C int
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds above 0 and at most {MAX_SECONDS:g} (7 days), found {text!r}"
+        )
     return value
 
 
