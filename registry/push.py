@@ -47,6 +47,7 @@ from shardport.registry.trust.tags import format_time
 
 if TYPE_CHECKING:
     from shardport.registry.artifact.digests import Digest
+    from shardport.registry.store.protocol import Store
 
 LEASE_TIME = timedelta(hours=6)
 WORKERS = 4
@@ -225,6 +226,27 @@ def push(
     )
 
 
+def _restore_reused(
+    store: Store,
+    files: list[tuple[Path, FileEntry, tuple[int, int, int, int] | None]],
+    present: list[bool],
+    blobs: list[bytes],
+) -> None:
+    """Once tagged (the lease still held), upload again any reused blob a concurrent gc removed.
+
+    A blob found present was not uploaded; a gc that marked before this push's lease existed may have
+    deleted it since. Checked again now, each missing one is uploaded from the source (or from memory),
+    so the new tag never points at a missing blob (:mod:`.housekeeping` marks again between batches).
+    A reused blob's source was not moved (only missing ones are), so it is still there to upload.
+    """
+    for (path, entry, ident), had in zip(files, present, strict=True):
+        if had and not store.has_blob(entry.digest):
+            store.upload_blob(path, entry.digest, None, identity=ident, move=False)
+    for blob in blobs:
+        if not store.has_blob(digest_bytes(blob)):
+            store.put_blob(blob)
+
+
 def _sigstore_bundle(sign: str, name: str, manifest_digest: str) -> Any:
     """With ``--sign sigstore``, the keyless bundle, made before anything is written (needs the network)."""
     if sign != "sigstore":
@@ -345,6 +367,7 @@ def publish(
             tag_entry = history(session, name, tag)[-1]
         else:
             tag_entry = move_tag(session, name, tag, manifest_digest, retries=retries, valid_for=valid_for)
+        _restore_reused(store, files, present, [manifest_bytes, *extra_blobs])
     finally:
         store.delete_tree(lease_dir)
     return PushResult(

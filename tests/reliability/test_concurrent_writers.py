@@ -93,3 +93,49 @@ def test_gc_paused_between_mark_and_sweep_spares_what_a_push_reused(
     report = fsck(store)
     assert report["ok"], report
     assert ok(store, "pull", "race/m:v", tmp_path / "out")["digest"] == pushed["digest"]
+
+
+def test_a_push_restores_reused_blobs_a_gc_removed_before_it_tagged(tmp_path: Path, home: Path) -> None:
+    """The window gc's marks cannot see: a gc that marked before this push's lease existed deletes the
+    garbage blobs the push found present, before the push tags. The push checks again once tagged (its
+    lease still held) and uploads what is gone, so its tag never points at a missing blob."""
+    import signal
+    import subprocess
+
+    from crashes import argv, fsck, run
+    from support import make_checkpoint
+
+    from shardport.registry.session import Session
+    from shardport.registry.store.keys import blob_key
+
+    store = str(tmp_path / "store")
+    ok(store, "keygen")
+    src = make_checkpoint(tmp_path / "ck", seed=4)
+    code, _ = run(store, "push", src, "race/r:v", env={"SHARDPORT_FAILPOINT": "signature-written"})
+    assert code == -signal.SIGKILL
+    session = Session.open(store)
+    for folder in session.store.listdir("uploads"):  # its lease expired: its blobs are garbage now
+        session.store.delete_tree(f"uploads/{folder}")
+    resume = tmp_path / "resume"
+    env = {"SHARDPORT_FAILPOINT": "manifest-written:pause", "SHARDPORT_FAILPOINT_RESUME": str(resume)}
+    push = subprocess.Popen(
+        argv(store, "push", src, "race/r:v"), stdout=subprocess.PIPE, text=True, env={**os.environ, **env}
+    )
+    try:
+        for _ in range(3000):
+            if Path(f"{resume}.paused").exists() or push.poll() is not None:
+                break
+            time.sleep(0.01)
+        assert push.poll() is None, "the push did not pause at manifest-written"
+        reused = [f"sha256:{o.key.rsplit('/', 1)[-1]}" for o in session.store.walk("blobs/sha256")]
+        for digest in reused:  # what a gc that marked before the lease would sweep (the manifest too)
+            session.store.delete(blob_key(digest))
+    finally:
+        resume.touch()
+        out, _ = push.communicate(timeout=120)
+    assert push.returncode == 0, out
+    pushed = json.loads(out)
+    assert pushed["uploaded_bytes"] == 0, pushed  # everything was found present before the sweep
+    assert all(session.store.has_blob(d) for d in reused)  # the file blobs and the manifest are back
+    report = fsck(store)
+    assert report["ok"], report
