@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from safetensors.numpy import load_file
 from shardport.cli import main
 from shardport.deploy.contract import check_inventory, contract_of
 from shardport.deploy.errors import RankFailedError, RankLostError, UnsupportedModelError
+from shardport.deploy.rank import RankSpec
 from shardport.deploy.ray_ranks import run_in_process
 from shardport.deploy.up import UpRequest, bring_up, ray_launcher, specs_for
 from shardport.registry.artifact.refs import parse_ref
@@ -315,9 +317,13 @@ def test_activations_flag_refuses_an_unknown_dtype(home: Path, tmp_path: Path) -
 
 
 def test_forbid_refuses_listing_every_candidates_reason(home: Path, tmp_path: Path) -> None:
+    """Pushed by the library without the runtime layer: the rank's dispatch refuses, with every reason."""
     from shardport.kernels import default_catalog
+    from shardport.registry.push import push
 
-    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq2", bits=2), "llama/gptq2:v1")
+    store = str(tmp_path / "store")
+    ok(store, "keygen")
+    push(Session.open(store), gptq_tiny(tmp_path / "gptq2", bits=2), "llama/gptq2", "v1")
     request = UpRequest(ref="llama/gptq2:v1", tokens=PROMPT, fallback="forbid", store=store)
     with pytest.raises(RankFailedError) as caught:
         bring_up(Session.open(store), request, launcher=run_in_process)
@@ -327,6 +333,26 @@ def test_forbid_refuses_listing_every_candidates_reason(home: Path, tmp_path: Pa
     for kernel in default_catalog():  # every candidate's reason, the policy's refusals included
         assert kernel.capability.id in message, kernel.capability.id
     assert "policy" in message
+
+
+def test_a_model_no_kernel_admits_is_refused_before_anything_starts(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pushed by the CLI, the manifest pins no kernel for 2-bit codes on the CPU: refused at once."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU ranks, whatever this host has
+    store = _push(home, tmp_path, gptq_tiny(tmp_path / "gptq2", bits=2), "llama/gptq2:v1")
+    launched: list[int] = []
+
+    def never(specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+        launched.append(len(specs))
+        return run_in_process(specs)
+
+    for fallback in ("forbid", "warn"):
+        request = UpRequest(ref="llama/gptq2:v1", tokens=PROMPT, fallback=fallback, store=store)  # type: ignore[arg-type]
+        refused = r"no kernel of this shardport admits .* on cpu/float32"
+        with pytest.raises(UnsupportedModelError, match=refused):
+            bring_up(Session.open(store), request, launcher=never)
+    assert launched == []
 
 
 def test_rollback_then_up_brings_up_the_older_pinned_manifest(home: Path, tmp_path: Path) -> None:
