@@ -98,12 +98,32 @@ def _affine_bounds(
         decoded = round_to_format(decoded, contract.scales.format)
         bound = bound + eps * np.abs(decoded.astype(np.float64))
     low, high = encoding_value_range(contract.codes.encoding)
-    low_edge, high_edge = terms.q == low, terms.q == high
-    if terms.columns is not None:
-        decoded, bound, step = decoded[:, terms.columns], bound[:, terms.columns], step[:, terms.columns]
-        low_edge, high_edge = low_edge[:, terms.columns], high_edge[:, terms.columns]
-    unit = contract.scales.group_size
-    return Bounds(decoded.astype(np.float32, copy=False), bound, step, low_edge, high_edge, unit)
+    b = Bounds(
+        decoded.astype(np.float32, copy=False),
+        bound,
+        step,
+        terms.q == low,
+        terms.q == high,
+        contract.scales.group_size,
+    )
+    if terms.columns is not None and isinstance(contract.permutation, PermutationPlane):
+        return _in_logical_order(b, terms.columns, contract.permutation.direction, decoded=True)
+    return b
+
+
+def _in_logical_order(b: Bounds, order: npt.NDArray[np.int64], direction: str, *, decoded: bool) -> Bounds:
+    """``b``'s stored-order columns in logical order, as the decoder puts them (:func:`.to_logical`).
+
+    ``decoded``: whether ``b.decoded`` is in stored order too (else the decoder made it, logical).
+    """
+    return Bounds(
+        to_logical(b.decoded, order, direction) if decoded else b.decoded,
+        to_logical(b.bound, order, direction),
+        to_logical(b.step, order, direction),
+        to_logical(b.low_edge, order, direction),
+        to_logical(b.high_edge, order, direction),
+        b.unit,
+    )
 
 
 #: Half the larger gap beside each E2M1 code's level (|level| 0, 0.5, 1, 1.5, 2, 3, 4, 6; sign bit 3).
@@ -135,13 +155,11 @@ def _mx_bounds(
     decoded = decode_weight(weight, planes, rows)
     if contract.decode_law == "mx_round_bf16":
         bound = bound + FORMAT_EPS["bfloat16"] * np.abs(decoded.astype(np.float64))
-    low, high = q == 0xF, q == 0x7  # -6 and +6: the ends of the range
+    b = Bounds(decoded, bound, step, q == 0xF, q == 0x7, contract.scales.group_size)  # -6, +6: the ends
     if isinstance(contract.permutation, PermutationPlane):
         order = read_permutation(weight.name, contract.permutation, planes, k)
-        direction = contract.permutation.direction
-        bound, step = to_logical(bound, order, direction), to_logical(step, order, direction)
-        low, high = to_logical(low, order, direction), to_logical(high, order, direction)
-    return Bounds(decoded, bound, step, low, high, contract.scales.group_size)
+        return _in_logical_order(b, order, contract.permutation.direction, decoded=False)
+    return b
 
 
 def _gguf_terms(
