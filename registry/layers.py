@@ -116,10 +116,17 @@ def gguf_quantization(analysis: Analysis) -> QuantizationInfo:
 
 
 def quantization_layer(qc: Mapping[str, Any] | None, analysis: Analysis | None) -> QuantizationInfo:
-    """GGUF-only checkpoints from their headers, the others from their quantization config."""
+    """GGUF-only checkpoints from their headers, the others from their quantization config.
+
+    With ``push --reference``, each referenced weight's measured distance from it (``quant_error``).
+    """
     if analysis is not None and analysis.kind == "gguf":
-        return gguf_quantization(analysis)
-    return config_quantization(qc)
+        layer = gguf_quantization(analysis)
+    else:
+        layer = config_quantization(qc)
+    if analysis is None or not analysis.quant_errors:
+        return layer
+    return layer.model_copy(update={"quant_error": dict(sorted(analysis.quant_errors.items()))})
 
 
 def encoding_of(weight: LogicalWeight) -> str:

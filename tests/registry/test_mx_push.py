@@ -222,8 +222,11 @@ def test_act_order_perm_plane_pushes_against_a_logical_order_reference(tmp_path:
         )
 
     ok(store, "push", tmp_path / "ck", "m/perm:1", "--declare", declare, "--reference", tmp_path / "ref")
-    weights = {w["name"]: w for w in ok(store, "inspect", "m/perm:1")["manifest"]["weights"]}
+    manifest = ok(store, "inspect", "m/perm:1")["manifest"]
+    weights = {w["name"]: w for w in manifest["weights"]}
     assert weights[weight]["witness"]["rel_error"] == 0.0  # the reference is the exact decode
+    measured = manifest["quantization"]["quant_error"][weight]
+    assert measured["e_quant"] == measured["max_abs"] == 0.0 < measured["tolerance"]
 
     # the same values in stored order are another weight: refused, naming it
     code, out = cli(
