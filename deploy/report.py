@@ -266,7 +266,7 @@ def write_report(evidence: Mapping[str, Any], path: Path) -> Path:
     A temporary file in its folder, created without following links, flushed and renamed over it; a
     link or anything but a regular file at ``path`` is refused, never followed.
     """
-    from shardport.registry.writers import write_file
+    from shardport.registry.output.writers import write_file
 
     write_file(path, render_report(evidence).encode("utf-8"), durable=True)
     return path

@@ -82,11 +82,11 @@ class ModelInfo(Section):
     """What the model is: architecture, revision, the parameters a runtime needs.
 
     ``graph``: the graph contract push derived from ``params`` and the tensor shapes
-    (:mod:`shardport.registry.model_graph`); ``tokenizer``: the digests of the tokenizer the checkpoint
-    carries (:mod:`shardport.registry.artifact.tokenizer_record`). Both are left out of the JSON when
-    absent, so manifests without them keep their bytes. A ``graph`` this shardport cannot read (a newer
-    contract version) is kept as a plain object and written back unchanged;
-    :func:`shardport.registry.model_graph.graph_of` refuses it.
+    (:mod:`shardport.registry.checkpoint.model_graph`); ``tokenizer``: the digests of the tokenizer the
+    checkpoint carries (:mod:`shardport.registry.artifact.tokenizer_record`). Both are left out of the
+    JSON when absent, so manifests without them keep their bytes. A ``graph`` this shardport cannot read
+    (a newer contract version) is kept as a plain object and written back unchanged;
+    :func:`shardport.registry.checkpoint.model_graph.graph_of` refuses it.
     """
 
     section = "model"

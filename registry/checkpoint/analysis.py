@@ -19,6 +19,7 @@ import numpy.typing as npt
 from shardport.registry.artifact.gguf_header import header_digest
 from shardport.registry.artifact.manifest import GgufHeaderDigest, TensorEntry, WitnessFileRef
 from shardport.registry.artifact.witness_file import ProducerWitness, check_producer, producer_blob
+from shardport.registry.checkpoint.describe import read_json_object
 from shardport.registry.contracts import (
     DeclareSpec,
     FloatContract,
@@ -37,7 +38,6 @@ from shardport.registry.contracts.errors import TiedAliasError
 from shardport.registry.contracts.formats import scale_to_f32
 from shardport.registry.contracts.model import QuantError
 from shardport.registry.contracts.quant_error import measure_quant_error
-from shardport.registry.describe import read_json_object
 from shardport.registry.errors import UsageError
 from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
 from shardport.registry.formats.elements import ELEMENTS
@@ -66,7 +66,8 @@ class Analysis:
     ``gguf_headers``: each GGUF file's header digest, by path (recorded on its file entry).
     ``gguf_meta``: the GGUF files' key/value pairs (long arrays as their type and length only).
     ``gguf_versions``: each GGUF file's header version, by path. ``quant_errors``: with ``--reference``,
-    each referenced weight's distance from its float weight (:mod:`.contracts.quant_error`), by name.
+    each referenced weight's distance from its float weight, by name
+    (:mod:`shardport.registry.contracts.quant_error`).
     """
 
     kind: str
