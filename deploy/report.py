@@ -385,7 +385,7 @@ def _dispatch(evidence: Mapping[str, Any]) -> list[str]:
     elif isinstance(summary, list) and summary and all(isinstance(r, Mapping) for r in summary):
         parts.append(_table(summary, list(dict.fromkeys(k for r in summary for k in r)), ""))
     if not dispatch:
-        return [*parts, "<p>no dispatch trace</p>"]
+        return [*parts, "<p>no dispatch trace" + " list in this evidence" * bool(summary) + "</p>"]
     ranks = len({r.get("rank") for r in dispatch})
     parts += [
         f"<p>{len(dispatch)} traces on {ranks} ranks: the kernel mix per rank and weight class.</p>",

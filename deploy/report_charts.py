@@ -80,7 +80,7 @@ def l3_slots(evidence: Mapping[str, Any]) -> list[Slot]:
     for (kind, key), rows in sorted(groups.items()):
         values = [r[1] for r in rows]
         finite = [v for v in values if v is not None and math.isfinite(v)]
-        value = max(finite) if len(finite) == len(values) else math.nan
+        value = max(finite) if len(finite) == len(values) else None if None in values else math.nan
         tols = [t for t in (r[2] for r in rows) if t is not None and math.isfinite(t)]
         label = str(int(key)) if kind == 0 else key
         slots.append(Slot(

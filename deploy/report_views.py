@@ -166,7 +166,7 @@ def kernel_mix(dispatch: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         [esc(_ranks(ranks)), f"<code>{esc(key[0])}</code>", *(esc(k) for k in key[1:6]),
          ('<td class="fail">' if "slow" in key[6] else "<td>") + f"{esc(key[6])}</td>"]
-        for key, ranks in sorted(same.items(), key=lambda kv: (_rank_key(kv[1][0]), kv[0][0]))
+        for key, ranks in sorted(same.items(), key=lambda kv: (kv[0][0], _rank_key(kv[1][0])))
     ]  # fmt: skip
     head = ["ranks", "weight class", "weights per rank", "traces per rank", "kernel", "transformation"]
     return table(rows, [*head, "activations", "path"])
@@ -236,7 +236,8 @@ def _grid(cells: Mapping[tuple[int | None, str], Mapping[str, set[str]]], phases
         else:
             rows.append((layer, layer, texts))
     shown = [[str(a) if a == b else f"{a}-{b}", *texts] for a, b, texts in rows]
-    out = table([[esc(c) for c in r] for r in shown], ["layer", *columns], "grid") if rows else ""
+    head = ["layer", *(c.removesuffix(".weight") for c in columns)]
+    out = table([[esc(c) for c in r] for r in shown], head, "grid") if rows else ""
     plain = [
         [esc(part), esc(_cell_text(cells[(None, part)], phases))] for layer, part in cells if layer is None
     ]

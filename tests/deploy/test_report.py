@@ -228,3 +228,26 @@ def test_a_135m_class_report_renders_without_script_errors(tmp_path: Path) -> No
     assert len(re.findall(r'<rect[^>]*class="mark"', dom.stdout)) == stages
     assert len(_bars("l3", dom.stdout)) == 1 and len(_bars("l4", dom.stdout)) == 2  # layer 0; the maxima
     assert dom.stdout.count("<details>") == 2 and "<details open" not in dom.stdout
+
+
+def test_dispatch_detail_keeps_every_trace_with_its_candidates_and_summary() -> None:
+    refused = {"kernel": "cpu.int4pack@1", "selected": False, "note": None,
+               "admission": {"accepted": False, "refusals": [{"reason": "group_size"}]}}
+    chosen = {"kernel": "cpu.int4-direct@1", "selected": True,
+              "admission": {"accepted": True, "refusals": []}}  # fmt: skip
+    dispatch = [
+        {"rank": rank, "weight": f"blk.{layer}.attn_q.weight", "phase": phase, "kernel": "cpu.int4-direct@1",
+         "transformation": "none", "activations": "float32", "path": "slow" if layer == 1 else "fast",
+         "candidates": [refused, chosen]}
+        for rank in (0, 1) for layer in range(3) for phase in ("prefill", "decode")
+    ] + [{"rank": 0, "weight": "token_embd.weight", "phase": "decode", "kernel": "cpu.gguf-direct@1"}]
+    summary = {"traces": 13, "kernels": {"cpu.int4-direct@1": 12, "cpu.gguf-direct@1": 1}}
+    page = render_report({"dispatch": dispatch, "dispatch_summary": summary})
+    assert "cpu.int4pack@1: refused (group_size); cpu.int4-direct@1: selected" in page
+    row = r"<tr><td><b>([A-Z]+)</b></td>(?:<td>[^<]*</td>){3}<td[^>]*>([a-z-]+)</td><td>(\d+)</td>"
+    legend = re.findall(row, page)
+    assert legend == [("A", "fast", "8"), ("B", "slow", "4"), ("C", "-", "1")]
+    grid = "<tr><td>0</td><td>A</td></tr><tr><td>1</td><td>B</td></tr><tr><td>2</td><td>A</td></tr>"
+    assert page.count(grid) == 2  # per rank: layer 1 ran the slow path, so nothing folds
+    assert "<tr><td>token_embd.weight</td><td>-/C</td></tr>" in page  # no layer: listed apart; no prefill
+    assert "<td>13</td><td>cpu.int4-direct@1=12 cpu.gguf-direct@1=1</td>" in page  # the summary as it comes
