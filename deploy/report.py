@@ -10,7 +10,7 @@ embedded as one JSON document (with the verdict's fields; the signed predicate i
 ``registry evidence --show`` prints), so the page needs no network, no fonts and no files beside it.
 Everything taken from the data is escaped: tables and the static charts through :func:`html.escape`, the
 embedded JSON with ``<``, ``>`` and ``&`` written as JSON unicode escapes, the script's charts through
-``textContent``. A 135M-class bring-up (30 layers, tp 3, 1,266 dispatch traces) renders to ~60 KB.
+``textContent``. A 135M-class bring-up (30 layers, tp 3, 1,266 dispatch traces) renders to 21 KB.
 
 The fields read (all optional; what is missing is shown as missing):
 
@@ -51,7 +51,16 @@ from typing import Any
 from shardport.provenance.canonical import finite_text
 
 from .report_charts import chart, l3_slots, l4_slots
-from .report_views import compact_names, dispatch_detail, esc, fmt, kernel_mix, mapping, table
+from .report_views import (
+    candidate_table,
+    compact_names,
+    dispatch_detail,
+    esc,
+    fmt,
+    kernel_mix,
+    mapping,
+    table,
+)
 
 _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1b1f24; }
@@ -283,7 +292,7 @@ def _verdict(evidence: Mapping[str, Any]) -> list[str]:
         ("manifest", evidence.get("manifest")),
         ("topology", " ".join(f"{k}={topo[k]}" for k in sorted(topo, key=_topology_order)) or None),
         ("activations", _activations(evidence.get("runtime"))),
-        ("plan", evidence.get("plan_digest")),
+        ("plan", _plan(evidence)),
         ("created", evidence.get("created")),
     ]
     levels = "".join(
@@ -305,7 +314,7 @@ def _charts(evidence: Mapping[str, Any]) -> list[str]:
     l3 = l3_slots(evidence)
     parity = mapping(evidence.get("parity_l4"))
     l4, per_position = l4_slots(parity)
-    ref = parity.get("reference")
+    ref = parity.get("reference") or evidence.get("reference")
     ref_text = (
         (" ".join(f"{k}={v}" for k, v in ref.items()) if isinstance(ref, Mapping) else str(ref))
         if ref
@@ -340,7 +349,7 @@ def _l3_scope(slots: Sequence[Any], ladder: Any) -> str:
     )
 
 
-def _coverage(ladder: Any) -> list[str]:
+def _coverage(ladder: Any, values: Any = None) -> list[str]:
     """The ladder's budget: which operators ran the full ladder, which their class representative covers."""
     if not isinstance(ladder, Mapping):
         return []
@@ -360,6 +369,10 @@ def _coverage(ladder: Any) -> list[str]:
         for c in classes
     ]  # fmt: skip
     parts = ["<h2>Ladder coverage</h2>", f"<p>{html.escape(summary)}</p>"]
+    if isinstance(values, Mapping) and values.get("sha256"):
+        where = f", attached as {values['blob']}" if values.get("blob") else ""
+        said = f"Per-operator ladder values: {values.get('operators')} operators, {values['sha256']}{where}."
+        parts.append(f"<p>{html.escape(said)}</p>")
     for key, what in (("uncovered", "no ladder"), ("orphans", "no representative"),
                       ("failed_representatives", "representative failed")):  # fmt: skip
         names = [str(x) for x in ladder.get(key) or []]
@@ -375,17 +388,29 @@ def _coverage(ladder: Any) -> list[str]:
     return parts
 
 
+def _as_table(value: Any, what: str) -> list[str]:
+    """A field of a shape this page does not know beyond "rows": a small table, as it comes."""
+    if isinstance(value, Mapping) and value:
+        return [f"<p>{html.escape(what)}:</p>", _table([value], list(value), "")]
+    if isinstance(value, list) and value and all(isinstance(r, Mapping) for r in value):
+        return [
+            f"<p>{html.escape(what)}:</p>",
+            _table(value, list(dict.fromkeys(k for r in value for k in r)), ""),
+        ]
+    return []
+
+
 def _dispatch(evidence: Mapping[str, Any]) -> list[str]:
     """The kernel mix per rank and weight class; every trace behind a collapsed ``<details>``."""
     dispatch = [r for r in evidence.get("dispatch") or [] if isinstance(r, Mapping)]
-    parts = ["<h2>Dispatch</h2>"]
-    summary = evidence.get("dispatch_summary")
-    if isinstance(summary, Mapping) and summary:
-        parts.append(_table([summary], list(summary), ""))
-    elif isinstance(summary, list) and summary and all(isinstance(r, Mapping) for r in summary):
-        parts.append(_table(summary, list(dict.fromkeys(k for r in summary for k in r)), ""))
+    groups = [g for g in evidence.get("dispatch_candidates") or [] if isinstance(g, Mapping)]
+    parts = ["<h2>Dispatch</h2>", *_as_table(evidence.get("dispatch_summary"), "Summary")]
+    if groups:
+        said = "<p>The candidates per weight representation (ranks and phases that agree are one row):</p>"
+        parts += [said, candidate_table(groups)]
+    parts += _as_table(evidence.get("conversion_errors"), "Largest recorded conversion error")
     if not dispatch:
-        return [*parts, "<p>no dispatch trace" + " list in this evidence" * bool(summary) + "</p>"]
+        return [*parts, "<p>no dispatch trace" + " list in this evidence" * (len(parts) > 1) + "</p>"]
     ranks = len({r.get("rank") for r in dispatch})
     parts += [
         f"<p>{len(dispatch)} traces on {ranks} ranks: the kernel mix per rank and weight class.</p>",
@@ -394,6 +419,20 @@ def _dispatch(evidence: Mapping[str, Any]) -> list[str]:
         f"{dispatch_detail(dispatch)}</details>",
     ]
     return parts
+
+
+def _plan(evidence: Mapping[str, Any]) -> str | None:
+    """The placement plan's digest (``plan_digest``, or ``placement``'s), and whether the ranks agree."""
+    place = mapping(evidence.get("placement"))
+    digest = evidence.get("plan_digest") or place.get("plan_sha256") or place.get("digest")
+    if not digest and not place:
+        return None
+    text = str(digest or "-")
+    if place.get("decisions"):
+        text += f"; decisions {place['decisions']}"
+    if "agree" in place:
+        text += "; every rank's plan agrees" if place["agree"] is True else "; the ranks' plans DISAGREE"
+    return text
 
 
 def _activations(runtime: Any) -> str | None:
@@ -424,7 +463,7 @@ def render_report(evidence: Mapping[str, Any]) -> str:
         *_charts(evidence),
         "<h2>Parity checks</h2>",
         _table(parity, columns, "no parity results"),
-        *_coverage(evidence.get("ladder")),
+        *_coverage(evidence.get("ladder"), evidence.get("ladder_values")),
         *_dispatch(evidence),
         "<h2>Startup timeline per rank (seconds)</h2>",
         '<div id="timeline"></div>',

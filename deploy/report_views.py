@@ -177,6 +177,40 @@ def _ranks(ranks: Sequence[str]) -> str:
     return ",".join([ranges(numbers)] * bool(numbers) + [r for r in ranks if not r.isdigit()])
 
 
+def candidate_table(groups: Sequence[Mapping[str, Any]]) -> str:
+    """``dispatch_candidates`` as a table, rows that agree folded.
+
+    Each group: per rank, weight class and phase, the weights, the selected kernels and every
+    candidate's admitted/prepared/selected counts and refusal reasons.
+    """
+    same: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+    for g in groups:
+        picked = mapping(g.get("selected"))
+        said = []
+        for c in g.get("candidates") or []:
+            c = mapping(c)
+            counts = ", ".join(f"{k} {c[k]}" for k in ("admitted", "prepared", "selected") if k in c)
+            why = "; ".join(str(r) for r in c.get("reasons") or [])
+            said.append(f"{c.get('kernel', '?')}: {counts}" + (f" (refused: {why})" if why else ""))
+        key = (
+            str(g.get("weight_class", "-")),
+            str(g.get("weights", "-")),
+            mix(Counter({str(k): int(v) for k, v in picked.items() if isinstance(v, int)})),
+            ", ".join(str(a) for a in g.get("activations") or []),
+            " | ".join(said),
+        )
+        same.setdefault(key, []).append((str(g.get("rank")), str(g.get("phase", "-"))))
+    rows = [
+        [esc(_ranks(list(dict.fromkeys(r for r, _ in where)))),
+         esc(", ".join(dict.fromkeys(p for _, p in where))), f"<code>{esc(key[0])}</code>",
+         *(esc(k) for k in key[1:])]
+        for key, where in same.items()
+    ]  # fmt: skip
+    return table(
+        rows, ["ranks", "phases", "weight class", "weights", "selected", "activations", "candidates"]
+    )
+
+
 def _rank_key(rank: str) -> tuple[int, str]:
     return (int(rank), "") if rank.isdigit() else (1 << 30, rank)
 

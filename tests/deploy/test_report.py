@@ -251,3 +251,33 @@ def test_dispatch_detail_keeps_every_trace_with_its_candidates_and_summary() -> 
     assert page.count(grid) == 2  # per rank: layer 1 ran the slow path, so nothing folds
     assert "<tr><td>token_embd.weight</td><td>-/C</td></tr>" in page  # no layer: listed apart; no prefill
     assert "<td>13</td><td>cpu.int4-direct@1=12 cpu.gguf-direct@1=1</td>" in page  # the summary as it comes
+
+
+def test_placement_candidates_and_ladder_values_render_when_present() -> None:
+    refusal = "group_size: expected 128, found 64"
+    groups = [
+        {"rank": rank, "weight_class": "affine:u4/g64", "phase": phase, "weights": 30,
+         "selected": {"cpu.int4-direct@1": 30}, "activations": ["float32"],
+         "candidates": [{"kernel": "cpu.int4pack@1", "admitted": 0, "prepared": 0, "selected": 0,
+                         "reasons": [refusal]},
+                        {"kernel": "cpu.int4-direct@1", "admitted": 30, "prepared": 30, "selected": 30,
+                         "reasons": []}]}
+        for rank in (0, 1, 2) for phase in ("prefill", "decode")
+    ]  # fmt: skip
+    plan = {"plan_sha256": "sha256:" + "11" * 32, "decisions": "sha256:" + "22" * 32, "agree": False}
+    pred = {
+        **scaled(2),
+        "placement": plan,
+        "reference": {"kind": "transformers", "version": "4.57.1", "class": "LlamaForCausalLM"},
+        "dispatch_candidates": groups,
+        "ladder_values": {"sha256": "sha256:" + "33" * 32, "operators": 42, "blob": None},
+    }
+    page = render_report(pred)
+    head = page[: page.index("<h2>")]
+    assert "sha256:" + "11" * 32 in head and "the ranks&#x27; plans DISAGREE" in head
+    assert "(kind=transformers version=4.57.1 class=LlamaForCausalLM)" in page
+    folded = r"<tr><td>0-2</td><td>prefill, decode</td><td><code>affine:u4/g64</code></td>.*?</tr>"
+    row = re.search(folded, page)  # three ranks, two phases: one row
+    assert row is not None
+    assert f"cpu.int4pack@1: admitted 0, prepared 0, selected 0 (refused: {refusal})" in row[0]
+    assert "Per-operator ladder values: 42 operators, sha256:" + "33" * 32 in page
