@@ -57,8 +57,10 @@ from .report_views import (
     dispatch_detail,
     esc,
     fmt,
+    items,
     kernel_mix,
     mapping,
+    rows_of,
     table,
 )
 
@@ -297,7 +299,7 @@ def _verdict(evidence: Mapping[str, Any]) -> list[str]:
     ]
     levels = "".join(
         f"<tr><td><b>{lv}</b></td>{_badge(state)}<td>{html.escape(line)}</td></tr>"
-        for lv, state, line in level_lines(list(evidence.get("parity") or []))
+        for lv, state, line in level_lines(rows_of(evidence.get("parity")))
     )
     return [
         f'<h1><span class="verdict {cls}">{word}</span> shardport bring-up of '
@@ -362,10 +364,10 @@ def _coverage(ladder: Any, values: Any = None) -> list[str]:
             f"{ladder.get('full')}; {ladder.get('sampled')} sampled (L0, L1 and the witness rows on the "
             "weight itself; L2 reconstruction and L3 proved on its class representative)."
         )
-    classes = [c for c in ladder.get("classes") or [] if isinstance(c, Mapping) and c.get("represents")]
+    classes = [c for c in rows_of(ladder.get("classes")) if c.get("represents")]
     rows = [
         [esc(c.get("rank")), esc(c.get("kernel")), f"<code>{esc(c.get('representative'))}</code>",
-         esc(c.get("represents")), esc(compact_names(str(w) for w in c.get("covered") or []))]
+         esc(c.get("represents")), esc(compact_names(str(w) for w in items(c.get("covered"))))]
         for c in classes
     ]  # fmt: skip
     parts = ["<h2>Ladder coverage</h2>", f"<p>{html.escape(summary)}</p>"]
@@ -375,7 +377,7 @@ def _coverage(ladder: Any, values: Any = None) -> list[str]:
         parts.append(f"<p>{html.escape(said)}</p>")
     for key, what in (("uncovered", "no ladder"), ("orphans", "no representative"),
                       ("failed_representatives", "representative failed")):  # fmt: skip
-        names = [str(x) for x in ladder.get(key) or []]
+        names = [str(x) for x in items(ladder.get(key))]
         if names:
             parts.append(f'<p class="fail">{len(names)} {what}: {html.escape("; ".join(names[:5]))}'
                          + ("; …" if len(names) > 5 else "") + "</p>")  # fmt: skip
@@ -402,8 +404,8 @@ def _as_table(value: Any, what: str) -> list[str]:
 
 def _dispatch(evidence: Mapping[str, Any]) -> list[str]:
     """The kernel mix per rank and weight class; every trace behind a collapsed ``<details>``."""
-    dispatch = [r for r in evidence.get("dispatch") or [] if isinstance(r, Mapping)]
-    groups = [g for g in evidence.get("dispatch_candidates") or [] if isinstance(g, Mapping)]
+    dispatch = rows_of(evidence.get("dispatch"))
+    groups = rows_of(evidence.get("dispatch_candidates"))
     parts = ["<h2>Dispatch</h2>", *_as_table(evidence.get("dispatch_summary"), "Summary")]
     if groups:
         said = "<p>The candidates per weight representation (ranks and phases that agree are one row):</p>"
@@ -411,7 +413,7 @@ def _dispatch(evidence: Mapping[str, Any]) -> list[str]:
     parts += _as_table(evidence.get("conversion_errors"), "Largest recorded conversion error")
     if not dispatch:
         return [*parts, "<p>no dispatch trace" + " list in this evidence" * (len(parts) > 1) + "</p>"]
-    ranks = len({r.get("rank") for r in dispatch})
+    ranks = len({str(r.get("rank")) for r in dispatch})
     parts += [
         f"<p>{len(dispatch)} traces on {ranks} ranks: the kernel mix per rank and weight class.</p>",
         kernel_mix(dispatch),
@@ -440,10 +442,10 @@ def _activations(runtime: Any) -> str | None:
     if not isinstance(runtime, Mapping):
         return None
     asked = str(runtime.get("activations"))
-    resolved = sorted({str(v) for v in (runtime.get("ranks") or {}).values()})
+    resolved = sorted({str(v) for v in mapping(runtime.get("ranks")).values()})
     if asked == "auto" and resolved:
         asked = f"auto ({', '.join(resolved)})"
-    other = list(runtime.get("float32") or [])
+    other = [str(x) for x in items(runtime.get("float32"))]
     if not other:
         return asked
     return f"{asked}; {len(other)} operators ran float32: {'; '.join(other[:3])}"
@@ -451,10 +453,13 @@ def _activations(runtime: Any) -> str | None:
 
 def render_report(evidence: Mapping[str, Any]) -> str:
     """The page for one bring-up's evidence predicate."""
-    parity = [{**r, "status": status(r)} for r in evidence.get("parity") or [] if isinstance(r, Mapping)]
+    parity = [{**r, "status": status(r)} for r in rows_of(evidence.get("parity"))]
     columns = ["level", "name", "status", "value", "tolerance"]
     columns += ["tolerance_source"] * any(r.get("tolerance_source") for r in parity) + ["detail"]
     embedded = {k: evidence[k] for k in _EMBEDDED if k in evidence}
+    for key in ("timeline", "ledger", "memory"):  # the script draws {rank: {part: number}} only
+        if key in embedded:
+            embedded[key] = {str(r): v for r, v in mapping(embedded[key]).items() if isinstance(v, Mapping)}
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8"><title>shardport bring-up evidence</title>',

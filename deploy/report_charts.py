@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .report_views import esc, fmt, layer_of, number
+from .report_views import esc, fmt, layer_of, number, rows_of
 
 _W, _H, _LEFT, _TOP, _BOTTOM = 760, 190, 56, 10, 34
 
@@ -43,18 +43,16 @@ class Slot:
 def _l3_rows(evidence: Mapping[str, Any]) -> list[tuple[str, float | None, float | None, bool]]:
     """(weight, E_kernel, tolerance, passed) per operator, from ``parity_l3`` or the ``ladders``."""
     out = []
-    for rec in evidence.get("parity_l3") or []:
-        if isinstance(rec, Mapping) and "weight" in rec:
+    for rec in rows_of(evidence.get("parity_l3")):
+        if "weight" in rec:
             tol = number(rec.get("tolerance"))
             if tol is None and number(rec.get("tol_kernel")) is not None:
                 tol = float(rec["tol_kernel"]) + (number(rec.get("e_conversion")) or 0.0)
             out.append((str(rec["weight"]), number(rec.get("e_kernel")), tol, rec.get("passed") is not False))
     if out:
         return out
-    for lad in evidence.get("ladders") or []:
-        batches = (
-            [x for x in (lad.get("l3") or []) if isinstance(x, Mapping)] if isinstance(lad, Mapping) else []
-        )
+    for lad in rows_of(evidence.get("ladders")):
+        batches = rows_of(lad.get("l3"))
         if not batches:
             continue
         errors = [number(x.get("e_kernel")) for x in batches]

@@ -29,6 +29,16 @@ def mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def items(value: Any) -> list[Any]:
+    """``value`` when it is a list, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def rows_of(value: Any) -> list[Mapping[str, Any]]:
+    """The mappings of a list (a row of another shape is left out), an empty list for anything else."""
+    return [r for r in items(value) if isinstance(r, Mapping)]
+
+
 def number(value: Any) -> float | None:
     """A measured value as a float, None for anything that is not a number (missing, a word, a bool).
 
@@ -117,14 +127,14 @@ def table(rows: Sequence[Sequence[str]], head: Sequence[str], cls: str = "") -> 
 def _candidates(row: Mapping[str, Any]) -> str:
     """A trace's candidates in a few words (``kernel: selected``, ``kernel: refused (reason, ...)``)."""
     out = []
-    for c in row.get("candidates") or []:
+    for c in items(row.get("candidates")):
         if not isinstance(c, Mapping):
             out.append(str(c))
             continue
         admission = mapping(c.get("admission"))
         accepted = c.get("accepted", admission.get("accepted"))
-        reasons = c.get("reasons") or [
-            r.get("reason") if isinstance(r, Mapping) else r for r in admission.get("refusals") or []
+        reasons = items(c.get("reasons")) or [
+            r.get("reason") if isinstance(r, Mapping) else r for r in items(admission.get("refusals"))
         ]
         said = "selected" if c.get("selected") else "admitted" if accepted else "refused"
         extra = [str(r) for r in reasons if r] + ([str(c["note"])] if c.get("note") else [])
@@ -155,7 +165,7 @@ def kernel_mix(dispatch: Sequence[Mapping[str, Any]]) -> str:
     for (rank, cls), traces in sorted(groups.items(), key=lambda kv: (kv[0][1], _rank_key(kv[0][0]))):
         key = (
             cls,
-            str(len({t.get("weight") for t in traces})),
+            str(len({str(t.get("weight")) for t in traces})),
             str(len(traces)),
             mix(Counter(str(t.get("kernel")) for t in traces)),
             mix(Counter(str(t.get("transformation")) for t in traces)),
@@ -187,16 +197,16 @@ def candidate_table(groups: Sequence[Mapping[str, Any]]) -> str:
     for g in groups:
         picked = mapping(g.get("selected"))
         said = []
-        for c in g.get("candidates") or []:
+        for c in items(g.get("candidates")):
             c = mapping(c)
             counts = ", ".join(f"{k} {c[k]}" for k in ("admitted", "prepared", "selected") if k in c)
-            why = "; ".join(str(r) for r in c.get("reasons") or [])
+            why = "; ".join(str(r) for r in items(c.get("reasons")))
             said.append(f"{c.get('kernel', '?')}: {counts}" + (f" (refused: {why})" if why else ""))
         key = (
             str(g.get("weight_class", "-")),
             str(g.get("weights", "-")),
             mix(Counter({str(k): int(v) for k, v in picked.items() if isinstance(v, int)})),
-            ", ".join(str(a) for a in g.get("activations") or []),
+            ", ".join(str(a) for a in items(g.get("activations"))),
             " | ".join(said),
         )
         same.setdefault(key, []).append((str(g.get("rank")), str(g.get("phase", "-"))))

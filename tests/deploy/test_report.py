@@ -281,3 +281,14 @@ def test_placement_candidates_and_ladder_values_render_when_present() -> None:
     assert row is not None
     assert f"cpu.int4pack@1: admitted 0, prepared 0, selected 0 (refused: {refusal})" in row[0]
     assert "Per-operator ladder values: 42 operators, sha256:" + "33" * 32 in page
+
+
+def test_fields_of_another_shape_read_as_missing() -> None:
+    """Evidence written by another version: any top-level field of an unexpected shape still renders."""
+    base = scaled(2)
+    base["ladders"] = [{"weight": "model.layers.1.mlp.up_proj.weight", "l3": [{"e_kernel": 1e-7}]}]
+    base["dispatch_candidates"] = [{"rank": 0, "candidates": [{"kernel": "k", "reasons": ["r"]}]}]
+    for key in [*base, "placement", "plan_digest", "dispatch_summary", "conversion_errors", "ladder_values"]:
+        for odd in (None, "x", 3, [1, None], {"a": None}, [{}]):
+            page = render_report({**base, key: odd})
+            assert page.endswith("</body></html>\n") and "<h1>" in page, (key, odd)
