@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .budget import EPS, Budget, affine_terms_magnitude, law_eps, rounding_budget
 from .capability import Capability, OperatorSignature
 from .device import cuda_device
 from .errors import ActivationError, KernelInputError
@@ -247,6 +248,19 @@ class PreparedInt4Cuda(PreparedLinear):
     def code_check(self, weight: RankWeight) -> tuple[I64, I64] | None:
         """(codes by the registry's generic unpacking, codes read back from the device layout)."""
         return int4_terms(weight, fast=False).u.astype(np.int64, copy=False), self.probe_codes()
+
+    def conversion_budget(self, weight: RankWeight, reference: F32) -> Budget | None:
+        """bfloat16 (scale, zero), each value rounded once to bfloat16 by the fma; the law's rounding."""
+        form = int4_terms(weight, fast=False)
+        return rounding_budget(
+            affine_terms_magnitude(form.u, form.scale, form.zero, form.group),
+            reference,
+            held_in="tinygemm's bfloat16 (scale, zero) and bfloat16 fma",
+            eps_terms=EPS["bfloat16"],
+            eps_value=EPS["bfloat16"],
+            eps_law=law_eps(weight.contract),
+            what="|u - 8|·|scale| + |zero|",
+        )
 
     def _sz_host(self) -> npt.NDArray[np.float32]:
         out: npt.NDArray[np.float32] = self.scale_zero.float().cpu().numpy()
