@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .budget import EPS, Budget, affine_terms_magnitude, law_eps, rounding_budget
+from .budget import EPS, TINY, Budget, affine_terms_magnitude, law_eps, rounding_budget
 from .capability import Capability, OperatorSignature
 from .device import cpu_isa
 from .errors import ByteMapError, KernelInputError
@@ -262,6 +262,7 @@ class PreparedInt4(PreparedLinear):
             held_in=f"int4pack's (scale, zero) in {dtype}",
             eps_terms=EPS[dtype],
             eps_law=law_eps(weight.contract),
+            tiny=TINY[dtype],
             what="|u - 8|·|scale| + |zero|",
         )
 

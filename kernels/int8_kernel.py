@@ -28,7 +28,7 @@ from shardport.registry.contracts.formats import round_to_format
 from shardport.registry.contracts.model import AffineIntContract, GroupMapNone, LogicalShape, PermutationPlane
 from shardport.registry.contracts.packing import apply_encoding
 
-from .budget import EPS, Budget, law_eps, rounding_budget
+from .budget import EPS, TINY, Budget, law_eps, rounding_budget
 from .capability import Capability, OperatorSignature
 from .errors import KernelInputError
 from .prepared import F32, I64, ROW_CHUNK, PreparedLinear
@@ -184,6 +184,7 @@ class PreparedInt8(PreparedLinear):
             held_in=f"int8pack's per-row scales in {dtype}",
             eps_terms=EPS[dtype],
             eps_law=law_eps(weight.contract),
+            tiny=TINY[dtype],
             what="|q|·|scale|",
         )
 

@@ -351,14 +351,16 @@ def level3(
     e_kernel = _relative(got, y_ref)
     tol_kernel = KERNEL_TOLERANCE.get(prepared.kernel.split("@")[0], {}).get(dtype, 0.0)
     e_conversion = 0.0
+    if budget is None and prepared.transformation in ("none", "repack"):
+        budget = (None, EXACT_SOURCE)  # held to exact: no decode of the layout needed here
     mine = None
-    if prepared.transformation not in ("none", "repack") or budget is None:
+    if budget is None or budget[0] is not None:
         mine = prepared.decode() if layout is None else layout
     if budget is None:
         assert reference is not None and mine is not None
         budget = budget_for(prepared, weight, reference, mine)
     held, source = budget
-    if mine is not None and prepared.transformation not in ("none", "repack"):
+    if held is not None and mine is not None:  # a layout that differs from the reference
         e_conversion = _relative(x64 @ mine.astype(np.float64).T, y_ref)
     tol_conversion = _tolerance_l3(x64, y_ref, held)
     e_quant = None

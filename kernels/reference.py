@@ -20,7 +20,7 @@ import numpy as np
 
 from shardport.registry.contracts.decode import decode_weight
 
-from .budget import EPS, Budget, rounding_budget
+from .budget import EPS, TINY, Budget, rounding_budget
 from .capability import Capability, OperatorSignature
 from .device import cuda_device
 from .errors import KernelInputError
@@ -114,7 +114,13 @@ class PreparedFullDequant(PreparedLinear):
         """Every value rounded once to the activation dtype."""
         dtype = self.op.activation_dtype
         return rounding_budget(
-            None, reference, held_in=f"a dense {dtype} copy", eps_terms=0.0, eps_value=EPS[dtype], what="0"
+            None,
+            reference,
+            held_in=f"a dense {dtype} copy",
+            eps_terms=0.0,
+            eps_value=EPS[dtype],
+            tiny=TINY[dtype],
+            what="0",
         )
 
     def decode_rows(self, start: int, stop: int) -> F32:

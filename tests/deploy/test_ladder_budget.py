@@ -5,7 +5,7 @@ dispatched in-process, as a bring-up's rank does it (:class:`~shardport.deploy.r
 ladders run under each budget through :func:`~shardport.deploy.rank_ops.run_ladders`. The checkpoint
 is pushed with ``--kernels-preferred cpu.int4pack``, so its Q4_0/Q4_1 weights are repacked in these
 float32 runs (float32 is int4pack's slow path: without the preference the GGUF direct kernel runs them
-in place, and L1 has no codes to read back).
+in place, and L1 reads only the spot columns' values back through its matmul).
 """
 
 from __future__ import annotations
