@@ -534,7 +534,7 @@ def predicate(
         "versions": dict(versions),
         "prompt": list(prompt),
         "generated": list(generated),
-        "passed": all(bool(r["passed"]) for r in rows if r.get("status") != "not run"),
+        "passed": all(bool(r["passed"]) for r in rows if r["passed"] is not None or not r.get("status")),
         "parity": rows,
         "ladder": coverage,
         "parity_l4": dict(parity),

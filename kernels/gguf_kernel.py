@@ -75,7 +75,11 @@ class PreparedGguf(PreparedLinear):
         return out
 
     def column_check(
-        self, weight: RankWeight, columns: npt.NDArray[np.int64], reference: F32 | None = None
+        self,
+        weight: RankWeight,
+        columns: npt.NDArray[np.int64],
+        reference: F32 | None = None,
+        rows: npt.NDArray[np.int64] | None = None,
     ) -> ColumnCheck | None:
         """(the reference decode of K ``columns``, the values the kernel's matmul reads there).
 
@@ -84,7 +88,8 @@ class PreparedGguf(PreparedLinear):
         element of these columns comes back exactly (its binary32 computation, before the cast to the
         activation dtype). Values, not codes: the block types' scales (and the IQ types' grids) have no
         common unit-scale form to read codes through; a code read wrong changes its value unless its
-        block's scale is 0.
+        block's scale is 0. ``rows``: only those rows' blocks go through the kernel (rows are
+        independent blocks) and through the reference decoder.
         """
         import torch
 
@@ -94,11 +99,15 @@ class PreparedGguf(PreparedLinear):
 
         x = torch.zeros(len(columns), self.op.k_local, dtype=torch.float32)
         x[torch.arange(len(columns)), torch.from_numpy(np.asarray(columns, dtype=np.int64))] = 1.0
+        blocks = self.blocks if rows is None else np.ascontiguousarray(self.blocks[rows])
         y = gguf_block_matmul(
-            x, self.blocks, self.ggml_type, self.op.k_local, tile_rows=TILE_ROWS, tensor=self.op.weight
+            x, blocks, self.ggml_type, self.op.k_local, tile_rows=TILE_ROWS, tensor=self.op.weight
         )
         found = np.ascontiguousarray(y.to(torch.float32).t().numpy())
-        if reference is None:
+        if rows is not None:
+            at = [int(r) for r in rows]
+            reference = decode_weight(weight.local_weight, weight.named_planes, at)
+        elif reference is None:
             reference = decode_weight(weight.local_weight, weight.named_planes)
         return np.ascontiguousarray(reference[:, columns]), found, "values"
 

@@ -366,16 +366,26 @@ class PreparedInt4Direct(PreparedLinear):
         return out
 
     def column_check(
-        self, weight: RankWeight, columns: npt.NDArray[np.int64], reference: F32 | None = None
+        self,
+        weight: RankWeight,
+        columns: npt.NDArray[np.int64],
+        reference: F32 | None = None,
+        rows: npt.NDArray[np.int64] | None = None,
     ) -> ColumnCheck | None:
-        """(codes ``q - lo`` by the registry's generic unpacking, the kernel's: :meth:`probe_codes`)."""
+        """(codes ``q - lo`` by the registry's generic unpacking, the kernel's: :meth:`probe_codes`).
+
+        The kernel walks every row either way (its slabs follow the stored layout); ``rows`` restricts
+        the comparison, and the generic unpacking, to those rows.
+        """
         c = _contract(weight)
         shape = LogicalShape(axes=("N", "K"), extents=(weight.n_local, weight.k_local))
-        terms = affine_terms(c, weight.named_planes, shape, None, weight.where)
+        at = None if rows is None else [int(r) for r in rows]
+        terms = affine_terms(c, weight.named_planes, shape, at, weight.where)
         stored = columns if terms.columns is None else terms.columns[columns]
         lo = encoding_value_range(c.codes.encoding)[0]
         expected = terms.q[:, stored] - lo
-        return expected, self.probe_codes(columns), "codes"
+        found = self.probe_codes(columns)
+        return expected, found if rows is None else found[rows], "codes"
 
 
 class Int4DirectKernel:

@@ -37,6 +37,8 @@ class L1Codes(_Frozen):
     the level. ``applicable`` False: nothing could be read back, ``reason`` says why (``passed`` is then
     True: nothing failed, and the evidence row says "not applicable", not "pass").
     ``max_reconstruction_error``: the preparation's measured conversion error (a record, no tolerance).
+    ``columns``/``rows``: the spot columns read back by a ``kernel-columns``/``kernel-values`` check, on
+    every row (``rows`` None) or on a sampled ladder's :func:`spot_rows`.
     """
 
     applicable: bool
@@ -52,6 +54,7 @@ class L1Codes(_Frozen):
     map_mismatches: int | None = None
     reason: str | None = None
     columns: int | None = None
+    rows: int | None = None
 
 
 def level1(prepared: PreparedLinear, weight: RankWeight) -> L1Codes:
@@ -77,6 +80,15 @@ def spot_columns(k: int) -> npt.NDArray[np.int64]:
     return np.unique(np.concatenate([cols, np.arange(blocks * SPOT_PERIOD, k, dtype=np.int64)]))
 
 
+#: Rows a sampled ladder's direct-kernel L1 reads the spot columns on: one in this many (and the last).
+SPOT_ROW_STRIDE = 8
+
+
+def spot_rows(n: int) -> npt.NDArray[np.int64]:
+    """Every :data:`SPOT_ROW_STRIDE`-th row of an ``n``-row slice from 0, and its last row."""
+    return np.unique(np.concatenate([np.arange(0, n, SPOT_ROW_STRIDE), np.arange(max(n - 1, 0), n)]))
+
+
 def level1_by_map(prepared: PreparedLinear, weight: RankWeight) -> L1Codes:
     """L1 with the codes read back through the layout's byte map where it has one (else the kernel).
 
@@ -86,11 +98,16 @@ def level1_by_map(prepared: PreparedLinear, weight: RankWeight) -> L1Codes:
     reads back :func:`spot_columns` (every K residue of a tile, every row, so every block) and its codes
     replace the map's there: a map wrong anywhere the spot columns reach fails the level against the
     planes, and ``map_mismatches`` counts where map and kernel disagree (readback ``byte-map+kernel``).
-    The full ladder of the class's representative compares the two on every code.
+    The full ladder of the class's representative compares the two on every code. A layout read back
+    by :meth:`~.prepared.PreparedLinear.column_check` (a direct kernel) reads the spot columns on
+    :func:`spot_rows` here (every row on the representative's full ladder).
     """
     pair = prepared.map_check(weight)
     if pair is None:
-        return level1(prepared, weight)
+        check = prepared.code_check(weight)
+        if check is None:
+            return _level1_columns(prepared, weight, None, spot_rows(weight.n_local))
+        return _level1(prepared, weight, check)
     expected, mapped = pair
     columns = spot_columns(weight.k_local)
     kernel = prepared.kernel_columns(columns)
@@ -152,15 +169,20 @@ def _level1(
     )
 
 
-def _level1_columns(prepared: PreparedLinear, weight: RankWeight, reference: F32 | None) -> L1Codes:
-    """L1 of a layout without a full read-back: :func:`spot_columns` over every row, by the kernel.
+def _level1_columns(
+    prepared: PreparedLinear,
+    weight: RankWeight,
+    reference: F32 | None,
+    rows: npt.NDArray[np.int64] | None = None,
+) -> L1Codes:
+    """L1 without a full read-back: :func:`spot_columns` on every row (or ``rows``), by the kernel.
 
     Codes or binary32 values (:meth:`~.prepared.PreparedLinear.column_check`), compared exactly (as
     numbers: ``-0.0`` equals ``+0.0``; a NaN equals nothing). Not applicable, with the layout's reason,
     where it reads nothing back.
     """
     columns = spot_columns(weight.k_local)
-    check = prepared.column_check(weight, columns, reference) if columns.size else None
+    check = prepared.column_check(weight, columns, reference, rows) if columns.size else None
     if check is None:
         reason = prepared.no_codes if columns.size else "the slice has no columns"
         return L1Codes(
@@ -174,7 +196,8 @@ def _level1_columns(prepared: PreparedLinear, weight: RankWeight, reference: F32
             reason=reason,
         )
     expected, found, quantity = check
-    shaped = expected.shape == found.shape == (weight.n_local, columns.size)
+    at_rows = np.arange(weight.n_local) if rows is None else rows
+    shaped = expected.shape == found.shape == (at_rows.size, columns.size)
     differ = expected != found if shaped else np.ones((1, 1), dtype=np.bool_)
     mismatches = int(np.count_nonzero(differ))
     first = None
@@ -182,7 +205,7 @@ def _level1_columns(prepared: PreparedLinear, weight: RankWeight, reference: F32
         first = f"shape: expected {list(expected.shape)}, the kernel read back {list(found.shape)}"
     elif mismatches:
         r, c = (int(i) for i in np.argwhere(differ)[0])
-        at = f"row {weight.row_start + r} column {weight.col_start + int(columns[c])}"
+        at = f"row {weight.row_start + int(at_rows[r])} column {weight.col_start + int(columns[c])}"
         first = f"{at}: {quantity[:-1]} {expected[r, c]!r} -> {found[r, c]!r}"
     return L1Codes(
         applicable=True,
@@ -194,4 +217,5 @@ def _level1_columns(prepared: PreparedLinear, weight: RankWeight, reference: F32
         passed=not mismatches,
         readback="kernel-columns" if quantity == "codes" else "kernel-values",
         columns=int(columns.size),
+        rows=None if rows is None else int(rows.size),
     )

@@ -126,14 +126,18 @@ class PreparedLinear(abc.ABC):
         return None
 
     def column_check(
-        self, weight: RankWeight, columns: npt.NDArray[np.int64], reference: F32 | None = None
+        self,
+        weight: RankWeight,
+        columns: npt.NDArray[np.int64],
+        reference: F32 | None = None,
+        rows: I64 | None = None,
     ) -> ColumnCheck | None:
         """For a layout without :meth:`code_check`: K ``columns`` over every row, read back by the kernel.
 
-        Returns ``(expected, found, quantity)`` ``[n_local, len(columns)]``, the kernel's reading run
-        through its own matmul on one-hot binary32 activations (exact: each output is one product by 1
-        plus products by 0), or None (the default). ``reference``: the slice's reference decode, where
-        the caller has it.
+        Returns ``(expected, found, quantity)`` ``[n_local, len(columns)]`` (``[len(rows), ...]`` with
+        ``rows``: a sampled ladder's), the kernel's reading run through its own matmul on one-hot
+        binary32 activations (exact: each output is one product by 1 plus products by 0), or None (the
+        default). ``reference``: the slice's full reference decode, where the caller has it.
         """
         return None
 

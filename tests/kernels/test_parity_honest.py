@@ -18,7 +18,8 @@ from shardport.kernels.gguf_kernel import GgufDirectKernel
 from shardport.kernels.int4_cpu import Int4CpuKernel, PreparedInt4, int4_terms
 from shardport.kernels.int4_direct import Int4DirectKernel
 from shardport.kernels.int8_kernel import Int8CpuKernel
-from shardport.kernels.parity import require, spot_columns
+from shardport.kernels.parity import ladder_sampled, require, spot_columns
+from shardport.kernels.parity_codes import spot_rows
 from shardport.kernels.reference import FullDequantKernel, ReferenceKernel
 
 N = K = 128
@@ -150,6 +151,12 @@ def test_gguf_direct_l1_fails_when_its_stored_blocks_are_corrupted_after_prepara
     bad = _ladder(prepared, weight).l1
     assert not bad.passed and bad.mismatches == 1
     assert bad.first_mismatch is not None and bad.first_mismatch.startswith("row 5 column 0: value")
+    # a sampled ladder reads the spot columns on every 8th row (and the last): row 8 yes, row 5 not
+    sampled = ladder_sampled(prepared, weight, manifest_digest=DIGEST, verified_tiles=1, represented_by="r")
+    assert sampled.l1.passed and sampled.l1.rows == len(spot_rows(N)) == N // 8 + 1
+    blocks[8, 2] ^= 0x01
+    sampled = ladder_sampled(prepared, weight, manifest_digest=DIGEST, verified_tiles=1, represented_by="r")
+    assert not sampled.l1.passed and sampled.l1.first_mismatch.startswith("row 8 column 0: value")
 
 
 def test_l1_is_not_applicable_with_a_reason_only_where_nothing_is_read_back(cases):
