@@ -2,7 +2,7 @@
 
 The contract comes from the manifest's ``model`` section: the one recorded at push (``model.graph``),
 else re-derived from the model's architecture, parameters and tensor shapes
-(:func:`~shardport.registry.model_graph.graph_of`). :func:`check_inventory` refuses, at plan
+(:func:`~shardport.registry.checkpoint.model_graph.graph_of`). :func:`check_inventory` refuses, at plan
 time, a checkpoint whose weights do not match the architecture: a weight the graph needs and the
 manifest lacks, one of the wrong shape, or one the graph would silently ignore.
 """
@@ -10,8 +10,8 @@ manifest lacks, one of the wrong shape, or one the graph would silently ignore.
 from __future__ import annotations
 
 from shardport.registry.artifact.manifest import Manifest
+from shardport.registry.checkpoint.model_graph import graph_of
 from shardport.registry.contracts.graph import GraphContract
-from shardport.registry.model_graph import graph_of
 
 from .errors import UnsupportedModelError
 from .graph.stems import layer_stem

@@ -506,9 +506,10 @@ def write_logits(path: Path, logits: np.ndarray) -> Path:
 
     A temporary file in the same folder (created ``O_EXCL | O_NOFOLLOW``), read back and compared,
     flushed to disk, renamed over ``path``; removed on any failure. ``path`` must be a new name or a
-    regular file (:func:`~shardport.registry.destination.file_destination`, checked before the bring-up).
+    regular file (:func:`~shardport.registry.output.destination.file_destination`, checked before the
+    bring-up).
     """
-    from shardport.registry.writers import write_safetensors
+    from shardport.registry.output.writers import write_safetensors
 
     write_safetensors({"logits": np.asarray(logits, dtype=np.float32)}, path, durable=True)
     return path

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 from shardport import ShardportError
 from shardport.registry import _failpoints
 from shardport.registry import verify_content as content
-from shardport.registry.analysis import analyze
 from shardport.registry.artifact.hashing import digest_bytes, digest_file
 from shardport.registry.artifact.manifest import FileEntry, Manifest
 from shardport.registry.artifact.manifest_check import check_manifest
 from shardport.registry.artifact.paths import check_paths
 from shardport.registry.artifact.refs import Ref
 from shardport.registry.artifact.witness_file import FOLDER_NAME as WITNESS_FILE
-from shardport.registry.describe import METADATA_DIR, scan
+from shardport.registry.checkpoint.analysis import analyze
+from shardport.registry.checkpoint.describe import METADATA_DIR, scan
 from shardport.registry.errors import (
     NotFoundError,
     RefusedError,
@@ -28,9 +28,9 @@ from shardport.registry.errors import (
     UsageError,
     VerificationError,
 )
+from shardport.registry.output.staging import stop_on_signals
 from shardport.registry.results import result_json
 from shardport.registry.session import Session
-from shardport.registry.staging import stop_on_signals
 from shardport.registry.tiles.model import TileIndex
 from shardport.registry.trust.signatures import check_envelope, referrers, verify_manifest
 from shardport.registry.trust.tagging import history

@@ -149,11 +149,11 @@ def _note_token_once() -> None:
 def destinations(session: Session, args: argparse.Namespace) -> tuple[Path | None, Path | None]:
     """``--logits-out`` and ``--report``, checked before anything starts.
 
-    :func:`~shardport.registry.destination.file_destination`: a bring-up never runs for minutes to fail
+    :func:`~shardport.registry.output.destination.file_destination`: a bring-up never runs for minutes to fail
     at writing its result.
     """
-    from shardport.registry.destination import file_destination
     from shardport.registry.errors import UsageError
+    from shardport.registry.output.destination import file_destination
 
     root = session.store.local_root
     out = [
@@ -214,7 +214,7 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
     from shardport.cli.failures import interrupted, stopped_by
     from shardport.deploy.report import write_report
     from shardport.deploy.up import write_logits
-    from shardport.registry.staging import stop_on_signals
+    from shardport.registry.output.staging import stop_on_signals
 
     logits_out, report = destinations(session, args)
     request = request_of(session, args)

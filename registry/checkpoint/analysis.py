@@ -19,6 +19,7 @@ import numpy.typing as npt
 from shardport.registry.artifact.gguf_header import header_digest
 from shardport.registry.artifact.manifest import GgufHeaderDigest, TensorEntry, WitnessFileRef
 from shardport.registry.artifact.witness_file import ProducerWitness, check_producer, producer_blob
+from shardport.registry.checkpoint.describe import read_json_object
 from shardport.registry.contracts import (
     DeclareSpec,
     FloatContract,
@@ -35,7 +36,8 @@ from shardport.registry.contracts.architecture import check_architecture
 from shardport.registry.contracts.decode import decode_weight
 from shardport.registry.contracts.errors import TiedAliasError
 from shardport.registry.contracts.formats import scale_to_f32
-from shardport.registry.describe import read_json_object
+from shardport.registry.contracts.model import QuantError
+from shardport.registry.contracts.quant_error import measure_quant_error
 from shardport.registry.errors import UsageError
 from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
 from shardport.registry.formats.elements import ELEMENTS
@@ -63,7 +65,9 @@ class Analysis:
     recorded in the manifest). ``remarks``: what was checked, for people (not recorded).
     ``gguf_headers``: each GGUF file's header digest, by path (recorded on its file entry).
     ``gguf_meta``: the GGUF files' key/value pairs (long arrays as their type and length only).
-    ``gguf_versions``: each GGUF file's header version, by path.
+    ``gguf_versions``: each GGUF file's header version, by path. ``quant_errors``: with ``--reference``,
+    each referenced weight's distance from its float weight, by name
+    (:mod:`shardport.registry.contracts.quant_error`).
     """
 
     kind: str
@@ -76,6 +80,7 @@ class Analysis:
     gguf_headers: Mapping[str, GgufHeaderDigest] = field(default_factory=dict)
     gguf_meta: Mapping[str, Any] = field(default_factory=dict)
     gguf_versions: Mapping[str, int] = field(default_factory=dict)
+    quant_errors: Mapping[str, QuantError] = field(default_factory=dict)
 
 
 @dataclass
@@ -255,7 +260,9 @@ def analyze(
     architecture, params = _architecture(root, gguf_meta, (e.name for e in g_entries))
     remarks = check_architecture(architecture, params, weights, notes=notes)
     _check_tied(weights, by_name, reader, params)
-    checked = _checked_weights(weights, reader, by_name, _reference_rows(reference), witnesses=witnesses)
+    quant_errors: dict[str, QuantError] = {}
+    refs = _reference_rows(reference)
+    checked = _checked_weights(weights, reader, by_name, refs, witnesses=witnesses, measured=quant_errors)
     _check_finite(root, entries, checked, notes, allow=allow_nonfinite)
     gguf_only = bool(gguf_files) and not st_files
     return Analysis(
@@ -269,6 +276,7 @@ def analyze(
         gguf_headers=headers,
         gguf_meta=gguf_meta,
         gguf_versions=versions,
+        quant_errors=quant_errors,
     )
 
 
@@ -375,11 +383,12 @@ def _checked_weights(
     refs: dict[str, tuple[Path, TensorEntry]],
     *,
     witnesses: bool,
+    measured: dict[str, QuantError],
 ) -> list[LogicalWeight]:
     """Every weight through its semantic gates, with witness rows where wanted.
 
     With ``witnesses``, quantized (or referenced) weights get witness rows, decoded against the
-    ``--reference`` rows where given.
+    ``--reference`` rows where given; their measured errors go into ``measured``.
     """
     inventory = stored_inventory(by_name.values())
     checked: list[LogicalWeight] = []
@@ -394,7 +403,11 @@ def _checked_weights(
                     raise UsageError(f"--reference: no tensor {w.name} in the reference checkpoint")
                 folder, entry = refs[w.name]
                 ref = _as_f32(PlaneReader(folder).typed(entry), entry.dtype).reshape(w.shape.extents)
-            witness = make_witness(w, planes, witness_seed(w.name), reference=ref)
+            seed = witness_seed(w.name)
+            witness = make_witness(w, planes, seed)
+            if ref is not None:
+                sums, measured[w.name] = measure_quant_error(w, planes, ref, seed=seed)
+                witness = witness.model_copy(update={"rel_error": sums.rel_frobenius})
             w = w.model_copy(update={"witness": witness})
         checked.append(w)
     return checked

@@ -111,7 +111,7 @@ def model_of(src: Path, files: dict[str, FileEntry]) -> ModelInfo:
 def quantization_config(src: Path) -> dict[str, Any] | None:
     """The quantization config: ``config.json``'s ``quantization_config``, else ``quantize_config.json``.
 
-    :func:`shardport.registry.layers.quantization_layer` makes the manifest's section of it.
+    :func:`shardport.registry.checkpoint.layers.quantization_layer` makes the manifest's section of it.
     """
     config = read_json_object(src / "config.json") or {}
     qc = config.get("quantization_config") or read_json_object(src / "quantize_config.json")
