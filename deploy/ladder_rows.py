@@ -65,6 +65,7 @@ def l1_row(ladders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "passed": all(bool(lad["l1"]["passed"]) for lad in ladders),
         "value": sum(int(lad["l1"]["mismatches"]) for lad in ladders),
         "tolerance": 0,
+        "tolerance_source": "exact: the planes' codes (a direct kernel's reference values) as stored",
         "detail": detail,
     }
 
@@ -84,9 +85,9 @@ def l2_row(
         "passed": all(lad["l2"]["passed"] for lad in ladders) and covered,
         "value": worst(float(lad["l2"]["max_abs_error"]) for lad in full),
         "tolerance": worst(float(lad["l2"]["tolerance"]) for lad in full),
+        "tolerance_source": sources(lad["l2"] for lad in full),
         "detail": f"{witnessed} witness cells or rows on all {len(ladders)} operators; reconstruction: "
-        f"{scope}; each element within its budget ({sources(lad['l2'] for lad in full)})"
-        + (f"; {gaps}" if gaps else ""),
+        f"{scope}; each element within its own budget (the largest shown)" + (f"; {gaps}" if gaps else ""),
     }
 
 
@@ -99,6 +100,7 @@ def l3_row(full: Sequence[Mapping[str, Any]], scope: str, gaps: str, covered: bo
         "passed": all(x["passed"] for x in l3) and covered,
         "value": worst(float(x["e_kernel"]) for x in l3),
         "tolerance": worst(float(x["tol_kernel"]) + float(x.get("tol_conversion", 0.0)) for x in l3),
+        "tolerance_source": sources(l3),
         "detail": f"{len(l3)} golden batches; {scope}; tolerance: the kernel's accumulation tolerance "
         "+ the operator bound of its L2 budget, never the measured conversion error"
         + (f"; {gaps}" if gaps else ""),

@@ -75,8 +75,9 @@ def test_l2_and_l3_name_their_tolerance_sources(q8_0: RankWeight) -> None:
     exact = _record(q8_0, GgufDirectKernel())
     dense = _record(q8_0, FullDequantKernel(), "bfloat16")
     rows = _rows(exact, dense)
-    assert "exact: the layout keeps or permutes" in rows["L2"]["detail"]
-    assert "rounding to a dense bfloat16 copy" in rows["L2"]["detail"]
+    assert "exact: the layout keeps or permutes" in rows["L2"]["tolerance_source"]
+    assert "rounding to a dense bfloat16 copy" in rows["L2"]["tolerance_source"]
+    assert "KERNEL_TOLERANCE[full-dequant][bfloat16] + ‖|X|·B^T‖" in rows["L3"]["tolerance_source"]
     assert rows["L2"]["passed"] and 0 < rows["L2"]["value"] <= rows["L2"]["tolerance"]
     batch = dense["l3"][0]
     assert batch["tol_conversion"] > 0 and "‖|X|·B^T‖/‖Y_ref‖" in batch["tolerance_source"]
