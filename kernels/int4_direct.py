@@ -64,6 +64,8 @@ TILE_ELEMENTS = 1 << 20
 #: says what a weight uses.
 WORKSPACE_BYTES_PER_ELEMENT = 14
 ENCODINGS = ("u4", "s4_twos", "s4_offset8")
+#: Rows of the registry's generic unpacking per call in parity L1 (int64 codes: 8 bytes per element).
+UNPACK_ROWS = 1024
 _ROUND = {"binary16": "float16", "bfloat16": "bfloat16"}
 
 CAPABILITY = Capability(
@@ -375,15 +377,20 @@ class PreparedInt4Direct(PreparedLinear):
         """(codes ``q - lo`` by the registry's generic unpacking, the kernel's: :meth:`probe_codes`).
 
         The kernel walks every row either way (its slabs follow the stored layout); ``rows`` restricts
-        the comparison, and the generic unpacking, to those rows.
+        the comparison, and the generic unpacking, to those rows. The unpacking runs
+        :data:`UNPACK_ROWS` rows at a time (its int64 codes of a whole large weight would not fit).
         """
         c = _contract(weight)
         shape = LogicalShape(axes=("N", "K"), extents=(weight.n_local, weight.k_local))
-        at = None if rows is None else [int(r) for r in rows]
-        terms = affine_terms(c, weight.named_planes, shape, at, weight.where)
-        stored = columns if terms.columns is None else terms.columns[columns]
+        at = np.arange(weight.n_local) if rows is None else np.asarray(rows, dtype=np.int64)
         lo = encoding_value_range(c.codes.encoding)[0]
-        expected = terms.q[:, stored] - lo
+        parts = []
+        for i in range(0, at.size, UNPACK_ROWS):
+            chunk = [int(r) for r in at[i : i + UNPACK_ROWS]]
+            terms = affine_terms(c, weight.named_planes, shape, chunk, weight.where)
+            stored = columns if terms.columns is None else terms.columns[columns]
+            parts.append(terms.q[:, stored] - lo)
+        expected = np.concatenate(parts) if parts else np.zeros((0, columns.size), dtype=np.int64)
         found = self.probe_codes(columns)
         return expected, found if rows is None else found[rows], "codes"
 

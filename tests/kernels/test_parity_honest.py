@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardport.kernels import Catalog, FallbackPolicy, dispatch, ladder, rank_weight
+from shardport.kernels import Catalog, FallbackPolicy, dispatch, int4_direct, ladder, rank_weight
 from shardport.kernels.errors import FallbackForbiddenError, ParityError
 from shardport.kernels.gguf_kernel import GgufDirectKernel
 from shardport.kernels.int4_cpu import Int4CpuKernel, PreparedInt4, int4_terms
@@ -124,7 +124,8 @@ def test_a_full_dequant_copy_is_held_to_the_rounding_of_its_dtype(cases):
 # -- L1: a direct kernel reads its stored codes back; corrupted after preparation, L1 fails ------------
 
 
-def test_int4_direct_l1_fails_when_its_stored_codes_are_corrupted_after_preparation(cases):
+def test_int4_direct_l1_fails_when_its_stored_codes_are_corrupted_after_preparation(cases, monkeypatch):
+    monkeypatch.setattr(int4_direct, "UNPACK_ROWS", 48)  # the oracle's unpacking in 3 row chunks
     weight = _weight(cases["gptq"])
     prepared = _op(Int4DirectKernel(), weight, "float32")
     clean = _ladder(prepared, weight).l1
