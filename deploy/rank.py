@@ -67,7 +67,7 @@ class RankSpec:
     activations: str = "auto"
     """The dtype of the quantized operators' activations, ``float32``, ``bfloat16`` or ``auto`` (by the
     rank's device: :func:`.rank_ops.activations_for`) (``--activations``;
-    :func:`.rank_ops.dispatch_activations`); the graph around them stays float32."""
+    :func:`~shardport.kernels.dispatch_activations`); the graph around them stays float32."""
     trust: str | None = None
     """The trust policy or public key the driver resolved with (``--trust``; None: the home's policy)."""
     allow_unsigned: bool = False

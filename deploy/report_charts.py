@@ -3,9 +3,10 @@
 - L3: per layer (:func:`.report_views.layer_of`; weights without one, each its own slot at the end)
   the largest relative operator error ``E_kernel`` any of its operators showed, on a log scale, with
   the layer's tightest tolerance as a tick. Read from the predicate's ``parity_l3`` (one record per
-  operator: ``weight``, ``e_kernel``, ``tolerance`` or ``tol_kernel`` + ``e_conversion``, ``passed``,
-  optionally ``rank``/``kernel``) or else ``ladders`` (the ranks' ladder records, each with ``weight``
-  and its ``l3`` golden batches). Neither: the chart says so.
+  operator: ``weight``, ``e_kernel``, ``tolerance`` or ``tol_kernel`` + ``tol_conversion`` (records
+  before it: ``e_conversion``), ``passed``, optionally ``rank``/``kernel``) or else ``ladders`` (the
+  ranks' ladder records, each with ``weight`` and its ``l3`` golden batches). Neither: the chart says
+  so.
 - L4: ``|Δ|`` of the logits against the reference per prompt position and decode step, with the
   tolerance as a line. Read from ``parity_l4``: ``per_position_abs_diff`` (a list: the prompt positions;
   or ``{"prompt": [...], "decode": [...]}``) and ``decode_per_step_abs_diff``; without them the maxima
@@ -40,6 +41,17 @@ class Slot:
     count: int = 1
 
 
+def _conversion_term(batch: Mapping[str, Any]) -> float:
+    """An L3 batch's conversion term of its tolerance: ``tol_conversion``, else ``e_conversion``.
+
+    ``tol_conversion`` is the operator bound of the L2 budget; records written before it passed at
+    ``tol_kernel + e_conversion``.
+    """
+    if "tol_conversion" in batch:
+        return number(batch.get("tol_conversion")) or 0.0
+    return number(batch.get("e_conversion")) or 0.0
+
+
 def _l3_rows(evidence: Mapping[str, Any]) -> list[tuple[str, float | None, float | None, bool]]:
     """(weight, E_kernel, tolerance, passed) per operator, from ``parity_l3`` or the ``ladders``."""
     out = []
@@ -47,7 +59,7 @@ def _l3_rows(evidence: Mapping[str, Any]) -> list[tuple[str, float | None, float
         if "weight" in rec:
             tol = number(rec.get("tolerance"))
             if tol is None and number(rec.get("tol_kernel")) is not None:
-                tol = float(rec["tol_kernel"]) + (number(rec.get("e_conversion")) or 0.0)
+                tol = float(rec["tol_kernel"]) + _conversion_term(rec)
             out.append((str(rec["weight"]), number(rec.get("e_kernel")), tol, rec.get("passed") is not False))
     if out:
         return out
@@ -56,9 +68,7 @@ def _l3_rows(evidence: Mapping[str, Any]) -> list[tuple[str, float | None, float
         if not batches:
             continue
         errors = [number(x.get("e_kernel")) for x in batches]
-        tols = [
-            (number(x.get("tol_kernel")) or 0.0) + (number(x.get("e_conversion")) or 0.0) for x in batches
-        ]
+        tols = [(number(x.get("tol_kernel")) or 0.0) + _conversion_term(x) for x in batches]
         finite = [e for e in errors if e is not None and math.isfinite(e)]
         worst = max(finite) if len(finite) == len(errors) else math.nan
         out.append(

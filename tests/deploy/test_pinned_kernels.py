@@ -11,8 +11,8 @@ from bringup_artifacts import gguf_tiny
 from support import Cli
 
 from shardport.deploy.pinned_kernels import check_pins
-from shardport.deploy.rank_ops import dispatch_activations, is_quantized
-from shardport.kernels import FallbackPolicy, default_catalog, rank_weight
+from shardport.deploy.rank_ops import is_quantized
+from shardport.kernels import FallbackPolicy, default_catalog, dispatch_activations, rank_weight
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.checkpoint.analysis import PlaneReader
 from shardport.registry.store.protocol import Store

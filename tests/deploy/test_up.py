@@ -335,6 +335,27 @@ def test_forbid_refuses_listing_every_candidates_reason(home: Path, tmp_path: Pa
     assert "policy" in message
 
 
+def test_allow_runs_codes_no_kernel_reads_and_l1_says_not_applicable(home: Path, tmp_path: Path) -> None:
+    """2-bit codes under --fallback allow: every operator on a dense copy or the reference decoder, so no
+    code is read back anywhere: the L1 row is "not applicable" with the reason (not a pass over 0 codes)
+    and the bring-up still passes on the levels that measured something."""
+    from shardport.registry.push import push
+
+    store = str(tmp_path / "store")
+    ok(store, "keygen")
+    push(Session.open(store), gptq_tiny(tmp_path / "gptq2", bits=2), "llama/gptq2", "v1")
+    request = UpRequest(
+        ref="llama/gptq2:v1", tokens=PROMPT, steps=2, fallback="allow", store=store, ladder="full"
+    )
+    result = bring_up(Session.open(store), request, launcher=run_in_process, store_evidence=False)
+    rows = {row["level"]: row for row in result.predicate["parity"]}
+    l1 = rows["L1"]
+    assert l1["status"] == "not applicable" and l1["passed"] is None, l1
+    assert "dense float copy" in l1["detail"] or "reference decoder itself" in l1["detail"]
+    assert all(rows[level]["passed"] for level in ("L0", "L2", "L3", "L4"))
+    assert result.predicate["passed"]
+
+
 def test_a_model_no_kernel_admits_is_refused_before_anything_starts(
     home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -63,8 +63,10 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "--fallback",
         choices=["forbid", "warn", "allow"],
         default="warn",
-        help="generic kernels and full dequantization: forbid both; warn on generic kernels and forbid "
-        "full dequantization (default); allow both (recorded in the evidence)",
+        help="kernel fallbacks: forbid refuses generic kernels, full dequantization and conversions (a "
+        "layout that changes a stored number, e.g. scales cast to bfloat16); warn (default) warns on "
+        "generic kernels, forbids full dequantization, allows conversions; allow lets all three through "
+        "(recorded in the evidence)",
     )
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--tokens", type=_tokens, help="the prompt as token ids: 1,2,3")
