@@ -25,6 +25,7 @@ from typing import Any
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.contracts.graph import GraphContract
 from shardport.registry.errors import UsageError
+from shardport.registry.families.llama import CONFIG_KEYS, GGUF_KEYS
 
 from .errors import GraphLayoutError
 
@@ -64,11 +65,11 @@ def context_of(params: Mapping[str, Any], architecture: str | None = None) -> Co
 
     The defaults: :data:`ARCHITECTURE_CONTEXT`, then :data:`DEFAULT_CONTEXT`.
     """
-    stated = _positive_int(params.get("max_position_embeddings"))
+    stated = _positive_int(params.get(CONFIG_KEYS["context"]))
     if stated is not None:
-        return Context(stated, "max_position_embeddings")
+        return Context(stated, CONFIG_KEYS["context"])
     for key in sorted(params):
-        if key.endswith(".context_length"):
+        if key.endswith("." + GGUF_KEYS["context"]):
             stated = _positive_int(params[key])
             if stated is not None:
                 return Context(stated, key)
