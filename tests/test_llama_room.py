@@ -60,13 +60,19 @@ _WORDS = (
     r"freq_base",
     r"context_length",
     r"general\.architecture",
+    r"rope_type",
+    r"original_max_position_embeddings",
+    r"[A-Za-z0-9]+ForCausalLM",
 )
 VOCABULARY = re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(_WORDS) + r")")
 EXACT = frozenset({"w1", "w2", "w3", "output", "norm"})
 """Literals that are vocabulary only as a whole string (Mixtral's experts, GGUF's head and norm)."""
 
 # path -> literals allowed there, with the reason. Keep short; a stale entry fails the test.
-ALLOWED: dict[str, set[str]] = {}
+ALLOWED: dict[str, set[str]] = {
+    # the demo writes a user's checkpoint: its config.json names its architecture as any checkpoint does
+    "deploy/demo.py": {"LlamaForCausalLM"},
+}
 
 
 def _docstrings(tree: ast.Module) -> set[int]:

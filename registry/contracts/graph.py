@@ -48,6 +48,7 @@ from shardport.registry.families.llama import (
     GGUF_KEYS,
     GGUF_ROPE_FREQS,
     GGUF_VARIANTS,
+    ROPE_SCALING_KEYS,
     RopePairs,
     Variant,
     end_names,
@@ -208,21 +209,22 @@ def _config_scaling(p: _Params, block: object) -> RopeScaling | None:
         return None
     if not isinstance(block, Mapping):
         raise GraphContractError(p.where, CONFIG_KEYS["rope_scaling"], "an object or null", repr(block)[:80])
-    kind = block.get("rope_type", block.get("type"))
+    r = ROPE_SCALING_KEYS
+    kind = block.get(r["kind"], block.get(r["legacy_kind"]))
     if kind in (None, "default"):
         return None
     scaled = _Params(block, p.where, block=CONFIG_KEYS["rope_scaling"] + ".")
     if kind == "linear":
-        return RopeScaling(kind="linear", factor=scaled.float("factor"))
+        return RopeScaling(kind="linear", factor=scaled.float(r["factor"]))
     if kind == "llama3":
         return RopeScaling(
             kind="llama3",
-            factor=scaled.float("factor"),
-            low_freq_factor=scaled.float("low_freq_factor"),
-            high_freq_factor=scaled.float("high_freq_factor"),
-            original_max_position=scaled.int("original_max_position_embeddings"),
+            factor=scaled.float(r["factor"]),
+            low_freq_factor=scaled.float(r["low_freq_factor"]),
+            high_freq_factor=scaled.float(r["high_freq_factor"]),
+            original_max_position=scaled.int(r["original_max_position"]),
         )
-    raise _refuse_scaling(p.where, CONFIG_KEYS["rope_scaling"] + ".rope_type", kind)
+    raise _refuse_scaling(p.where, f"{CONFIG_KEYS['rope_scaling']}.{r['kind']}", kind)
 
 
 def _shape(shapes: Mapping[str, Sequence[int]] | None, *names: str) -> tuple[int, ...] | None:

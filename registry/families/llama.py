@@ -372,6 +372,24 @@ GGUF_KEYS: dict[str, str] = {
     "experts_per_token": "expert_used_count",
     "context": "context_length",
 }
+CONTEXT_DEFAULTS = {
+    "LlamaForCausalLM": 2048,
+    "MistralForCausalLM": 4096 * 32,
+    "MixtralForCausalLM": 4096 * 32,
+    "Qwen2ForCausalLM": 32768,
+    "Qwen2MoeForCausalLM": 32768,
+}
+"""transformers' configs' ``max_position_embeddings`` defaults: what a checkpoint whose config omits the
+key means (a Mistral config without it runs 131,072 positions, not Llama's 2,048)."""
+#: config.json's ``rope_scaling`` (or ``rope_parameters``) object: what each key of a scaling holds.
+ROPE_SCALING_KEYS: dict[str, str] = {
+    "kind": "rope_type",
+    "legacy_kind": "type",
+    "factor": "factor",
+    "low_freq_factor": "low_freq_factor",
+    "high_freq_factor": "high_freq_factor",
+    "original_max_position": "original_max_position_embeddings",
+}
 GGUF_ROPE_FREQS = "rope_freqs.weight"
 """llama 3 rope scaling stored as a per-frequency factor tensor (not implemented by the graph)."""
 
