@@ -37,9 +37,9 @@ from shardport.loader import RankTensors
 from shardport.registry.contracts.decode import decode_weight
 from shardport.registry.contracts.graph import GraphContract
 from shardport.registry.contracts.model import AffineIntContract, GgufBlockContract, LogicalWeight
+from shardport.registry.families import llama
 
 from .errors import GraphWeightError, UnsupportedModelError
-from .graph.stems import layer_stem
 from .graph.weights import (
     Attention,
     Experts,
@@ -69,9 +69,7 @@ ACTIVATION_CHOICES = ("auto", *ACTIVATIONS)
 #: ``--activations``: their output is the logits, and logits rounded to bfloat16 (a step of 2^-8 of their
 #: scale) tie at the top often enough to break L4's top-1 agreement and greedy tokens, which stay
 #: absolute. One operator per token; a Q8_0 head's kernel (cpu.gguf-direct) computes float32 anyway.
-LOGIT_WEIGHTS = frozenset(
-    {"output.weight", "lm_head.weight", "token_embd.weight", "model.embed_tokens.weight"}
-)
+LOGIT_WEIGHTS = llama.LOGIT_NAMES
 HEAD_NOTE = "the output head keeps float32 activations (bfloat16 logits tie at the top)"
 
 
@@ -347,7 +345,7 @@ class _Slots:
         return t
 
     def name(self, layer: int, op: str, leaf: str = "weight") -> str:
-        return f"{layer_stem(layer, op, self.gguf)}.{leaf}"
+        return llama.layer_name(layer, op, self.gguf, leaf)
 
     def linear(self, name: str) -> Linear:
         if name in self.ops.ops:
@@ -378,11 +376,8 @@ def _experts(s: _Slots, layer: int, experts: range) -> Experts:
     if s.gguf:  # stacked [E, N, K]: each owned expert's view (rank_experts.split_experts)
         owned = {e: Mlp(*(s.linear(n) for n in gguf_expert_names(layer, e))) for e in experts}
         return Experts(router=s.linear(s.name(layer, "router")), owned=owned)
-    stem = f"model.layers.{layer}.block_sparse_moe"
-    owned = {
-        e: Mlp(*(s.linear(f"{stem}.experts.{e}.{w}.weight") for w in ("w1", "w3", "w2"))) for e in experts
-    }
-    return Experts(router=s.linear(f"{stem}.gate.weight"), owned=owned)
+    owned = {e: Mlp(*(s.linear(n) for n in llama.hf_expert_names(layer, e))) for e in experts}
+    return Experts(router=s.linear(llama.hf_router_name(layer)), owned=owned)
 
 
 def rank_weights(
@@ -417,11 +412,10 @@ def rank_weights(
         if contract.moe:
             mlp = _experts(s, i, experts if experts is not None else range(contract.experts))
         else:
-            mlp = Mlp(*(s.linear(s.name(i, op)) for op in ("gate", "up", "down")))
+            mlp = Mlp(*(s.linear(s.name(i, op)) for op in llama.MLP_OPS))
         built.append(Layer(i, s.tensor(s.name(i, "input_norm")), att, s.tensor(s.name(i, "post_norm")), mlp))
-    embed_name = "token_embd.weight" if s.gguf else "model.embed_tokens.weight"
-    head_name = embed_name if contract.tied_embeddings else ("output.weight" if s.gguf else "lm_head.weight")
-    norm_name = "output_norm.weight" if s.gguf else "model.norm.weight"
+    embed_name, norm_name, stored_head = llama.end_names(s.gguf, contract.tied_embeddings)
+    head_name = embed_name if stored_head is None else stored_head
     embed: Lookup | None = s.lookup(embed_name) if first else None
     head: Linear | None = s.linear(head_name) if last else None
     norm = s.tensor(norm_name) if last else None

@@ -39,6 +39,14 @@ from shardport.registry.contracts.formats import scale_to_f32
 from shardport.registry.contracts.model import QuantError
 from shardport.registry.contracts.quant_error import measure_quant_error
 from shardport.registry.errors import UsageError
+from shardport.registry.families.llama import (
+    CONFIG_KEYS,
+    EMBED_SLOT,
+    GGUF_ARCHITECTURE_KEY,
+    HEAD_SLOT,
+    gguf_head_tied,
+    gguf_key,
+)
 from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
 from shardport.registry.formats.elements import ELEMENTS
 from shardport.registry.formats.errors import NonFiniteValueError
@@ -144,20 +152,20 @@ def _architecture(
     if config is not None:
         archs = config.get("architectures") or [config.get("model_type")]
         return (str(archs[0]) if archs and archs[0] else None), config
-    arch = gguf_meta.get("general.architecture")
+    arch = gguf_meta.get(GGUF_ARCHITECTURE_KEY)
     if not isinstance(arch, str):
         return None, {}
     params: dict[str, Any] = {}
-    if f"{arch}.block_count" in gguf_meta:
-        params["num_hidden_layers"] = gguf_meta[f"{arch}.block_count"]
-    params["num_local_experts"] = gguf_meta.get(f"{arch}.expert_count") or 0
-    params["tie_word_embeddings"] = "output.weight" not in set(gguf_tensors)
+    if gguf_key(arch, "layers") in gguf_meta:
+        params[CONFIG_KEYS["layers"]] = gguf_meta[gguf_key(arch, "layers")]
+    params[CONFIG_KEYS["experts"]] = gguf_meta.get(gguf_key(arch, "experts")) or 0
+    params[CONFIG_KEYS["tied_embeddings"]] = gguf_head_tied(gguf_tensors)
     return arch, params
 
 
 def _gguf_params(meta: Mapping[str, Any]) -> dict[str, Any]:
     """The architecture's scalar hyper-parameters from GGUF keys (``llama.block_count``…)."""
-    arch = meta.get("general.architecture")
+    arch = meta.get(GGUF_ARCHITECTURE_KEY)
     if not isinstance(arch, str):
         return {}
     out: dict[str, Any] = {}
@@ -177,10 +185,10 @@ def _check_tied(
     params: Mapping[str, Any],
 ) -> None:
     """Weights declared tied must hold identical bytes when both are stored."""
-    if not params.get("tie_word_embeddings"):
+    if not params.get(CONFIG_KEYS["tied_embeddings"]):
         return
     slots = {w.binding.slot: w for w in weights if w.binding.layer is None}
-    embed, head = slots.get("embed_tokens"), slots.get("lm_head")
+    embed, head = slots.get(EMBED_SLOT), slots.get(HEAD_SLOT)
     if embed is None or head is None:
         return
     a, b = (by_name.get(w.planes[0].tensor) for w in (embed, head))
@@ -190,7 +198,7 @@ def _check_tied(
         raise TiedAliasError(
             head.name,
             "tied_alias",
-            f"the bytes of {embed.name} (tie_word_embeddings: true)",
+            f"the bytes of {embed.name} ({CONFIG_KEYS['tied_embeddings']}: true)",
             "different bytes",
             "untie them in config.json, or store the head once",
         )
