@@ -317,12 +317,15 @@ class Rank:
 
         Reachable from each prepared operator (attributed to its weight), and from what else the rank
         keeps -- but not its loaded planes, which hold the stored bytes (``keep_planes`` keeps them on
-        purpose; the release check counts those no operator uses).
+        purpose; the release check counts those no operator uses), nor the manifest, contract, traces
+        and ladder records (pydantic records without arrays, thousands of objects at 1 GiB).
         """
         from .float_scan import scan_floats
 
-        state = {k: v for k, v in vars(self).items() if k != "loaded"}
-        return scan_floats(self.ops, {"rank": state})
+        skip = ("loaded", "ops", "manifest", "contract")  # planes; walked per operator; no arrays
+        state = {k: v for k, v in vars(self).items() if k not in skip}
+        ops = {k: v for k, v in vars(self.ops).items() if k not in ("ops", "traces", "ladders")}
+        return scan_floats(self.ops, {"rank": state, "rank operators' container": ops})
 
     # -- phase 2 ---------------------------------------------------------------------------------
     def run(self, init_method: str | None) -> dict[str, Any]:

@@ -127,10 +127,36 @@ def test_a_full_size_float_buffer_kept_by_an_operator_fails_the_row(run: dict[st
     row = _row(_rows(reports, run["manifest"]), "no persistent full dequant")
     assert row["status"] == "fail" and row["value"] == 1 and row["tolerance"] == 0
     assert name in row["detail"] and str(found["bytes"]) in row["detail"]
-    # the same copy kept by a full-dequant operator is within a policy that allows full dequantization
-    reports[0]["float_buffers"]["full_size"][0]["transformation"] = "full-dequant"
-    assert _row(_rows(reports, run["manifest"], "allow"), "no persistent full dequant")["status"] == "pass"
-    assert _row(_rows(reports, run["manifest"], "warn"), "no persistent full dequant")["status"] == "fail"
+
+
+def test_full_dequant_copies_are_measured_and_held_to_the_policy(home: Path, tmp_path: Path) -> None:
+    """A real full dequantization (the manifest requires the kernel; ``--fallback allow``) keeps one copy
+    per weight: measured on the rank, within a policy that allows it, failing one that forbids it."""
+    store = str(tmp_path / "store")
+    ok(store, "keygen")
+    ok(store, "push", gguf_tiny(tmp_path / "g"), "g:v1", "--kernels-required", "full-dequant")
+    spec = RankSpec(
+        ref="g:v1", store=store, home=str(home), s3_endpoint=None, tp=1, ep=1, pp=1, rank=0, fallback="allow",
+        prompt=PROMPT, steps=2, ladder="off",
+    )  # fmt: skip
+    rank = Rank(spec)
+    assert "failure" not in rank.prepare()
+    assert rank.float_buffers is not None
+    copies = rank.float_buffers["full_size"]
+    assert (
+        copies and {c["weight"] for c in copies} == set(rank.ops.ops) and rank.ops.persistent_full_dequant()
+    )
+    assert all(c["transformation"] == "full-dequant" and c["where"] == "operator" for c in copies)
+    manifest = rank.manifest
+    report = {"rank": 0, "dispatch": [t.model_dump(mode="json") for t in rank.ops.traces],
+              "float_buffers": rank.float_buffers, "ledger": {**rank.ledger, "host_resident_growth": 0},
+              "full_dequant_persistent": rank.ops.persistent_full_dequant()}  # fmt: skip
+    allowed = _row(_rows([report], manifest, "allow"), "no persistent full dequant")
+    assert (
+        allowed["status"] == "pass" and allowed["value"] == 0 and "allowed by the policy" in allowed["detail"]
+    )
+    forbidden = _row(_rows([report], manifest, "warn"), "no persistent full dequant")
+    assert forbidden["status"] == "fail" and forbidden["value"] == len(copies) and forbidden["tolerance"] == 0
 
 
 def test_resident_growth_over_the_ledger_bound_fails_the_row(run: dict[str, Any]) -> None:
