@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 Status = Literal["pass", "fail", "not applicable", "not run"]
 """A row's outcome; only ``pass`` and ``fail`` ran (``passed`` True / False; the others None)."""
@@ -48,6 +48,14 @@ class ParityRow(BaseModel):
     measured: int | None = None
     """How many quantities the row measured (traces, positions, ranks, buffers...)."""
     detail: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older(cls, data: Any) -> Any:
+        """A row written before ``status`` existed: its status from its ``passed`` (None: not run)."""
+        if isinstance(data, Mapping) and "status" not in data:
+            return {**data, "status": status_of(data.get("passed"))}
+        return data
 
 
 class EvidencePredicate(BaseModel):

@@ -187,3 +187,19 @@ def test_a_pass_that_measured_nothing_is_not_a_pass() -> None:
         done["parity"][0]["status"] == "not applicable" and "measured nothing" in done["parity"][0]["detail"]
     )
     assert done["passed"] is False  # no row ran: nothing passed
+
+
+def test_the_driver_refuses_a_malformed_rank_report_by_rank_and_field(run: dict[str, Any]) -> None:
+    from shardport.deploy.errors import DeployError
+    from shardport.deploy.rank_report import check_reports
+
+    reports = copy.deepcopy(run["reports"])
+    (typed,) = check_reports(reports)
+    assert typed.rank == 0 and typed.float_buffers.operators == len(typed.dispatch) // 2
+    reports[0]["ledger"]["host_resident_growth"] = "a lot"
+    with pytest.raises(DeployError, match=r"rank 0 reported a malformed 'ledger\.host_resident_growth'"):
+        check_reports(reports)
+    reports[0]["ledger"]["host_resident_growth"] = 0
+    del reports[0]["float_buffers"]
+    with pytest.raises(DeployError, match="'float_buffers'"):
+        check_reports(reports)

@@ -233,3 +233,15 @@ def test_verify_checks_the_ladder_attachment_an_evidence_names(pushed: tuple[Cli
     store_evidence(session, "acme/m", digest, predicate(created="2026-12-03T00:00:00Z", ladder_values=wrong))
     code, out = cli("verify", "acme/m:prod")
     assert code == 1 and any("its values hash to" in f["message"] for f in out["findings"])
+
+
+def test_rows_written_before_status_existed_read_their_status_from_passed() -> None:
+    from shardport.registry.evidence_rows import verdict_findings
+
+    older = {k: v for k, v in ROW.items() if k not in ("status", "tolerance_source", "measured")}
+    off = {"level": "L0", "name": "bytes", "passed": None, "value": None, "tolerance": None, "detail": ""}
+    pred = {"manifest": "sha256:" + "0" * 64, "repository": "acme/m", "passed": True, "parity": [older, off]}
+    assert verdict_findings(pred) == []
+    assert verdict_findings({**pred, "passed": False}) == [
+        "passed is False, its rows say True (all ran rows pass)"
+    ]
