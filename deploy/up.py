@@ -122,6 +122,10 @@ class UpResult:
             "read_amplification": p["read_amplification"],
             "devices": p.get("devices", {}),
             "attempts": p.get("attempts", []),
+            "placement": p.get("placement"),
+            "reference": p.get("reference"),
+            "dispatch_candidates": p.get("dispatch_candidates", []),
+            "ladder_values": p.get("ladder_values"),
             "evidence": self.evidence,
         }
 

@@ -229,7 +229,7 @@ def level5(
         "fallbacks": dict(classes),
         "forbidden_fallbacks": over,
         "policy": policy.model_dump(mode="json"),
-        "full_dequant_labels": {
+        "full_dequant_buffers": {  # by the kernels' label; measured: float_buffers
             str(r["rank"]): r["full_dequant_persistent"] for r in reports if r.get("full_dequant_persistent")
         },
         "float_buffers": _float_section(reports, policy),

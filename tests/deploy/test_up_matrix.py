@@ -277,6 +277,8 @@ def test_gptq_with_a_partial_last_group(pushed: Pusher, ray_ranks: Any) -> None:
     assert o_proj == {0: INT4, 1: DIRECT4}  # rank 1: one whole group and the 64-column tail
     assert {r["kernel"] for r in dispatch if slot(r["weight"]) == "down_proj"} == {INT4}  # 768 = 6 x 128
     assert not result.predicate["l5"]["full_dequant_buffers"]
+    measured = result.predicate["l5"]["float_buffers"]
+    assert measured["operators"] > 0 and measured["outside_policy"] == measured["within_policy"] == []
 
 
 def test_gptq_partial_group_refusals(pushed: Pusher) -> None:
