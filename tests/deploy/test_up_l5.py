@@ -157,6 +157,11 @@ def test_full_dequant_copies_are_measured_and_held_to_the_policy(home: Path, tmp
     )
     forbidden = _row(_rows([report], manifest, "warn"), "no persistent full dequant")
     assert forbidden["status"] == "fail" and forbidden["value"] == len(copies) and forbidden["tolerance"] == 0
+    # the same traces under a policy that forbids full dequantization: the fallback row fails too
+    fallback = _row(_rows([report], manifest, "warn"), "fallbacks within policy")
+    assert fallback["status"] == "fail" and fallback["value"] == len(report["dispatch"]) > 0
+    assert "full-dequant forbid" in fallback["tolerance_source"]
+    assert _row(_rows([report], manifest, "allow"), "fallbacks within policy")["status"] == "pass"
 
 
 def test_resident_growth_over_the_ledger_bound_fails_the_row(run: dict[str, Any]) -> None:
