@@ -26,8 +26,10 @@ from shardport.deploy.up import UpRequest, bring_up
 from shardport.deploy.up_l5 import RESIDENT_SLACK, l5_rows, level5
 from shardport.deploy.up_rows import finish
 from shardport.registry.artifact.manifest import Manifest
+from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.evidence_rows import verdict_findings
 from shardport.registry.session import Session
+from shardport.registry.verify import verify_ref
 
 PROMPT = (1, 5, 300, 7, 396)
 STATUSES = {"pass", "fail", "not applicable", "not run"}
@@ -82,6 +84,10 @@ def test_every_row_says_status_value_tolerance_and_its_source(run: dict[str, Any
     refused = [c for g in groups for c in g["candidates"] if c["reasons"]]
     assert refused and all(":" in why for c in refused for why in c["reasons"])
     assert pred["ladder_values"]["blob"] and pred["ladder_values"]["operators"] > 0
+    with pytest.MonkeyPatch.context() as mp:  # the stored statement and its attachment verify
+        mp.setenv("SHARDPORT_HOME", str(Path(run["store"]).parent / "home"))
+        report = verify_ref(Session.open(run["store"]), parse_ref("g:v1"))
+    assert report.ok and report.evidence_verified == 1, report.findings
 
 
 def test_a_kernel_other_than_the_manifest_pins_fails_the_row(run: dict[str, Any]) -> None:
