@@ -151,8 +151,15 @@ def _attachments(session: Session, ref: Ref, digest: Digest, report: Report) -> 
 
 
 def _evidence(session: Session, ref: Ref, digest: str, report: Report) -> None:
-    """Every bring-up evidence statement verifies: signer trusted, subject and predicate this manifest."""
-    from shardport.registry.evidence import read_evidence
+    """Every bring-up evidence statement verifies and agrees with itself.
+
+    Signer trusted, subject and predicate this manifest; its ``passed`` recomputed from its parity rows
+    (:func:`~shardport.registry.artifact.evidence_rows.verdict_findings`: a statement whose verdict or a row's
+    status disagrees is an ``EvidenceVerdict`` finding naming the row); its ladder attachment, where it
+    names one, present, trusted and matching the digest it names.
+    """
+    from shardport.registry.artifact.evidence_rows import verdict_findings
+    from shardport.registry.evidence import read_attachment, read_evidence
 
     found = read_evidence(session, ref.name, digest)
     report.evidence_verified = len(found.verified)
@@ -160,6 +167,16 @@ def _evidence(session: Session, ref: Ref, digest: str, report: Report) -> None:
     for blob, kind, message in found.failures:
         if f"attachment {blob}" not in reported:  # a missing or altered blob is already a finding
             report.add(kind, f"evidence {blob}", message)
+    for ev in found.verified:
+        for problem in verdict_findings(ev.predicate):
+            report.add("EvidenceVerdict", f"evidence {ev.digest}", problem)
+        values = ev.predicate.get("ladder_values")
+        if not isinstance(values, dict) or values.get("blob") is None:
+            continue
+        try:
+            read_attachment(session, ref.name, digest, str(values["blob"]), str(values.get("sha256")))
+        except (NotFoundError, VerificationError) as exc:
+            report.add(type(exc).__name__, f"evidence {ev.digest}", str(exc))
 
 
 def _fetch(

@@ -51,9 +51,20 @@ def _cli(store: str, *args: str) -> tuple[int, dict[str, Any]]:
     return code, json.loads(buf.getvalue())
 
 
+#: Rows a CPU bring-up may leave ``not applicable``: no device memory; a tp > 1 slice no pin covers;
+#: kernels that run the stored codes in place compare none.
+NOT_APPLICABLE_HERE = {
+    "device memory within the ledger",
+    "expected kernel on every weight of every rank",
+    "codes preserved by every layout",
+}
+
+
 def _all_pass(parity: list[dict[str, Any]]) -> None:
-    failed = [row for row in parity if not row["passed"]]
+    failed = [row for row in parity if row["status"] == "fail" or row["passed"] is False]
     assert not failed, failed
+    idle = {row["name"] for row in parity if row["status"] != "pass"}  # each says why in its detail
+    assert idle <= NOT_APPLICABLE_HERE, [row for row in parity if row["name"] in idle - NOT_APPLICABLE_HERE]
     assert {row["level"] for row in parity} == {"L0", "L1", "L2", "L3", "L4", "L5"}
 
 
@@ -193,7 +204,8 @@ def test_two_pipeline_stages(home: Path, tmp_path: Path, ray_ranks: Any) -> None
     request = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, steps=3, pp=2, store=store, ladder=False)
     result = bring_up(Session.open(store), request, launcher=ray_launcher(None))
     late = [row for row in result.predicate["parity"] if row["level"] in ("L4", "L5")]
-    assert len(late) == 8 and all(row["passed"] for row in late), late  # 4 L4 rows, 4 L5 (finite values)
+    assert len(late) == 11 and not [r for r in late if r["status"] == "fail"], late  # 4 L4 rows, 7 L5
+    assert {r["name"] for r in late if r["status"] != "pass"} <= NOT_APPLICABLE_HERE, late
     layers = {(row["rank"], row["weight"].split(".")[2]) for row in result.predicate["dispatch"]}
     assert layers == {(0, "0"), (1, "1")}  # stage 0 runs layer 0, stage 1 layer 1 (and the float head)
     assert result.generated == tuple(result.predicate["parity_l4"]["reference_tokens"])

@@ -263,8 +263,15 @@ def render(result: Any) -> str:
         lines.append(f"  tag {result['tag']['name']} version {result['tag']['version']}")
     lines.append(f"  generated {result['generated']}")
     for row in result["parity"]:
-        mark = "not run" if row["passed"] is None else "pass" if row["passed"] else "FAIL"
-        lines.append(f"  {row['level']} {mark}  {row['name']}: {row['value']} (tolerance {row['tolerance']})")
+        mark = row.get("status") or (
+            "not run" if row["passed"] is None else "pass" if row["passed"] else "fail"
+        )
+        tail = (
+            f"{row['value']} (tolerance {row['tolerance']})"
+            if row["passed"] is not None
+            else row.get("detail", "")
+        )
+        lines.append(f"  {row['level']} {'FAIL' if mark == 'fail' else mark}  {row['name']}: {tail}")
     for rank, stages in sorted(result["timeline"].items(), key=lambda kv: int(kv[0])):
         total = sum(stages.values())
         parts = ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
