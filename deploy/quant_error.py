@@ -60,6 +60,7 @@ def quant_error_row(manifest: Manifest) -> dict[str, Any]:
         "passed": not over,
         "value": summary[top].e_quant,
         "tolerance": summary[top].tolerance,
+        "measured": len(summary),
         "detail": detail,
     }
 

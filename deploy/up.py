@@ -497,6 +497,7 @@ def bring_up(
             **_launch_seconds(r, wall0, planned.resolve_s + planned.plan_s),
             **{k: v for k, v in r["timeline"].items() if k not in ("resolve", "plan")},
         }
+    from .quant_error import quant_error_row
     from .rank_report import check_reports
     from .up_evidence import predicate
 
@@ -516,6 +517,7 @@ def bring_up(
         generated=run.tokens,
         activations=request.activations,
         plan=planned.plan,
+        extra_rows=[quant_error_row(resolved.manifest)],
     )
     pred["attempts"] = attempts
     if tokenizer is not None:

@@ -24,8 +24,8 @@ from .up_finite import FINITE_ROW
 SOURCES: dict[tuple[str, str], str] = {
     ("L0", "bytes"): "exact: the pinned manifest's digest and its tiles' BLAKE3 digests",
     ("L1", "codes"): "exact: 0 mismatches against the codes as stored",
-    ("L2", "layout"): "each operator's L2 tolerance (kernels.parity: the format's reconstruction bound)",
-    ("L3", "operator"): "each kernel's tol_kernel + its recorded conversion error (kernels.parity)",
+    ("L2", "layout"): "each operator's conversion budget from its scales (kernels.budget), else exact",
+    ("L3", "operator"): "each kernel's tol_kernel + the conversion budget's operator bound (kernels.parity)",
     ("L4", "logits"): "derived from L3's E_kernel (parity_l4.tolerance_derivation, L4_BUDGETS by dtype)",
     ("L4", "top-1"): "exact: the float32 reference's argmax at every prompt position",
     ("L4", "greedy"): "exact: the float32 reference's argmax at every decode step",

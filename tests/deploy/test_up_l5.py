@@ -78,6 +78,8 @@ def test_every_row_says_status_value_tolerance_and_its_source(run: dict[str, Any
     n = len(pred["dispatch"])
     assert kernel["status"] == "pass" and kernel["measured"] == n and kernel["value"] == 0
     assert "runtime.expected_kernels" in kernel["tolerance_source"]
+    quant = _row(rows, "E_quant")  # pushed without --reference: said, not passed
+    assert quant["status"] == "not applicable" and "--reference" in quant["detail"], quant
     assert pred["placement"]["agree"] and pred["placement"]["plan_sha256"].startswith("sha256:")
     groups = pred["dispatch_candidates"]
     assert sum(g["weights"] for g in groups) == n and all(g["candidates"] for g in groups)
