@@ -222,6 +222,7 @@ def level5(
     out = {
         "traces_checked": int(kernels["checked"]),
         "traces_not_pinned": int(kernels["not_pinned"]),
+        "traces_policy_refused": int(kernels.get("policy_refused", 0)),
         "pinned": bool(kernels["pinned"]),
         "unexpected_kernels": list(kernels["unexpected"]),
         "recomputed_disagree": kernels["recomputed_disagree"],
@@ -271,6 +272,7 @@ def _not_applicable(name: str, why: str, measured: int = 0) -> dict[str, Any]:
 def _kernel_row(l5: Mapping[str, Any]) -> dict[str, Any]:
     name = "expected kernel on every weight of every rank"
     checked, skipped, bad = l5["traces_checked"], l5["traces_not_pinned"], l5["unexpected_kernels"]
+    refused = int(l5.get("traces_policy_refused", 0))
     weaker = (
         f"dispatch's order recomputed by the driver (weaker: the same walk): "
         f"{l5['traces'] - len(l5['recomputed_disagree'])} of {l5['traces']} traces agree"
@@ -290,7 +292,9 @@ def _kernel_row(l5: Mapping[str, Any]) -> dict[str, Any]:
         )
     detail = (
         f"{checked} traces against the manifest's pins, {skipped} not covered by a pin (tp > 1 slices, "
-        f"unpinned device classes); " + ("; ".join(bad[:4]) or "all as pinned")
+        f"unpinned device classes); "
+        + (f"{refused} whose pinned kernel the run's --fallback refuses; " if refused else "")
+        + ("; ".join(bad[:4]) or "all as pinned")
     )
     source = "manifest runtime.expected_kernels (pinned at push by admission over the catalogue)"
     return _row(name, len(bad), 0, source, checked, detail, not bad)
