@@ -179,6 +179,7 @@ class Rank:
         self.activations: ActivationDtype = "float32"
         self.plan_digest: str | None = None
         self.float_buffers: dict[str, Any] | None = None
+        self.fault: str | None = None  # a fault armed for the evidence's tests (:mod:`.faults`)
 
     def _enter(self, stage: str) -> None:
         """Begin ``stage`` (a failure is reported with it); the failpoint ``rank<R>-<stage>`` is here.
@@ -272,6 +273,9 @@ class Rank:
             activations=self.activations,
         )
         self.timeline["repack"] = time.perf_counter() - t2
+        from .faults import after_prepare, armed
+
+        self.fault = after_prepare(armed(spec.rank), self.ops.ops)  # SHARDPORT_FAULT (tests)
         self.ladder_mode = ladder_mode(spec.ladder)
         if self.ladder_mode != "off":
             self._enter("ladder")
@@ -422,6 +426,9 @@ class Rank:
         t1 = time.perf_counter()
         cache = model.new_cache()
         prompt_logits = model.forward(list(spec.prompt), cache)
+        from .faults import after_prefill, armed
+
+        after_prefill(armed(spec.rank), cache.keys)
         rows = [prompt_logits[-1]]
         tokens = [int(torch.argmax(rows[-1]))]
         self.timeline["first token"] = time.perf_counter() - t1
