@@ -218,7 +218,6 @@ class Rank:
             torch.cuda.reset_peak_memory_stats(self.device.index)
 
     def _prepare(self) -> dict[str, Any]:
-
         from shardport.loader import load_rank
         from shardport.placement import Topology
         from shardport.registry.artifact.refs import parse_ref
@@ -227,6 +226,7 @@ class Rank:
 
         from .contract import contract_of
         from .devices import kernel_device
+        from .faults import after_prepare, armed
         from .ladder_budget import ladder_mode
         from .rank_ops import policy_of, prepare_ops, run_ladders
 
@@ -273,8 +273,6 @@ class Rank:
             activations=self.activations,
         )
         self.timeline["repack"] = time.perf_counter() - t2
-        from .faults import after_prepare, armed
-
         self.fault = after_prepare(armed(spec.rank), self.ops.ops)  # SHARDPORT_FAULT (tests)
         self.ladder_mode = ladder_mode(spec.ladder)
         if self.ladder_mode != "off":
@@ -388,6 +386,7 @@ class Rank:
         from shardport.placement.topology import experts_of, layers_of
 
         from .devices import device_memory, torch_device
+        from .faults import after_prefill, armed
         from .graph.collectives import LocalGroup, Mesh
         from .graph.dist import dist_mesh
         from .graph.model import RankModel
@@ -426,8 +425,6 @@ class Rank:
         t1 = time.perf_counter()
         cache = model.new_cache()
         prompt_logits = model.forward(list(spec.prompt), cache)
-        from .faults import after_prefill, armed
-
         after_prefill(armed(spec.rank), cache.keys)
         rows = [prompt_logits[-1]]
         tokens = [int(torch.argmax(rows[-1]))]
