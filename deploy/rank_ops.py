@@ -100,11 +100,7 @@ def policy_of(mode: str) -> FallbackPolicy:
     (the default) warns on generic kernels, still refuses full dequantization (the kernels' default) and
     allows conversions; ``allow`` lets all three through (the evidence records what ran).
     """
-    if mode == "warn":
-        return FallbackPolicy()
-    if mode in ("forbid", "allow"):
-        return FallbackPolicy.from_cli(mode)  # type: ignore[arg-type]
-    raise ValueError(f"--fallback {mode!r}: expected forbid, warn or allow")
+    return FallbackPolicy.from_mode(mode)
 
 
 def is_quantized(weight: LogicalWeight) -> bool:

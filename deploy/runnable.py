@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+from typing import Any
 
 import shardport
 from shardport.kernels.catalog import CATALOG_IDS
@@ -72,3 +73,74 @@ def check_runnable(manifest: Manifest, device_class: str | None, fallback: str) 
         "refuse them. Push again with --kernels-required naming a kernel for this device, run on a "
         "device that has one, or pass --fallback allow to run them through the generic kernels"
     )
+
+
+def check_slices(manifest: Manifest, planned: Any, device_class: str | None, fallback: str) -> None:
+    """Admission of every rank's 2-D weight slices from the manifest and the plan, before any read.
+
+    What a rank would refuse after its whole load (:func:`~.rank_ops.prepare_ops`): a slice
+    :func:`~shardport.kernels.weight.slice_weight` cannot describe (a family no kernel reads, such as
+    ``mx_block``; a cut through a group or block), or a quantized slice no kernel admits under the policy
+    in either phase (:func:`~shardport.kernels.slice_admission.refusals`). ``device_class``: the ranks'
+    (:func:`embedded_device_class`; None, unknown here: the ranks decide). Stacked ``[E, N, K]`` experts
+    are left to the ranks. Raises :class:`UnsupportedModelError` (exit 5) with each slice's reasons.
+    """
+    if device_class is None:
+        return
+    from shardport.kernels import default_catalog
+    from shardport.kernels.device import Device
+    from shardport.kernels.errors import KernelError
+    from shardport.kernels.expectations import HEAD_SLOTS, dispatched
+    from shardport.kernels.policy import FallbackPolicy
+    from shardport.kernels.slice_admission import refusals
+    from shardport.kernels.weight import slice_weight
+
+    weights = {w.name: w for w in manifest.weights or ()}
+    runtime, catalog, policy = manifest.runtime, default_catalog(), FallbackPolicy.from_mode(fallback)
+    activations: Any = "bfloat16" if device_class == "cpu/bfloat16" else "float32"
+    device = Device(kind="cpu", isa="DEFAULT")  # the ISA the pins use; only int4pack lists ISAs, DEFAULT too
+    problems: dict[str, str] = {}  # per weight: its first refused slice's reasons
+    for rank in planned.ranks:
+        bounds: dict[str, dict[str, Any]] = {}
+        for read in rank.reads:
+            if read.weight is not None:
+                bounds.setdefault(read.weight, {}).update(
+                    zip(read.slice.axes, read.slice.bounds, strict=True)
+                )
+        for name, box in sorted(bounds.items()):
+            weight = weights.get(name)
+            if weight is None or weight.shape.axes != ("N", "K"):
+                continue
+            try:
+                rw = slice_weight(weight, box)
+            except KernelError as exc:
+                problems.setdefault(name, str(exc))
+                continue
+            if not dispatched(weight):  # decoded to float on the rank
+                continue
+            dtype = "float32" if weight.binding.slot in HEAD_SLOTS else activations
+            why = refusals(
+                rw,
+                catalog,
+                activations=dtype,
+                device=device,
+                policy=policy,
+                required=tuple(runtime.kernels_required),
+                preferred=tuple(runtime.kernels_preferred),
+            )
+            if why is not None:
+                problems.setdefault(name, why)
+    if problems:
+        by_why: dict[str, list[str]] = {}  # weights refused alike, listed together
+        for name, why in problems.items():
+            by_why.setdefault(why, []).append(name)
+        shown = "\n".join(
+            f"  {names[0]}" + (f" and {len(names) - 1} more alike" if len(names) > 1 else "") + f": {why}"
+            for why, names in list(by_why.items())[:8]
+        )
+        more = f"\n  ... and {len(by_why) - 8} other reasons" if len(by_why) > 8 else ""
+        raise UnsupportedModelError(
+            f"{len(problems)} weight(s) whose slices no kernel of this shardport would run on {device_class} "
+            f"under --fallback {fallback} (admitted from the manifest and plan, before any byte is read):\n"
+            f"{shown}{more}"
+        )

@@ -343,6 +343,8 @@ class Admitted:
     tokenizer: Any
     resolve_s: float
     admit_s: float
+    placed: Any = None
+    """The placement plan, where admission made it (the embedded default: :func:`.runnable.check_slices`)."""
 
 
 def admit(session: Session, request: UpRequest, *, store_evidence: bool = False) -> Admitted:
@@ -353,11 +355,14 @@ def admit(session: Session, request: UpRequest, *, store_evidence: bool = False)
     against its manifest (:mod:`.bounds`): world size against heads, kv heads, rows, experts and layers;
     a text prompt's bytes against the context before it is tokenized; the prompt's token ids against the
     vocabulary and prompt + generated tokens against the context; ``runtime.kernels_required`` against
-    the kernel catalog (:func:`check_kernels`).
+    the kernel catalog (:func:`check_kernels`); on the embedded default (the ranks' device class known
+    here), the pinned kernels (:func:`.runnable.check_runnable`), then the placement plan and every
+    rank's weight slices admitted from the manifest alone (:func:`.runnable.check_slices`; the plan is
+    kept for the launch).
     """
     from .bounds import check_prompt_bytes, check_sequence, check_world, context_length
     from .contract import contract_of
-    from .runnable import check_runnable, embedded_device_class, host_has_gpu
+    from .runnable import check_runnable, check_slices, embedded_device_class, host_has_gpu
     from .topology_check import check_degrees
 
     check_request(request)
@@ -382,10 +387,14 @@ def admit(session: Session, request: UpRequest, *, store_evidence: bool = False)
         request = dataclasses.replace(request, tokens=tuple(tokenizer.encode(request.prompt)))
     check_sequence(request.tokens, request.steps, contract, context)
     check_kernels(tuple(resolved.manifest.runtime.kernels_required))
+    placed = None
     if request.address in (None, "local"):  # the embedded default: the ranks' device class is known here
         device_class = embedded_device_class(request.activations, gpu=host_has_gpu())
         check_runnable(resolved.manifest, device_class, request.fallback)
-    return Admitted(resolved, request, contract, tokenizer, resolve_s, time.perf_counter() - t0 - resolve_s)
+        placed = _check_plan(resolved, request)[1] if device_class is not None else None
+        check_slices(resolved.manifest, placed, device_class, request.fallback)  # every rank's slices
+    admit_s = time.perf_counter() - t0 - resolve_s
+    return Admitted(resolved, request, contract, tokenizer, resolve_s, admit_s, placed)
 
 
 @dataclass(frozen=True)
@@ -407,7 +416,11 @@ def _plan_admitted(admitted: Admitted) -> _Planned:
     """Inventory and placement of an admitted request (:func:`check_plan`); the rank specs."""
     t0 = time.perf_counter()
     resolved, request = admitted.resolved, admitted.request
-    contract, placed = _check_plan(resolved, request)
+    contract, placed = (
+        (admitted.contract, admitted.placed)
+        if admitted.placed is not None
+        else _check_plan(resolved, request)
+    )
     pinned = f"{resolved.ref.name}@{resolved.digest}"
     model_bytes = sum(f.size for f in resolved.manifest.files)
     specs = specs_for(request, pinned, float(os.cpu_count() or 1), model_bytes)

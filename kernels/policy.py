@@ -40,6 +40,15 @@ class FallbackPolicy(BaseModel):
             conversion = "forbid" if mode == "forbid" else "allow"
         return cls(conversion=conversion, generic=mode, full_dequant=mode)
 
+    @classmethod
+    def from_mode(cls, mode: str) -> FallbackPolicy:
+        """``--fallback MODE``: ``warn`` is the default policy, ``forbid``/``allow`` :meth:`from_cli`'s."""
+        if mode == "warn":
+            return cls()
+        if mode in ("forbid", "allow"):
+            return cls.from_cli(mode)  # type: ignore[arg-type]
+        raise ValueError(f"--fallback {mode!r}: expected forbid, warn or allow")
+
     def mode(self, transformation: Transformation) -> Mode:
         """The mode that applies to a transformation class."""
         if transformation == "conversion":

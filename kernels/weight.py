@@ -112,8 +112,9 @@ def _axes_shape(axes: tuple[str, ...], extents: Mapping[str, int]) -> tuple[int,
     return tuple(extents[a] for a in axes)
 
 
-def _check_shape(where: str, tensor: str, array: Array, expected: tuple[int, ...]) -> None:
-    if tuple(array.shape) != tuple(expected):
+def _check_shape(where: str, tensor: str, array: Array | None, expected: tuple[int, ...]) -> None:
+    """A loaded plane's shape against the contract's at the local extents (no plane: nothing to check)."""
+    if array is not None and tuple(array.shape) != tuple(expected):
         raise _fail(
             where,
             f"plane {tensor} shape",
@@ -124,7 +125,11 @@ def _check_shape(where: str, tensor: str, array: Array, expected: tuple[int, ...
 
 
 def _local_affine(
-    where: str, c: AffineIntContract, planes: Mapping[str, Array], bounds: tuple[Range, Range], full: int
+    where: str,
+    c: AffineIntContract,
+    planes: Mapping[str, Array] | None,
+    bounds: tuple[Range, Range],
+    full: int,
 ) -> AffineIntContract:
     (n0, n1), (k0, k1) = bounds
     n, k = n1 - n0, k1 - k0
@@ -146,10 +151,11 @@ def _local_affine(
     groups = scales.group_count if act_order else -(-k // size)
     update: dict[str, Any] = {}
     codes_shape = expected_codes_shape(c.codes, n, k)
-    _check_shape(where, c.codes.plane, planes[c.codes.plane], codes_shape)
+    got = (lambda plane: None) if planes is None else planes.__getitem__
+    _check_shape(where, c.codes.plane, got(c.codes.plane), codes_shape)
     update["codes"] = c.codes.model_copy(update={"physical_shape": codes_shape})
     scale_shape = _axes_shape(scales.physical_axes, {"N": n, "G": groups})
-    _check_shape(where, scales.plane, planes[scales.plane], scale_shape)
+    _check_shape(where, scales.plane, got(scales.plane), scale_shape)
     tail = scales.tail_rule if act_order else ("partial_last" if k % size else "exact")
     update["scales"] = scales.model_copy(
         update={"physical_shape": scale_shape, "group_count": groups, "tail_rule": tail}
@@ -161,15 +167,15 @@ def _local_affine(
             axis = zero.packing.axis
             extents[axis] = packed_extent(extents[axis], zero.bits, zero.packing)
         zero_shape = _axes_shape(zero.physical_axes, extents)
-        _check_shape(where, zero.plane, planes[zero.plane], zero_shape)
+        _check_shape(where, zero.plane, got(zero.plane), zero_shape)
         update["zero_point"] = zero.model_copy(update={"physical_shape": zero_shape})
     group_map = c.group_map
     if isinstance(group_map, GroupMapIndex):
-        g_idx = planes[group_map.plane]
+        g_idx = got(group_map.plane)
         _check_shape(where, group_map.plane, g_idx, (k,))
-        if group_map.sequential:
+        if group_map.sequential:  # without planes (admission), as declared; the load checks the values
             expected = (np.arange(k0, k1, dtype=np.int64)) // size
-            if not np.array_equal(g_idx.reshape(-1).astype(np.int64), expected):
+            if g_idx is not None and not np.array_equal(g_idx.reshape(-1).astype(np.int64), expected):
                 raise _fail(where, f"{group_map.plane} values", "column // group_size (sequential)", "not")
             update["group_map"] = GroupMapNone(kind="none")
         else:
@@ -185,7 +191,7 @@ def _local_affine(
 
 
 def _local_contract(
-    where: str, c: AnyContract, planes: Mapping[str, Array], bounds: tuple[Range, Range], full_k: int
+    where: str, c: AnyContract, planes: Mapping[str, Array] | None, bounds: tuple[Range, Range], full_k: int
 ) -> AnyContract:
     (n0, n1), (k0, k1) = bounds
     if isinstance(c, AffineIntContract):
@@ -195,6 +201,8 @@ def _local_contract(
         if k0 % block or (k1 - k0) % block:
             raise _fail(where, "slice along K", f"whole {c.ggml_type} blocks of {block}", f"{k0}..{k1}")
         per_row = row_bytes(c.ggml_type, k1 - k0, c.plane)
+        if planes is None:
+            return c
         data = planes[c.plane]
         # blocks as raw uint8 rows; F32/F16/BF16 tensors as the loader views them (the decoder reads bytes)
         raw = data.dtype == np.uint8 or c.ggml_type in ("F32", "F16", "BF16")
@@ -206,18 +214,29 @@ def _local_contract(
                 f"{data.dtype} {list(data.shape)}",
             )
         return c
-    _check_shape(where, c.plane, planes[c.plane], (n1 - n0, k1 - k0))
+    _check_shape(where, c.plane, None if planes is None else planes[c.plane], (n1 - n0, k1 - k0))
     return c
+
+
+def slice_weight(weight: LogicalWeight, bounds: Mapping[str, Range] | None = None) -> RankWeight:
+    """One rank's piece of ``weight`` from the manifest alone, without planes: what admission reads.
+
+    The local contract and extents :func:`rank_weight` gives the loaded piece, less what only the bytes
+    can show (the planes' shapes, a sequential ``g_idx``'s values: checked at load). The same refusals
+    for a slice through a group or block, or a contract family no kernel reads.
+    """
+    return rank_weight(weight, None, bounds)
 
 
 def rank_weight(
     weight: LogicalWeight,
-    planes: Mapping[str, Array],
+    planes: Mapping[str, Array] | None,
     bounds: Mapping[str, Range] | None = None,
 ) -> RankWeight:
     """Describe one rank's piece of ``weight`` for the kernels.
 
-    ``planes``: the rank's arrays keyed by tensor name (``RankTensor.tensor`` → ``RankTensor.array``);
+    ``planes``: the rank's arrays keyed by tensor name (``RankTensor.tensor`` → ``RankTensor.array``;
+    None: :func:`slice_weight`);
     ``bounds``: the logical slice the rank owns per axis (``LogicalSlice`` as ``dict(zip(axes,
     bounds))``), the whole weight when None or when an axis is absent. Raises :class:`RankWeightError`
     for a missing plane, a plane whose shape is not the contract's at the local extents, or a slice that
@@ -233,7 +252,7 @@ def rank_weight(
     if not (0 <= n0 < n1 <= n_full and 0 <= k0 < k1 <= k_full):
         raise _fail(where, "slice bounds", f"inside N=0:{n_full}, K=0:{k_full}", f"N={n0}:{n1}, K={k0}:{k1}")
     roles = contract_planes(weight.contract)
-    missing = sorted(set(roles) - set(planes))
+    missing = [] if planes is None else sorted(set(roles) - set(planes))
     if missing:
         raise _fail(
             where, "planes", f"{sorted(roles)}", f"missing {missing}", "load every plane of the weight"
@@ -254,6 +273,6 @@ def rank_weight(
         k_local=k1 - k0,
         row_start=n0,
         col_start=k0,
-        planes={role: planes[tensor] for tensor, role in roles.items()},
+        planes={} if planes is None else {role: planes[tensor] for tensor, role in roles.items()},
         names={role: tensor for tensor, role in roles.items()},
     )

@@ -141,8 +141,11 @@ def test_a_required_kernel_no_cpu_rank_can_run_is_refused_before_anything_starts
             Session.open(store),
             UpRequest(ref="llama/gptq:v1", tokens=PROMPT, store=store, activations="bfloat16"),
         )
-    # --fallback allow lets the generic kernels run them; --address leaves it to the ranks' dispatch
-    admit(Session.open(store), UpRequest(ref="llama/gptq:v1", tokens=PROMPT, store=store, fallback="allow"))
+    # --fallback allow lets the generic kernels in, but the required list still excludes them: each
+    # rank's slices are refused from the manifest; --address leaves it to the ranks' dispatch
+    allow = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, store=store, fallback="allow")
+    with pytest.raises(UnsupportedModelError, match=r"not_required: cpu.int4-direct"):
+        admit(Session.open(store), allow)
     admit(Session.open(store), UpRequest(ref="llama/gptq:v1", tokens=PROMPT, store=store, address="h:1"))
 
 
@@ -248,3 +251,49 @@ def test_trust_and_allow_unsigned_reach_the_ranks(home: Path, tmp_path: Path) ->
     untrusting = UpRequest(**{**run.__dict__, "trust": None})  # the rank falls back to the home's policy
     with pytest.raises(RankFailedError, match=r"UntrustedSignerError|not list"):
         bring_up(driver, untrusting, launcher=run_in_process, store_evidence=False)
+
+
+def test_slices_no_kernel_admits_are_refused_from_the_manifest_before_any_read(
+    home: Path, tmp_path: Path
+) -> None:
+    """A manifest without pinned kernels (pushed through the API, not the CLI): 2-bit GPTQ codes, which no
+    kernel takes under the default policy, used to be refused by every rank after its whole load; now
+    by the driver's admission of each rank's slices, in well under a second, with each slice's reasons."""
+    import time
+
+    from shardport.registry.push import push
+
+    store = str(tmp_path / "store")
+    ok(store, "keygen")
+    push(Session.open(store), gptq_tiny(tmp_path / "gptq2", bits=2), "llama/gptq2", "v1")
+    request = UpRequest(ref="llama/gptq2:v1", tokens=PROMPT, steps=2, tp=2, store=store)
+    launcher = _NeverStarted()
+    t0 = time.perf_counter()
+    with pytest.raises(UnsupportedModelError) as caught:
+        bring_up(Session.open(store), request, launcher=launcher)
+    assert time.perf_counter() - t0 < 1.0 and launcher.log == []
+    message = str(caught.value)
+    assert "before any byte is read" in message and "more alike: prefill: " in message, message
+    assert "(layout: affine:u2:" in message and "full-dequant@1 (policy: full-dequant)" in message, message
+    allowed = UpRequest(ref="llama/gptq2:v1", tokens=PROMPT, steps=2, tp=2, store=store, fallback="allow")
+    assert admit(Session.open(store), allowed).placed is not None  # the generic kernels take them
+
+
+def test_a_weight_family_no_kernel_reads_is_refused_by_slice_admission(home: Path, tmp_path: Path) -> None:
+    """An ``mx_block`` (MXFP4) weight is accepted at push (it has a reference decoder) but no kernel runs
+    it: the slice admission names the weight and the family, from the manifest and the plan alone."""
+    from mx_checkpoints import Q, fp4_llama  # a one-layer llama with MXFP4 q_proj and down_proj
+
+    from shardport.deploy.runnable import check_slices
+    from shardport.placement import Topology, plan
+    from shardport.registry.artifact.manifest import Manifest
+    from shardport.registry.store.protocol import Store
+
+    store = str(tmp_path / "store")
+    ok(store, "keygen")
+    fp4_llama(tmp_path / "fp4", "mxfp4")
+    digest = ok(store, "push", tmp_path / "fp4", "m/fp4:1")["digest"]
+    manifest = Manifest.from_bytes(Store(store).read_blob(digest))
+    with pytest.raises(UnsupportedModelError, match=rf"{Q}.weight.*mx_block"):
+        check_slices(manifest, plan(manifest, Topology(tp=1)), "cpu/float32", "warn")
+    check_slices(manifest, plan(manifest, Topology(tp=1)), None, "warn")  # device unknown: the ranks decide

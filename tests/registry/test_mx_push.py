@@ -15,50 +15,12 @@ import numpy as np
 import pytest
 import torch
 from llama_artifacts import cli, ok
-from mx_checkpoints import compress, config, decompress
+from mx_checkpoints import DOWN, HIDDEN, INTER, Q, decompress, fp4_llama
 from quantized import expected_decode, make_quantized, pack_along_columns, pack_along_rows
 from safetensors import safe_open
 from safetensors.numpy import load_file
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import save_file
-
-Q = "model.layers.0.self_attn.q_proj"  # column parallel: rank r holds rows [r*N/2, (r+1)*N/2)
-DOWN = "model.layers.0.mlp.down_proj"  # row parallel: rank r holds columns [r*K/2, (r+1)*K/2)
-HIDDEN, INTER = 128, 256
-LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "num_hidden_layers": 1,
-    "hidden_size": HIDDEN,
-    "intermediate_size": INTER,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 1,
-    "vocab_size": 64,
-}
-
-
-def fp4_llama(folder: Path, kind: str) -> dict[str, dict[str, torch.Tensor]]:
-    """A one-layer llama whose q_proj and down_proj are ``kind`` (compressed-tensors), the rest fp16."""
-    generator = torch.Generator().manual_seed(11)
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=generator)
-
-    quantized = {
-        Q: compress(kind, randn(HIDDEN, HIDDEN).to(torch.bfloat16)),
-        DOWN: compress(kind, randn(HIDDEN, INTER).to(torch.bfloat16)),
-    }
-    tensors = {f"{module}.{leaf}": t for module, planes in quantized.items() for leaf, t in planes.items()}
-    tensors |= {
-        "model.embed_tokens.weight": randn(64, HIDDEN).half(),
-        "model.layers.0.self_attn.k_proj.weight": randn(32, HIDDEN).half(),
-        "model.layers.0.self_attn.o_proj.weight": randn(HIDDEN, HIDDEN).half(),
-        "model.layers.0.mlp.up_proj.weight": randn(INTER, HIDDEN).half(),
-        "model.layers.0.input_layernorm.weight": torch.ones(HIDDEN),
-    }
-    folder.mkdir()
-    save_file(tensors, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(LLAMA | config(kind)))
-    return quantized
 
 
 def _raw(t: torch.Tensor) -> np.ndarray:
