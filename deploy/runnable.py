@@ -118,7 +118,7 @@ def check_slices(manifest: Manifest, planned: Any, device_class: str | None, fal
                 continue
             if not dispatched(weight):  # decoded to float on the rank
                 continue
-            dtype = "float32" if weight.binding.slot in HEAD_SLOTS else activations
+            dtype: Any = "float32" if weight.binding.slot in HEAD_SLOTS else activations
             why = refusals(
                 rw,
                 catalog,
