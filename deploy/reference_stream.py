@@ -137,6 +137,27 @@ def _stage_planes(session: Session, resolved: Resolved, layers: int, stage: int)
     return planes
 
 
+def decoded_stages(
+    session: Session,
+    resolved: Resolved,
+    contract: GraphContract,
+    ledger: FloatLedger,
+    chunk_bytes: int = DECODE_CHUNK_BYTES,
+) -> Iterator[_Decoded]:
+    """Each pipeline stage of ``pp = layers``, its weights decoded on lookup.
+
+    Stage ``s`` holds layer ``s``, the first the embedding too, the last the final norm and head; each
+    is loaded only when the previous one is done (drop it before taking the next).
+    """
+    weights = {w.name: w for w in resolved.manifest.weights or []}
+    for stage in range(contract.layers):
+        planes = _stage_planes(session, resolved, contract.layers, stage)
+        decoded = _Decoded(planes, weights, ledger, chunk_bytes)
+        del planes
+        yield decoded
+        del decoded  # this stage's quantized planes, before the next stage is loaded
+
+
 def stages(
     session: Session,
     resolved: Resolved,
@@ -145,18 +166,14 @@ def stages(
     ledger: FloatLedger,
     chunk_bytes: int = DECODE_CHUNK_BYTES,
 ) -> Iterator[RankWeights]:
-    """The reference's stages, each decoded only when the previous one is done.
+    """The graph reference's stages, each decoded only when the previous one is done.
 
     The embedding's rows of ``ids``, every layer, then the final norm and the head (the embedding when
     tied); each pipeline stage's quantized planes are loaded once and dropped before the next's.
     """
-    weights = {w.name: w for w in resolved.manifest.weights or []}
     embed, norm, head = end_names(contract)
     split, last = single_split(contract), contract.layers - 1
-    for stage in range(contract.layers):
-        planes = _stage_planes(session, resolved, contract.layers, stage)
-        decoded = _Decoded(planes, weights, ledger, chunk_bytes)
-        del planes
+    for stage, decoded in enumerate(decoded_stages(session, resolved, contract, ledger, chunk_bytes)):
         if stage == 0:
             held = sorted(set(ids))
             yield RankWeights(layers=(), embed=row_lookup(held, decoded.need(embed, held)))
@@ -167,7 +184,7 @@ def stages(
             yield RankWeights(
                 layers=(), norm=decoded.need(norm), head=float_linear(decoded.need(head or embed))
             )
-        del decoded  # this stage's quantized planes, before the next stage is loaded
+        del decoded
 
 
 def streamed_reference(
@@ -188,3 +205,30 @@ def streamed_reference(
     ids = [*prompt, *tokens[:-1]]
     weights = stages(session, resolved, contract, ids, ledger or FloatLedger(), chunk_bytes)
     return teacher_forced(contract, weights, prompt, tokens)
+
+
+def driver_reference(
+    session: Session,
+    resolved: Resolved,
+    contract: GraphContract,
+    prompt: Sequence[int],
+    tokens: Sequence[int],
+    ledger: FloatLedger | None = None,
+    chunk_bytes: int = DECODE_CHUNK_BYTES,
+) -> tuple[Generation, dict[str, str]]:
+    """The driver's L4 reference of a run that generated ``tokens``, and what computed it.
+
+    transformers' own decoder layers (:mod:`.reference_hf`), streamed and teacher-forced like the graph
+    reference: ``{"kind": "transformers", "version", "class"}``; where transformers is absent or lacks
+    the architecture, the graph reference (:func:`streamed_reference`): ``{"kind": "shardport-graph",
+    "why"}``.
+    """
+    from .reference_hf import hf_teacher_forced, transformers_classes
+
+    ledger = ledger or FloatLedger()
+    classes = transformers_classes(contract)
+    if isinstance(classes, str):
+        generation = streamed_reference(session, resolved, contract, prompt, tokens, ledger, chunk_bytes)
+        return generation, {"kind": "shardport-graph", "why": classes}
+    decoded = decoded_stages(session, resolved, contract, ledger, chunk_bytes)
+    return hf_teacher_forced(contract, classes, decoded, prompt, tokens, ledger.track), classes.source
