@@ -161,6 +161,9 @@ class StageTensors(Protocol):
     def need(self, name: str, rows: Sequence[int] | None = None) -> torch.Tensor:
         """Weight ``name`` (only ``rows`` of it), decoded; a typed error if absent."""
 
+    def release(self, name: str) -> None:
+        """Drop ``name``'s quantized planes: it is decoded and not needed again."""
+
     def __getitem__(self, name: str) -> torch.Tensor: ...
     def __iter__(self) -> Iterator[str]: ...
     def __contains__(self, name: object) -> bool: ...
@@ -194,6 +197,7 @@ def _stacked(
         rows = 0
         for e, name in enumerate(block):
             w = tensors[name].numpy()
+            tensors.release(name)
             rows = w.shape[-2]
             into = out[:, start : start + rows] if len(block) == 1 else out[e, start : start + rows]
             if into.shape != w.shape:
@@ -251,6 +255,7 @@ def layer_state(
             )
         path = GGUF_TO_HF[stem] if gguf else stem.replace("block_sparse_moe.gate", "mlp.gate")
         w = tensors[name]
+        tensors.release(name)  # its quantized planes, while the rest of the layer is decoded
         if gguf and c.rope_pairs == "interleaved" and stem in ("attn_q", "attn_k"):
             w = _hf_qk_order(w, c.heads if stem == "attn_q" else c.kv_heads, track)
         state[f"{path}.{leaf}"] = w
@@ -280,6 +285,20 @@ def _embed(tensors: StageTensors, name: str, ids: Sequence[int]) -> torch.Tensor
     return rows[torch.searchsorted(torch.tensor(held), torch.tensor(list(ids)))][None]
 
 
+def _logits(x: torch.Tensor, tensors: StageTensors, head: str, vocab: int, rows: int) -> torch.Tensor:
+    """``x @ head.T`` (``[S, vocab]``), the head decoded ``rows`` vocabulary rows at a time.
+
+    Each logit is its own row's dot product, so the result is the same as with the whole head; the
+    driver never holds the head (``vocab x hidden`` float32, often larger than a layer) at once.
+    """
+    out = torch.empty(x.shape[0], vocab)
+    for at in range(0, vocab, rows):
+        part = tensors.need(head, range(at, min(at + rows, vocab)))
+        out[:, at : at + part.shape[0]] = torch.nn.functional.linear(x, part)
+        del part
+    return out
+
+
 def hf_teacher_forced(
     contract: GraphContract,
     classes: HfClasses,
@@ -287,12 +306,14 @@ def hf_teacher_forced(
     prompt: Sequence[int],
     tokens: Sequence[int],
     track: Track,
+    head_rows: int = 2048,
 ) -> Generation:
     """Transformers' logits over ``prompt`` and a run's greedy ``tokens``, one pp stage at a time.
 
     ``stages``: the weights of stage ``s`` = layer ``s`` (the first also holding the embedding, the last
     the final norm and head), each used and dropped before the next is taken. ``track``: counts each
-    float copy this makes (the float ledger). Returns the prompt's logits, the argmax at each decode
+    float copy this makes (the float ledger); ``head_rows``: vocabulary rows of the head decoded at a
+    time. Returns the prompt's logits, the argmax at each decode
     position and the logits there (row ``j``: given the prompt and ``tokens[:j]``).
     """
     from .graph.checkpoint import end_names
@@ -312,6 +333,8 @@ def hf_teacher_forced(
                 raise GraphWeightError(f"transformers reference: a stage {index} after the last layer")
             if x is None:
                 x = _embed(tensors, embed, ids)
+                if index < contract.layers - 1:
+                    tensors.release(embed)  # the last stage holds it again if it is the tied head
                 rope = classes.rotary(config)(x, positions)
             state = layer_state(contract, tensors, index, track)
             layer = _module(lambda: classes.layer(config, index), state, f"layer {index}")  # noqa: B023
@@ -325,7 +348,7 @@ def hf_teacher_forced(
                     {"weight": tensors.need(norm)},
                     "final norm",
                 )
-                logits = torch.nn.functional.linear(final(x)[0], tensors.need(head or embed))
+                logits = _logits(final(x)[0], tensors, head or embed, contract.vocab, head_rows)
             del tensors  # the stage's quantized planes, before the next stage is loaded
     if logits is None:
         raise GraphWeightError(

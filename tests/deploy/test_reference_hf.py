@@ -82,6 +82,9 @@ class _Stage(dict[str, torch.Tensor]):
     def need(self, name: str, rows: Sequence[int] | None = None) -> torch.Tensor:
         return self[name] if rows is None else self[name][list(rows)]
 
+    def release(self, name: str) -> None:
+        del self[name]
+
 
 def _hf_stages(model: FloatModel) -> list[_Stage]:
     """A random float model's tensors by Hugging Face checkpoint names, one stage per layer."""
