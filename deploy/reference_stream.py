@@ -80,7 +80,7 @@ class _Decoded(Mapping[str, torch.Tensor]):
 
     def __init__(
         self,
-        planes: dict[str, Mapping[str, Any]],
+        planes: dict[str, dict[str, Any]],
         weights: Mapping[str, LogicalWeight],
         ledger: FloatLedger,
         chunk_bytes: int = DECODE_CHUNK_BYTES,
