@@ -15,6 +15,10 @@ The run's generated tokens are known when the reference runs (the ranks have rep
 reference is teacher-forced: the same prefill and cached decode steps a greedy ``generate`` runs, fed
 the run's tokens; its argmax at each decode position equals the run's token exactly when its own greedy
 decode would have chosen it.
+
+:func:`driver_reference` is what the driver runs: the same stages (:func:`decoded_stages`) fed to
+transformers' own decoder layers (:mod:`.reference_hf`), independent of the graph's code, and this
+graph reference only where transformers is absent or lacks the architecture (the result says which).
 """
 
 from __future__ import annotations
