@@ -57,6 +57,10 @@ GGUF_TO_HF: dict[str, str] = {
 """GGUF layer tensor stems (``blk.<l>.<stem>.weight|bias``) to transformers' module paths in a layer."""
 
 
+MIN_TRANSFORMERS = (5, 20)
+"""The oldest transformers whose layers this drives (stacked Mixtral experts, ``rope_parameters``)."""
+
+
 @dataclass(frozen=True)
 class HfClasses:
     """transformers' modules for one architecture family, and the version that provides them."""
@@ -92,14 +96,16 @@ def transformers_classes(contract: GraphContract) -> HfClasses | str:
         module = importlib.import_module(f"transformers.models.{family.lower()}.modeling_{family.lower()}")
     except ImportError as exc:
         return f"transformers has no {family} modeling code here ({exc}); it comes with the 'compare' extra"
+    version = str(transformers.__version__)
+    if tuple(int(p) if p.isdigit() else 0 for p in version.split(".")[:2]) < MIN_TRANSFORMERS:
+        floor = ".".join(map(str, MIN_TRANSFORMERS))
+        return f"transformers {version} is older than {floor} (the 'compare' extra's floor: other layer APIs)"
     names = (f"{family}Config", f"{family}DecoderLayer", f"{family}RMSNorm", f"{family}RotaryEmbedding")
     found = [getattr(module, n, None) for n in names]
     if None in found:
         lacking = [n for n, c in zip(names, found, strict=True) if c is None]
-        return (
-            f"transformers {transformers.__version__} lacks {', '.join(lacking)} for {contract.architecture}"
-        )
-    return HfClasses(family, str(transformers.__version__), *found)
+        return f"transformers {version} lacks {', '.join(lacking)} for {contract.architecture}"
+    return HfClasses(family, version, *found)
 
 
 def _rope(contract: GraphContract) -> dict[str, Any]:
