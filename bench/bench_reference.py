@@ -160,18 +160,22 @@ def _up(env: dict[str, str], store: str, ref: str, baseline: str, tp: int, steps
         for name, cli in (("baseline", baseline), ("this", ours)):
             bench_bringup.REGISTRY = cli
             r = bench_bringup.run_up(env, store, ref, tp, steps)
+            # --json prints no progress lines: time to first token as the ranks' own (the slowest rank's
+            # stages from resolve to its first token; the driver's reference runs after them)
+            first = max(sum(float(v) for v in t.values()) for t in r["timeline"].values())
             runs[name].append({
                 "passed": r["passed"], "driver_peak_rss_mib": round(r["driver_peak_rss_bytes"] / 2**20, 1),
-                "seconds_to_first_token": r["seconds_to_first_token"],
-                "seconds_cli_wall": r["seconds_cli_wall"], "l4": r["l4"],
+                "rank_seconds_to_first_token": round(first, 2),
+                "seconds_cli_wall": round(r["seconds_cli_wall"], 2), "l4": r["l4"],
             })  # fmt: skip
+            print(json.dumps({name: runs[name][-1]}), file=sys.stderr, flush=True)
     bench_bringup.REGISTRY = ours
 
     def median(name: str, key: str) -> float:
         values = sorted(float(x[key]) for x in runs[name])
         return values[len(values) // 2]
 
-    keys = ("driver_peak_rss_mib", "seconds_to_first_token", "seconds_cli_wall")
+    keys = ("driver_peak_rss_mib", "rank_seconds_to_first_token", "seconds_cli_wall")
     ratios = {f"{k}_this_over_baseline": round(median("this", k) / median("baseline", k), 3) for k in keys}
     return {"baseline_cli": baseline, "tp": tp, "runs": runs, "median_ratios": ratios}
 
@@ -220,6 +224,7 @@ def main() -> int:
                 doc[name] = {k: v for k, v in r.items() if not k.endswith("logits")}
         if streamed is not None and hf is not None:
             doc["transformers_vs_streamed"] = _versus(hf, streamed)
+        print(json.dumps({k: v for k, v in doc.items() if k != "whole"}), file=sys.stderr, flush=True)
         if whole is not None and streamed is not None:
             a, b = np.array(whole["prompt_logits"]), np.array(streamed["prompt_logits"])
             ta, tb = np.array(whole["token_logits"]), np.array(streamed["token_logits"])
