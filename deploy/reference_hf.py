@@ -198,6 +198,14 @@ def _stacked(
     A block is one ``[E, N, K]`` tensor (GGUF's ``ffn_*_exps``) or one ``[N, K]`` tensor per expert
     (Hugging Face's ``experts.<e>.w1``); each is decoded, copied in and freed before the next.
     """
+    if len(blocks) == 1 and len(blocks[0]) == 1:  # GGUF's down_exps: already [E, H, I], no copy
+        whole = tensors[blocks[0][0]]
+        tensors.release(blocks[0][0])
+        if tuple(whole.shape) != shape:
+            raise GraphWeightError(
+                f"tensor {blocks[0][0]}: {list(whole.shape)}, transformers expects {list(shape)}"
+            )
+        return whole
     out, start = track(np.empty(shape, dtype=np.float32)), 0
     for block in blocks:
         rows = 0
