@@ -173,7 +173,7 @@ def _up(env: dict[str, str], store: str, ref: str, baseline: str, tp: int, steps
 
     def median(name: str, key: str) -> float:
         values = sorted(float(x[key]) for x in runs[name])
-        return values[len(values) // 2]
+        return (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2
 
     keys = ("driver_peak_rss_mib", "rank_seconds_to_first_token", "seconds_cli_wall")
     ratios = {f"{k}_this_over_baseline": round(median("this", k) / median("baseline", k), 3) for k in keys}
