@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from shardport.registry.analysis import analyze
+from shardport.registry.checkpoint.analysis import analyze
 from shardport.registry.formats import parse_safetensors
 from shardport.registry.formats.finite import CHUNK_BYTES, StoredFloat, check_finite
 

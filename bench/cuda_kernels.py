@@ -357,7 +357,8 @@ def _run_case(label: str, spec: dict[str, Any], ctx: dict[str, Any]) -> dict[str
         f"L2 {result.l2.passed}"
     )
     l3 = ", ".join(
-        f"T={x.tokens} e_kernel {x.e_kernel:.2e} (tol {x.tol_kernel + x.e_conversion:.2e})" for x in result.l3
+        f"T={x.tokens} e_kernel {x.e_kernel:.2e} (tol {x.tol_kernel + x.tol_conversion:.2e})"
+        for x in result.l3
     )
     log(f"  {label}: ladder {'PASSED' if result.passed else 'FAILED'}: {levels}; {l3}")
     if spec.get("throughput") and ctx["remaining"]() > 60:

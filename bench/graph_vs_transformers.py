@@ -27,7 +27,7 @@ from llama_artifacts import gguf_smollm
 from shardport.deploy.graph import reference_model
 from shardport.deploy.graph.checkpoint import float_model
 from shardport.deploy.local_ranks import Job, run_local
-from shardport.registry.analysis import analyze, decode
+from shardport.registry.checkpoint.analysis import analyze, decode
 from shardport.registry.contracts.graph import graph_contract
 
 PROMPT = (3, 1000, 17, 256, 9, 511, 42, 7)

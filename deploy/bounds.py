@@ -25,21 +25,15 @@ from typing import Any
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.contracts.graph import GraphContract
 from shardport.registry.errors import UsageError
+from shardport.registry.families.llama import CONFIG_KEYS, CONTEXT_DEFAULTS, GGUF_KEYS
 
 from .errors import GraphLayoutError
 
 DEFAULT_CONTEXT = 2048
 """The context length assumed when the manifest states none and its architecture has no default below
 (transformers' ``LlamaConfig`` default)."""
-ARCHITECTURE_CONTEXT = {
-    "LlamaForCausalLM": 2048,
-    "MistralForCausalLM": 4096 * 32,
-    "MixtralForCausalLM": 4096 * 32,
-    "Qwen2ForCausalLM": 32768,
-    "Qwen2MoeForCausalLM": 32768,
-}
-"""transformers' configs' ``max_position_embeddings`` defaults: what a checkpoint whose config omits the
-key means (a Mistral config without it runs 131,072 positions, not Llama's 2,048)."""
+ARCHITECTURE_CONTEXT = CONTEXT_DEFAULTS
+"""transformers' configs' ``max_position_embeddings`` defaults (the model family's table)."""
 PROMPT_BYTES_PER_TOKEN = 32
 """A text prompt may hold at most this many UTF-8 bytes per token of context (checked before the
 tokenizer runs: no vocabulary's tokens are that long in practice, so no prompt that fits is refused)."""
@@ -64,11 +58,11 @@ def context_of(params: Mapping[str, Any], architecture: str | None = None) -> Co
 
     The defaults: :data:`ARCHITECTURE_CONTEXT`, then :data:`DEFAULT_CONTEXT`.
     """
-    stated = _positive_int(params.get("max_position_embeddings"))
+    stated = _positive_int(params.get(CONFIG_KEYS["context"]))
     if stated is not None:
-        return Context(stated, "max_position_embeddings")
+        return Context(stated, CONFIG_KEYS["context"])
     for key in sorted(params):
-        if key.endswith(".context_length"):
+        if key.endswith("." + GGUF_KEYS["context"]):
             stated = _positive_int(params[key])
             if stated is not None:
                 return Context(stated, key)

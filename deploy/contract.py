@@ -2,7 +2,7 @@
 
 The contract comes from the manifest's ``model`` section: the one recorded at push (``model.graph``),
 else re-derived from the model's architecture, parameters and tensor shapes
-(:func:`~shardport.registry.model_graph.graph_of`). :func:`check_inventory` refuses, at plan
+(:func:`~shardport.registry.checkpoint.model_graph.graph_of`). :func:`check_inventory` refuses, at plan
 time, a checkpoint whose weights do not match the architecture: a weight the graph needs and the
 manifest lacks, one of the wrong shape, or one the graph would silently ignore.
 """
@@ -10,11 +10,11 @@ manifest lacks, one of the wrong shape, or one the graph would silently ignore.
 from __future__ import annotations
 
 from shardport.registry.artifact.manifest import Manifest
+from shardport.registry.checkpoint.model_graph import graph_of
 from shardport.registry.contracts.graph import GraphContract
-from shardport.registry.model_graph import graph_of
+from shardport.registry.families import llama
 
 from .errors import UnsupportedModelError
-from .graph.stems import layer_stem
 
 
 def contract_of(manifest: Manifest) -> GraphContract:
@@ -40,27 +40,26 @@ def expected_weights(contract: GraphContract) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {}
     for layer in range(contract.layers):
         for op, shape in shapes.items():
-            if contract.moe and op in ("gate", "up", "down"):
+            if contract.moe and op in llama.MLP_OPS:
                 continue
-            stem = layer_stem(layer, op, gguf)
+            stem = llama.layer_stem(layer, op, gguf)
             out[f"{stem}.weight"] = shape
             if contract.qkv_bias and op in ("q", "k", "v"):
                 out[f"{stem}.bias"] = (shape[0],)
         if contract.moe and gguf:  # llama.cpp's stacked experts [E, N, K] and the router
             e = contract.experts
-            out[f"blk.{layer}.ffn_gate_inp.weight"] = (e, h)
-            for w, shape in (("gate", (e, i, h)), ("up", (e, i, h)), ("down", (e, h, i))):
-                out[f"blk.{layer}.ffn_{w}_exps.weight"] = shape
+            out[llama.layer_name(layer, "router", gguf)] = (e, h)
+            stacked = ((e, i, h), (e, i, h), (e, h, i))
+            out.update(zip(llama.gguf_expert_stacks(layer), stacked, strict=True))
         elif contract.moe:
-            stem = f"model.layers.{layer}.block_sparse_moe"
-            out[f"{stem}.gate.weight"] = (contract.experts, h)
+            out[llama.hf_router_name(layer)] = (contract.experts, h)
             for e in range(contract.experts):
-                for w, shape in (("w1", (i, h)), ("w3", (i, h)), ("w2", (h, i))):
-                    out[f"{stem}.experts.{e}.{w}.weight"] = shape
-    out["token_embd.weight" if gguf else "model.embed_tokens.weight"] = (contract.vocab, h)
-    out["output_norm.weight" if gguf else "model.norm.weight"] = (h,)
-    if not contract.tied_embeddings:
-        out["output.weight" if gguf else "lm_head.weight"] = (contract.vocab, h)
+                out.update(zip(llama.hf_expert_names(layer, e), ((i, h), (i, h), (h, i)), strict=True))
+    embed, norm, head = llama.end_names(gguf, contract.tied_embeddings)
+    out[embed] = (contract.vocab, h)
+    out[norm] = (h,)
+    if head is not None:
+        out[head] = (contract.vocab, h)
     return out
 
 

@@ -11,6 +11,7 @@ stores the signed evidence, shows it, and writes the HTML report (``--report``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ from rich.console import Console
 from safetensors.numpy import save_file
 
 from shardport.cli import main as run
+from shardport.registry.families import llama
 
 console = Console()
 
@@ -29,37 +31,33 @@ def make_checkpoint(folder: Path, *, seed: int, layers: int = 2, hidden: int = 1
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     vocab, inter = 512, hidden * 2
-    (folder / "config.json").write_text(
-        '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", '
-        f'"num_hidden_layers": {layers}, "hidden_size": {hidden}, "intermediate_size": {inter}, '
-        f'"num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": {vocab}, '
-        '"rms_norm_eps": 1e-05, "tie_word_embeddings": false}'
-    )
+    k = llama.CONFIG_KEYS
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", k["layers"]: layers}
+    config |= {k["hidden"]: hidden, k["intermediate"]: inter, k["heads"]: 8, k["kv_heads"]: 4}
+    config |= {k["vocab"]: vocab, k["norm_eps"]: 1e-05, k["tied_embeddings"]: False}
+    (folder / "config.json").write_text(json.dumps(config))
+    embed, norm, head = llama.end_names(gguf=False, tied=False)
+    assert head is not None
     ends = {
-        "model.embed_tokens.weight": rng.standard_normal((vocab, hidden), dtype=np.float32),
-        "model.norm.weight": np.ones(hidden, dtype=np.float32),
-        "lm_head.weight": rng.standard_normal((vocab, hidden), dtype=np.float32) / np.sqrt(hidden),
+        embed: rng.standard_normal((vocab, hidden), dtype=np.float32),
+        norm: np.ones(hidden, dtype=np.float32),
+        head: rng.standard_normal((vocab, hidden), dtype=np.float32) / np.sqrt(hidden),
     }
     save_file(
         {k: np.ascontiguousarray(v.astype(np.float16)) for k, v in ends.items()},
         str(folder / "model-embed.safetensors"),
     )
     for i in range(layers):
-        p = f"model.layers.{i}."
-        tensors = {
-            p + "self_attn.q_proj.weight": (hidden, hidden),
-            p + "self_attn.k_proj.weight": (hidden // 2, hidden),
-            p + "self_attn.v_proj.weight": (hidden // 2, hidden),
-            p + "self_attn.o_proj.weight": (hidden, hidden),
-            p + "mlp.gate_proj.weight": (inter, hidden),
-            p + "mlp.up_proj.weight": (inter, hidden),
-            p + "mlp.down_proj.weight": (hidden, inter),
-        }
+        shapes = {"q": (hidden, hidden), "k": (hidden // 2, hidden), "v": (hidden // 2, hidden)}
+        shapes |= {"o": (hidden, hidden), "gate": (inter, hidden), "up": (inter, hidden)}
+        shapes |= {"down": (hidden, inter)}
+        f16 = np.float16
         arrays = {
-            k: np.ascontiguousarray(rng.standard_normal(s).astype(np.float16)) for k, s in tensors.items()
+            llama.layer_name(i, op, gguf=False): np.ascontiguousarray(rng.standard_normal(s).astype(f16))
+            for op, s in shapes.items()
         }
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            arrays[f"{p}{norm}.weight"] = np.ones(hidden, dtype=np.float16)
+        for op in ("input_norm", "post_norm"):
+            arrays[llama.layer_name(i, op, gguf=False)] = np.ones(hidden, dtype=np.float16)
         save_file(arrays, str(folder / f"model-layer{i}.safetensors"))
 
 
@@ -85,16 +83,16 @@ def make_gguf(folder: Path, *, seed: int = 3, layers: int = 2, hidden: int = 256
     def q(shape: tuple[int, int], scale: float) -> np.ndarray:
         return quantize((rng.standard_normal(shape) * scale).astype(np.float32), q40)
 
-    w.add_tensor("token_embd.weight", q((vocab, hidden), 1.0), raw_dtype=q40)
-    shapes = {"attn_q": (hidden, hidden), "attn_k": (kv_heads * d, hidden), "attn_v": (kv_heads * d, hidden)}
-    shapes |= {"attn_output": (hidden, hidden), "ffn_gate": (inter, hidden), "ffn_up": (inter, hidden)}
-    shapes |= {"ffn_down": (hidden, inter)}
+    embed, norm, _ = llama.end_names(gguf=True, tied=True)
+    w.add_tensor(embed, q((vocab, hidden), 1.0), raw_dtype=q40)
+    shapes = {"q": (hidden, hidden), "k": (kv_heads * d, hidden), "v": (kv_heads * d, hidden)}
+    shapes |= {"o": (hidden, hidden), "gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter)}
     for layer in range(layers):
-        w.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
-        for stem, shape in shapes.items():
-            w.add_tensor(f"blk.{layer}.{stem}.weight", q(shape, 0.1), raw_dtype=q40)
-        w.add_tensor(f"blk.{layer}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
-    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+        w.add_tensor(llama.layer_name(layer, "input_norm", gguf=True), np.ones(hidden, dtype=np.float32))
+        for op, shape in shapes.items():
+            w.add_tensor(llama.layer_name(layer, op, gguf=True), q(shape, 0.1), raw_dtype=q40)
+        w.add_tensor(llama.layer_name(layer, "post_norm", gguf=True), np.ones(hidden, dtype=np.float32))
+    w.add_tensor(norm, np.ones(hidden, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -42,15 +42,27 @@ def _stacked(where: str) -> str:
     return name.split("[expert ", 1)[0]
 
 
+def _policy_refused(trace: Mapping[str, Any], kernel: str) -> bool:
+    """Whether ``trace`` shows ``kernel`` refused by the run's fallback policy."""
+    for c in trace.get("candidates", []):
+        if c.get("kernel") == kernel:
+            refusals = c.get("admission", {}).get("refusals", [])
+            return any(str(x.get("reason")) == "policy" for x in refusals)
+    return False
+
+
 def check_pins(manifest: Manifest, reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Every covered trace's selected kernel against its pin.
 
-    Returns ``{pinned, checked, not_pinned, unexpected, passed}``; ``pinned``: whether the manifest has
-    the layer at all (older manifests pass unchecked).
+    Returns ``{pinned, checked, not_pinned, policy_refused, unexpected, passed}``; ``pinned``: whether the
+    manifest has the layer at all (older manifests pass unchecked). The pins were computed under the
+    default fallback policy: a trace whose pinned kernel the run's stricter ``--fallback`` refused (its
+    candidate's refusal says ``policy``; e.g. ``forbid`` refuses int4pack's bfloat16 conversion) is not
+    held to the pin, and counted in ``policy_refused``.
     """
     runtime = manifest.runtime
     extents = {w.name: tuple(w.shape.extents[-2:]) for w in manifest.weights or ()}
-    checked = skipped = 0
+    checked = skipped = refused = 0
     unexpected: list[str] = []
     for r in reports:
         asked = str(r.get("activations", "float32"))
@@ -63,6 +75,9 @@ def check_pins(manifest: Manifest, reports: Sequence[Mapping[str, Any]]) -> dict
             if pin is None or pin.kernel is None:
                 skipped += 1
                 continue
+            if pin.kernel != t["selected"] and _policy_refused(t, pin.kernel):
+                refused += 1
+                continue
             checked += 1
             if pin.kernel != t["selected"]:
                 unexpected.append(
@@ -73,6 +88,7 @@ def check_pins(manifest: Manifest, reports: Sequence[Mapping[str, Any]]) -> dict
         "pinned": bool(runtime.expected_kernels),
         "checked": checked,
         "not_pinned": skipped,
+        "policy_refused": refused,
         "unexpected": unexpected,
         "passed": not unexpected,
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from shardport.placement.plan import Plan
 from shardport.registry.contracts.graph import GraphContract
+from shardport.registry.families import llama
 
 from .errors import GraphLayoutError
 from .graph.layout import Range, RankLayout, single_layout
@@ -33,11 +34,11 @@ def layout_from_plan(plan: Plan, contract: GraphContract, tp_rank: int) -> RankL
     vocab: dict[str, tuple[Range, ...]] = {}
     for split in plan.splits:
         heads = tuple((a // d, b // d) for a, b in split.ranges)
-        if split.key.endswith(".self_attn.heads"):
+        if split.key.endswith(llama.QUERY_HEADS_SPLIT):
             q[split.key] = heads
-        elif split.key.endswith(".self_attn.kv"):
+        elif split.key.endswith(llama.KV_HEADS_SPLIT):
             kv[split.key] = heads
-        elif split.key in ("embed", "lm_head"):
+        elif split.key in llama.VOCAB_SPLITS:
             vocab[split.key] = split.ranges
     q_heads, kv_heads, rows = _one("query heads", q), _one("kv heads", kv), _one("vocabulary rows", vocab)
     if q_heads is None or kv_heads is None or rows is None:

@@ -67,7 +67,7 @@ class RankSpec:
     activations: str = "auto"
     """The dtype of the quantized operators' activations, ``float32``, ``bfloat16`` or ``auto`` (by the
     rank's device: :func:`.rank_ops.activations_for`) (``--activations``;
-    :func:`.rank_ops.dispatch_activations`); the graph around them stays float32."""
+    :func:`~shardport.kernels.dispatch_activations`); the graph around them stays float32."""
     trust: str | None = None
     """The trust policy or public key the driver resolved with (``--trust``; None: the home's policy)."""
     allow_unsigned: bool = False
@@ -177,6 +177,8 @@ class Rank:
         self.cuda_visible: list[str] = []
         self.ladder_mode = "off"
         self.activations: ActivationDtype = "float32"
+        self.plan_digest: str | None = None
+        self.float_buffers: dict[str, Any] | None = None
 
     def _enter(self, stage: str) -> None:
         """Begin ``stage`` (a failure is reported with it); the failpoint ``rank<R>-<stage>`` is here.
@@ -285,6 +287,7 @@ class Rank:
             "float_tensors": int(self.ops.float_bytes),
             "repack_workspace_peak": int(ledger.scratch_bytes + ledger.peak_staging_bytes),
         }
+        self.plan_digest = str(loaded.plan_digest)
         return {
             "rank": spec.rank,
             "digest": loaded.digest,
@@ -306,7 +309,23 @@ class Rank:
             self.loaded = release.metadata
         kept = release.measure()
         self.ledger.update(kept.ledger())
-        self.timeline["release"] = kept.seconds
+        self.float_buffers = self._scan_floats()
+        self.timeline["release"] = kept.seconds + float(self.float_buffers["seconds"])
+
+    def _scan_floats(self) -> dict[str, Any]:
+        """The full-size float buffers alive after preparation (:mod:`.float_scan`; L5 holds the policy).
+
+        Reachable from each prepared operator (attributed to its weight), and from what else the rank
+        keeps -- but not its loaded planes, which hold the stored bytes (``keep_planes`` keeps them on
+        purpose; the release check counts those no operator uses), nor the manifest, contract, traces
+        and ladder records (pydantic records without arrays, thousands of objects at 1 GiB).
+        """
+        from .float_scan import scan_floats
+
+        skip = ("loaded", "ops", "manifest", "contract")  # planes; walked per operator; no arrays
+        state = {k: v for k, v in vars(self).items() if k not in skip}
+        ops = {k: v for k, v in vars(self.ops).items() if k not in ("ops", "traces", "ladders")}
+        return scan_floats(self.ops, {"rank": state, "rank operators' container": ops})
 
     # -- phase 2 ---------------------------------------------------------------------------------
     def run(self, init_method: str | None) -> dict[str, Any]:
@@ -353,6 +372,8 @@ class Rank:
             "ladders": [lad.model_dump(mode="json") for lad in self.ops.ladders],
             "ladder_mode": self.ladder_mode,
             "full_dequant_persistent": self.ops.persistent_full_dequant(),
+            "float_buffers": self.float_buffers,
+            "plan_digest": self.plan_digest,
             "clock": dict(self.clock),
         }
 

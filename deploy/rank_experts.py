@@ -26,6 +26,7 @@ from shardport.registry.contracts.model import (
     LogicalWeight,
     cell_positions,
 )
+from shardport.registry.families.llama import gguf_expert_stacks
 
 from .errors import GraphWeightError
 
@@ -41,7 +42,7 @@ def expert_name(stacked: str, expert: int) -> str:
 
 def gguf_expert_names(layer: int, expert: int) -> tuple[str, str, str]:
     """The gate, up and down weights of one expert of a GGUF MoE layer (views of ``ffn_*_exps``)."""
-    gate, up, down = (expert_name(f"blk.{layer}.ffn_{w}_exps.weight", expert) for w in ("gate", "up", "down"))
+    gate, up, down = (expert_name(stacked, expert) for stacked in gguf_expert_stacks(layer))
     return gate, up, down
 
 

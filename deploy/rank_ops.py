@@ -3,7 +3,8 @@
 Pure of Ray and of torch.distributed: given a rank's verified tensors (:class:`~shardport.loader.RankTensors`)
 and the manifest's logical weights, :func:`prepare_ops` describes each quantized linear weight for the
 kernels (:func:`~shardport.kernels.rank_weight`), dispatches it for prefill and decode under the fallback
-policy in the bring-up's activation dtype (``registry up --activations``: :func:`dispatch_activations`),
+policy in the bring-up's activation dtype (``registry up --activations``:
+:func:`~shardport.kernels.dispatch_activations`, which owns the float32 fallback),
 and runs its parity ladder L0-L3; float weights (norms, float16 embeddings and heads) are decoded
 by the registry's reference decoder into small float tensors. :func:`rank_weights` assembles the
 graph's :class:`~shardport.deploy.graph.RankWeights` from them by the checkpoint's names.
@@ -19,30 +20,26 @@ import numpy as np
 import torch
 
 from shardport.kernels import (
-    Catalog,
     Device,
     DispatchTrace,
     FallbackPolicy,
     Ladder,
-    NoAdmissibleKernelError,
     PreparedLinear,
-    RankWeight,
-    Reason,
     default_catalog,
-    dispatch_phases,
+    dispatch_activations,
     ladder,
     ladder_sampled,
+    note_float32,
     rank_weight,
 )
-from shardport.kernels.capability import ActivationDtype, Phase
-from shardport.kernels.catalog import slow_path
+from shardport.kernels.capability import ActivationDtype
 from shardport.loader import RankTensors
 from shardport.registry.contracts.decode import decode_weight
 from shardport.registry.contracts.graph import GraphContract
 from shardport.registry.contracts.model import AffineIntContract, GgufBlockContract, LogicalWeight
+from shardport.registry.families import llama
 
 from .errors import GraphWeightError, UnsupportedModelError
-from .graph.stems import layer_stem
 from .graph.weights import (
     Attention,
     Experts,
@@ -72,9 +69,7 @@ ACTIVATION_CHOICES = ("auto", *ACTIVATIONS)
 #: ``--activations``: their output is the logits, and logits rounded to bfloat16 (a step of 2^-8 of their
 #: scale) tie at the top often enough to break L4's top-1 agreement and greedy tokens, which stay
 #: absolute. One operator per token; a Q8_0 head's kernel (cpu.gguf-direct) computes float32 anyway.
-LOGIT_WEIGHTS = frozenset(
-    {"output.weight", "lm_head.weight", "token_embd.weight", "model.embed_tokens.weight"}
-)
+LOGIT_WEIGHTS = llama.LOGIT_NAMES
 HEAD_NOTE = "the output head keeps float32 activations (bfloat16 logits tie at the top)"
 
 
@@ -100,9 +95,10 @@ def activations_for(text: str, device_kind: str) -> ActivationDtype:
 def policy_of(mode: str) -> FallbackPolicy:
     """The fallback policy of ``--fallback MODE``.
 
-    ``forbid`` refuses generic kernels and full dequantization; ``warn`` (the default) warns on generic
-    kernels and still refuses full dequantization (the kernels' default); ``allow`` lets both through
-    (the evidence records what ran).
+    ``forbid`` refuses generic kernels, full dequantization and conversions (a layout whose numbers differ
+    from the stored ones: a scale cast to bfloat16, a rounding law the kernel does not follow); ``warn``
+    (the default) warns on generic kernels, still refuses full dequantization (the kernels' default) and
+    allows conversions; ``allow`` lets all three through (the evidence records what ran).
     """
     if mode == "warn":
         return FallbackPolicy()
@@ -170,67 +166,6 @@ def _golden(k: int, tokens: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((tokens, k)).astype(np.float32)
 
 
-Chosen = dict[Phase, tuple[PreparedLinear, DispatchTrace]]
-
-
-def _dtype_only(trace: DispatchTrace, catalog: Catalog) -> list[str]:
-    """Kernels ranked before the selected one that refused the operator for its activation dtype alone.
-
-    Only those on their fast path in float32 (a kernel slow in float32 is not worth running there
-    instead of the selected one in the requested dtype).
-    """
-    fast32 = {
-        f"{k.capability.id}@{k.capability.version}" for k in catalog if not slow_path(k.capability, "float32")
-    }
-    out = []
-    for c in trace.candidates:
-        if c.selected:
-            break
-        if c.admission.refusals and all(r.reason == Reason.ACTIVATION_DTYPE for r in c.admission.refusals):
-            if c.kernel in fast32:
-                out.append(c.kernel)
-    return out
-
-
-def _noted(chosen: Chosen, requested: ActivationDtype, why: str) -> Chosen:
-    """``chosen`` with each trace saying that the operator runs float32 instead of ``requested``, and why."""
-    out: Chosen = {}
-    for phase, (op, trace) in chosen.items():
-        note = f"{trace.weight} ({phase}): activations {requested} requested; runs float32: {why}"
-        out[phase] = (op, trace.model_copy(update={"warnings": (*trace.warnings, note)}))
-    return out
-
-
-def dispatch_activations(
-    weight: RankWeight,
-    catalog: Catalog,
-    activations: ActivationDtype,
-    **kwargs: Any,
-) -> Chosen:
-    """Dispatch a rank's ``weight`` for prefill and decode with ``activations``.
-
-    float32 is dispatched as is. Another dtype is admitted where the kernel that runs the operator takes
-    it; the operator falls back to float32 — and each of its traces says so, with the reason (never
-    silently) — where no kernel admits the dtype, or where a kernel ranked before the one selected
-    refused the operator for its activation dtype alone (that kernel runs it in float32 rather than a
-    lower-ranked one in the requested dtype), unless float32 is that kernel's slow path. ``kwargs``:
-    :func:`~shardport.kernels.dispatch_phases`'s.
-    """
-    if activations == "float32":
-        return dispatch_phases(weight, catalog, activation_dtype="float32", **kwargs)
-    try:
-        chosen = dispatch_phases(weight, catalog, activation_dtype=activations, **kwargs)
-    except NoAdmissibleKernelError as exc:
-        fallback = dispatch_phases(weight, catalog, activation_dtype="float32", **kwargs)
-        return _noted(fallback, activations, f"no kernel admits {activations} here ({exc.found})")
-    ahead = sorted({k for _, trace in chosen.values() for k in _dtype_only(trace, catalog)})
-    if not ahead:
-        return chosen
-    fallback = dispatch_phases(weight, catalog, activation_dtype="float32", **kwargs)
-    why = f"{', '.join(ahead)} ranked first, refusing {activations} only"
-    return _noted(fallback, activations, why)
-
-
 def prepare_ops(
     loaded: RankTensors,
     weights: Mapping[str, LogicalWeight],
@@ -244,9 +179,10 @@ def prepare_ops(
     """Dispatch every quantized linear weight of the rank (prefill and decode), decode the float ones.
 
     ``device``: what the kernels' admission checks (default: this CPU; see :mod:`.devices`).
-    ``activations``: the dtype each quantized operator is admitted with (:func:`dispatch_activations`;
-    an operator whose kernel does not take it runs float32, said in its trace), except the output head
-    (:data:`LOGIT_WEIGHTS`: float32, said in its trace); float weights stay float32.
+    ``activations``: the dtype each quantized operator is admitted with
+    (:func:`~shardport.kernels.dispatch_activations`; an operator whose kernel does not take it runs
+    float32, said in its trace), except the output head (:data:`LOGIT_WEIGHTS`: float32, said in its
+    trace); float weights stay float32.
     """
     catalog = default_catalog()
     out = RankOps()
@@ -280,7 +216,7 @@ def prepare_ops(
             device=device,
         )
         if head:
-            chosen = _noted(chosen, activations, HEAD_NOTE)
+            chosen = note_float32(chosen, activations, HEAD_NOTE)
         out.ops[name] = {phase: op for phase, (op, _) in chosen.items()}
         out.traces += [trace for _, trace in chosen.values()]
     return out
@@ -373,8 +309,8 @@ def operator_linear(phases: Mapping[str, PreparedLinear]) -> Linear:
     """The graph's linear over a weight's prepared operators: the one place activations change dtype.
 
     One token runs the decode operator, more the prefill one; the input is cast to that operator's
-    activation dtype (float32 or bfloat16, :func:`dispatch_activations`) and its output back to
-    float32, so the graph's norms, rotary, softmax, residual stream and KV cache stay float32.
+    activation dtype (float32 or bfloat16, :func:`~shardport.kernels.dispatch_activations`) and its
+    output back to float32, so the graph's norms, rotary, softmax, residual stream and KV cache stay float32.
     """
     prefill, decode = phases.get("prefill"), phases.get("decode")
     dtypes = {id(op): getattr(torch, op.op.activation_dtype) for op in phases.values()}
@@ -409,7 +345,7 @@ class _Slots:
         return t
 
     def name(self, layer: int, op: str, leaf: str = "weight") -> str:
-        return f"{layer_stem(layer, op, self.gguf)}.{leaf}"
+        return llama.layer_name(layer, op, self.gguf, leaf)
 
     def linear(self, name: str) -> Linear:
         if name in self.ops.ops:
@@ -440,11 +376,8 @@ def _experts(s: _Slots, layer: int, experts: range) -> Experts:
     if s.gguf:  # stacked [E, N, K]: each owned expert's view (rank_experts.split_experts)
         owned = {e: Mlp(*(s.linear(n) for n in gguf_expert_names(layer, e))) for e in experts}
         return Experts(router=s.linear(s.name(layer, "router")), owned=owned)
-    stem = f"model.layers.{layer}.block_sparse_moe"
-    owned = {
-        e: Mlp(*(s.linear(f"{stem}.experts.{e}.{w}.weight") for w in ("w1", "w3", "w2"))) for e in experts
-    }
-    return Experts(router=s.linear(f"{stem}.gate.weight"), owned=owned)
+    owned = {e: Mlp(*(s.linear(n) for n in llama.hf_expert_names(layer, e))) for e in experts}
+    return Experts(router=s.linear(llama.hf_router_name(layer)), owned=owned)
 
 
 def rank_weights(
@@ -479,11 +412,10 @@ def rank_weights(
         if contract.moe:
             mlp = _experts(s, i, experts if experts is not None else range(contract.experts))
         else:
-            mlp = Mlp(*(s.linear(s.name(i, op)) for op in ("gate", "up", "down")))
+            mlp = Mlp(*(s.linear(s.name(i, op)) for op in llama.MLP_OPS))
         built.append(Layer(i, s.tensor(s.name(i, "input_norm")), att, s.tensor(s.name(i, "post_norm")), mlp))
-    embed_name = "token_embd.weight" if s.gguf else "model.embed_tokens.weight"
-    head_name = embed_name if contract.tied_embeddings else ("output.weight" if s.gguf else "lm_head.weight")
-    norm_name = "output_norm.weight" if s.gguf else "model.norm.weight"
+    embed_name, norm_name, stored_head = llama.end_names(s.gguf, contract.tied_embeddings)
+    head_name = embed_name if stored_head is None else stored_head
     embed: Lookup | None = s.lookup(embed_name) if first else None
     head: Linear | None = s.linear(head_name) if last else None
     norm = s.tensor(norm_name) if last else None

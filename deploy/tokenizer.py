@@ -34,6 +34,7 @@ from shardport.deploy.errors import (
 from shardport.registry.artifact.hashing import digest_bytes
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.artifact.tokenizer_record import TokenizerPart, TokenizerRecord, parts_digest
+from shardport.registry.families.llama import GGUF_ARCHITECTURE_KEY
 from shardport.registry.formats.gguf_gate import GGUFArray, GGUFLimits, parse_gguf_metadata
 from shardport.registry.formats.notes import Notes
 from shardport.registry.formats.source import BytesSource
@@ -355,7 +356,7 @@ def _from_gguf_spm(record: TokenizerRecord, path: str, kv: Mapping[str, object])
     if isinstance(kv.get("tokenizer.ggml.add_space_prefix"), bool):
         fields["add_prefix_space"] = kv["tokenizer.ggml.add_space_prefix"]
     try:
-        backend, _ = convert_gguf_tokenizer(str(kv.get("general.architecture", "llama")), fields)
+        backend, _ = convert_gguf_tokenizer(str(kv.get(GGUF_ARCHITECTURE_KEY, "llama")), fields)
     except Exception as exc:  # a third-party converter: wrapped once, here
         raise TokenizerError(f"{path}: the SentencePiece vocabulary does not convert: {exc}") from exc
     add_bos = kv.get("tokenizer.ggml.add_bos_token", True)  # llama.cpp adds BOS unless told not to

@@ -21,6 +21,7 @@ from shardport.placement import Topology, plan
 from shardport.placement.inventory import resolve_dims
 from shardport.registry.artifact.manifest import Manifest, TopologyHints
 from shardport.registry.contracts.graph import GraphContract
+from shardport.registry.families.llama import CONFIG_KEYS
 
 from .contract import check_inventory, contract_of
 from .errors import GraphLayoutError
@@ -61,7 +62,7 @@ def _count(manifest: Manifest, contract: GraphContract | None, key: str) -> int:
     if contract is not None:
         return contract.layers if key == "layers" else (contract.experts if contract.moe else 1)
     params = manifest.model.params
-    names = ("num_hidden_layers",) if key == "layers" else ("num_local_experts", "num_experts")
+    names = (CONFIG_KEYS["layers"],) if key == "layers" else (CONFIG_KEYS["experts"], "num_experts")
     for name in names:
         value = params.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:

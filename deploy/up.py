@@ -122,6 +122,10 @@ class UpResult:
             "read_amplification": p["read_amplification"],
             "devices": p.get("devices", {}),
             "attempts": p.get("attempts", []),
+            "placement": p.get("placement"),
+            "reference": p.get("reference"),
+            "dispatch_candidates": p.get("dispatch_candidates", []),
+            "ladder_values": p.get("ladder_values"),
             "evidence": self.evidence,
         }
 
@@ -142,7 +146,12 @@ def _versions() -> dict[str, str]:
 
 
 def check_plan(resolved: Resolved, request: UpRequest) -> Any:
-    """The graph contract, inventory and placement checks, at plan time; returns the contract.
+    """The graph contract, inventory and placement checks, at plan time; returns the contract."""
+    return _check_plan(resolved, request)[0]
+
+
+def _check_plan(resolved: Resolved, request: UpRequest) -> tuple[Any, Any]:
+    """:func:`check_plan`, returning (the contract, the placement plan).
 
     The sizes (:func:`.bounds.check_world`, :func:`.bounds.check_sequence`) are checked again here for a
     caller that did not :func:`admit` first; they are cheap, and bound the planner's work.
@@ -161,7 +170,20 @@ def check_plan(resolved: Resolved, request: UpRequest) -> Any:
     planned = plan(resolved.manifest, topology)
     for tp_rank in range(request.tp):
         layout_from_plan(planned, contract, tp_rank)
-    return contract
+    return contract, planned
+
+
+def plan_digests(planned: Any) -> dict[str, str]:
+    """The placement plan's digests for the evidence: its canonical JSON's sha256, and its decisions'.
+
+    The decisions' digest is the one every rank computes from its own plan (``plan_digest``).
+    """
+    from shardport.registry.artifact.hashing import digest_bytes
+
+    return {
+        "plan_sha256": str(digest_bytes(planned.to_json().encode())),
+        "decisions": str(planned.decisions_digest()),
+    }
 
 
 def check_kernels(required: Sequence[str]) -> None:
@@ -286,8 +308,10 @@ def _check(
 
     from .graph.model import Generation
     from .graph.reference import compare
+    from .pinned_kernels import check_pins
     from .rank_ops import policy_of
-    from .up_evidence import level5, tolerance
+    from .up_evidence import tolerance
+    from .up_l5 import level5
 
     reporter = next((r for r in reports if r.get("prompt_logits") is not None), None)
     if reporter is None:
@@ -301,9 +325,9 @@ def _check(
     tol = tolerance(reports, contract.layers, float(reference.prompt_logits.abs().max()))
     parity = compare(run, reference, tol["value"], source).model_dump(mode="json")
     parity["tolerance_derivation"] = tol
-    policy = policy_of(request.fallback)
-    runtime = resolved.manifest.runtime
-    l5 = level5(reports, policy, tuple(runtime.kernels_preferred), tuple(runtime.kernels_required))
+    # L5 against the pinned manifest's kernels (push pinned them), not dispatch's order run again
+    pins = check_pins(resolved.manifest, reports)
+    l5 = level5(reports, policy_of(request.fallback), pins)
     return run, parity, l5
 
 
@@ -377,18 +401,29 @@ class _Planned:
     specs: list[RankSpec]
     resolve_s: float
     plan_s: float
+    plan: dict[str, str] = field(default_factory=dict)
+    """The placement plan's digests (:func:`plan_digests`)."""
 
 
 def _plan_admitted(admitted: Admitted) -> _Planned:
     """Inventory and placement of an admitted request (:func:`check_plan`); the rank specs."""
     t0 = time.perf_counter()
     resolved, request = admitted.resolved, admitted.request
-    contract = check_plan(resolved, request)
+    contract, placed = _check_plan(resolved, request)
     pinned = f"{resolved.ref.name}@{resolved.digest}"
     model_bytes = sum(f.size for f in resolved.manifest.files)
     specs = specs_for(request, pinned, float(os.cpu_count() or 1), model_bytes)
     plan_s = admitted.admit_s + time.perf_counter() - t0
-    return _Planned(resolved, request, contract, admitted.tokenizer, specs, admitted.resolve_s, plan_s)
+    return _Planned(
+        resolved,
+        request,
+        contract,
+        admitted.tokenizer,
+        specs,
+        admitted.resolve_s,
+        plan_s,
+        plan_digests(placed),
+    )
 
 
 def _plan(session: Session, request: UpRequest) -> _Planned:
@@ -464,11 +499,11 @@ def bring_up(
             **_launch_seconds(r, wall0, planned.resolve_s + planned.plan_s),
             **{k: v for k, v in r["timeline"].items() if k not in ("resolve", "plan")},
         }
-    from shardport.registry import evidence as registry_evidence
-
+    from .quant_error import quant_error_row
+    from .rank_report import check_reports
     from .up_evidence import predicate
-    from .up_finite import seal
 
+    check_reports(reports)  # a malformed report fails here, by rank and field
     run, parity, l5 = _check(session, resolved, contract, request, reports)
     pred = predicate(
         repository=resolved.ref.name,
@@ -483,15 +518,14 @@ def bring_up(
         prompt=request.tokens,
         generated=run.tokens,
         activations=request.activations,
+        plan=planned.plan,
+        extra_rows=[quant_error_row(resolved.manifest)],
     )
     pred["attempts"] = attempts
     if tokenizer is not None:
         pred["tokenizer"] = {"source": tokenizer.source, "digest": str(tokenizer.digest)}
         pred["text"] = {"prompt": request.prompt, "generated": tokenizer.decode(run.tokens)}
-    pred = seal(pred)  # what was added since: a NaN is text and fails, never an unsignable number
-    stored = None
-    if store_evidence:
-        stored = registry_evidence.store_evidence(session, resolved.ref.name, resolved.digest, pred)
+    pred, stored = _sign(session, resolved, reports, pred, store_evidence)
     return UpResult(
         digest=resolved.digest,
         repository=resolved.ref.name,
@@ -503,14 +537,38 @@ def bring_up(
     )
 
 
+def _sign(
+    session: Session, resolved: Resolved, reports: list[dict[str, Any]], pred: dict[str, Any], store: bool
+) -> tuple[dict[str, Any], str | None]:
+    """Seal and finish what was added to ``pred``; store the ladder values, then the evidence naming them.
+
+    Returns the final predicate and the evidence blob (None when not stored).
+    """
+    from shardport.registry import evidence as registry_evidence
+
+    from .up_content import ladder_values
+    from .up_finite import seal
+    from .up_rows import finish
+
+    pred = finish(seal(pred), {})  # what was added since: a NaN is text and fails, never unsignable
+    if not store:
+        return pred, None
+    name, digest = resolved.ref.name, resolved.digest
+    values = ladder_values(reports)
+    blob = registry_evidence.store_attachment(session, name, digest, values)
+    pred["ladder_values"] = {**pred["ladder_values"], "blob": blob}
+    return pred, registry_evidence.store_evidence(session, name, digest, pred)
+
+
 def write_logits(path: Path, logits: np.ndarray) -> Path:
     """``--logits-out``: float32 ``logits`` ``[T, vocab]`` as safetensors, written atomically.
 
     A temporary file in the same folder (created ``O_EXCL | O_NOFOLLOW``), read back and compared,
     flushed to disk, renamed over ``path``; removed on any failure. ``path`` must be a new name or a
-    regular file (:func:`~shardport.registry.destination.file_destination`, checked before the bring-up).
+    regular file (:func:`~shardport.registry.output.destination.file_destination`, checked before the
+    bring-up).
     """
-    from shardport.registry.writers import write_safetensors
+    from shardport.registry.output.writers import write_safetensors
 
     write_safetensors({"logits": np.asarray(logits, dtype=np.float32)}, path, durable=True)
     return path

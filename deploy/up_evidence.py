@@ -32,29 +32,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from shardport.kernels import FallbackPolicy, OperatorSignature, admit, default_catalog, named, ordered
-
+from .ladder_rows import capped_error, l1_row, l2_row, l3_row
 from .up_finite import finite_row, seal, within, worst
-
-#: Slack of the resident-memory check: the interpreter's, torch's lazy runtime (thread pools, kernel
-#: caches) and gloo's own growth on a rank. 96 MiB was too tight: on the quick bring-up benchmark
-#: (bench/bench_bringup.py, 4 layers of 2048, tp 4) ranks grew 229-337 MB for a 96 MB ledger, before
-#: freed heap was trimmed; a persistent full-dequant copy is caught by its own check, not by this one.
-RESIDENT_SLACK = 256 * 1024 * 1024
-#: Slack of the device-memory check on a CUDA rank: kernels' workspaces, transient activations.
-DEVICE_SLACK = 64 * 1024 * 1024
-#: What lives on the device of a CUDA rank (the graph's tensors follow its device).
-DEVICE_COMPONENTS = ("prepared_operators", "float_tensors", "kv_cache")
-#: What a rank's resident memory is made of (the predicate's ``ledger``, drawn stacked). The loaded
-#: planes count only where the rank retains them beyond what its operators and float tensors use in
-#: place (``codes_retained_unused``, :mod:`.release`; 0 after a clean release); what it loaded
-#: (``codes_and_qparams``), retained, shared and released are measures.
-LEDGER_COMPONENTS = (
-    "codes_retained_unused",
-    "prepared_operators",
-    "float_tensors",
-    "kv_cache",
-    "repack_workspace_peak",
+from .up_l5 import (  # noqa: F401 - re-exported: L5 moved to .up_l5
+    DEVICE_COMPONENTS,
+    DEVICE_SLACK,
+    LEDGER_COMPONENTS,
+    RESIDENT_SLACK,
+    components,
+    device_check,
+    expected_kernel,
+    kernel_path,
+    l5_rows,
+    level5,
 )
 
 
@@ -127,19 +117,16 @@ def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: fl
     """The L4 tolerance: ``A · max(E_kernel, floor) · growth(layers) · max(1, max|logit|)``.
 
     ``E_kernel``: the largest relative operator error any admitted kernel showed at L3 (float32
-    accumulation in a different order; a conversion's recorded error where there is one; under
-    ``--ladder sample`` measured on each class's representative, under ``off`` none); each of the
-    ``layers + 1`` blocks can add it, relative to the logits' scale. ``A``, ``floor`` and ``growth``
-    follow the operators' activation dtype (:data:`L4_BUDGETS`): float32 ``64 · max(E, 1e-6) ·
-    (layers + 1)``, bfloat16 ``16 · max(E, 2^-8) · sqrt(layers + 1)``.
+    accumulation in a different order, a conversion's rounding; under ``--ladder sample`` measured on
+    each class's representative, under ``off`` none), each batch's capped at its own L3 tolerance
+    (the kernel's accumulation tolerance plus the bound its conversion budget allows, both independent
+    of what was measured): a kernel that fails L3 fails there, it does not widen L4; a conversion's
+    measured error (``e_conversion``) is not a term. Each of the ``layers + 1`` blocks can add it,
+    relative to the logits' scale. ``A``, ``floor`` and ``growth`` follow the operators' activation
+    dtype (:data:`L4_BUDGETS`): float32 ``64 · max(E, 1e-6) · (layers + 1)``, bfloat16
+    ``16 · max(E, 2^-8) · sqrt(layers + 1)``.
     """
-    e_max = worst(
-        float(v)
-        for r in reports
-        for lad in r.get("ladders", [])
-        for x in lad["l3"]
-        for v in (x["e_kernel"], x["e_conversion"])
-    )
+    e_max = worst(capped_error(x) for r in reports for lad in r.get("ladders", []) for x in lad["l3"])
     dtype = activations_run(reports)
     budget = L4_BUDGETS[dtype]
     # a NaN anywhere stays NaN (max() would drop it): the tolerance is then NaN and L4 fails, sealed
@@ -157,134 +144,6 @@ def tolerance(reports: Sequence[Mapping[str, Any]], layers: int, logit_scale: fl
         "amplification": budget.amplification,
         "e_floor": budget.e_floor,
         "blocks": budget.blocks,
-    }
-
-
-def expected_kernel(
-    op: OperatorSignature, policy: FallbackPolicy, preferred: Sequence[str], required: Sequence[str] = ()
-) -> str | None:
-    """The kernel the driver expects for ``op``: the first admitted and policy-allowed in dispatch's order.
-
-    The order is :func:`shardport.kernels.ordered`'s for the operator's activation dtype (the
-    manifest's preferred kernels, then the fast paths, then the slow paths, then the fallback classes),
-    the one function dispatch walks, so the two cannot disagree on order; with the manifest's
-    ``required`` kernels, only those (dispatch refuses the others as ``not_required``).
-    """
-    for kernel in ordered(default_catalog(), op.activation_dtype, preferred):
-        cap = kernel.capability
-        if required and not named(kernel, required):
-            continue
-        if admit(op, cap).accepted and policy.mode(cap.transformation) != "forbid":
-            return f"{cap.id}@{cap.version}"
-    return None
-
-
-def kernel_path(trace: Mapping[str, Any]) -> Literal["fast", "slow"]:
-    """``slow`` where a trace's selected kernel runs its slow path for the dtype (its candidate note)."""
-    slow = any(c.get("selected") and c.get("note") for c in trace.get("candidates", []))
-    return "slow" if slow else "fast"
-
-
-def device_check(device: str, ledger: Mapping[str, Any]) -> dict[str, Any]:
-    """A rank's device memory against its ledger (pure: the rank's device and ledger in).
-
-    On a CUDA rank (``device`` ``cuda:…``) the bytes torch holds allocated after generation must hold
-    the prepared operators at least (the ledger cannot claim operators the device does not hold), and at
-    most ``2 x (prepared operators + float tensors + KV cache) + DEVICE_SLACK`` (no persistent copy
-    beyond the ledger). A CPU rank has no device memory: checked as resident = peak = 0.
-    """
-    resident, peak = int(ledger.get("device_resident", 0)), int(ledger.get("device_peak", 0))
-    if not device.startswith("cuda"):
-        return {
-            "device": device,
-            "resident": resident,
-            "peak": peak,
-            "passed": resident == 0 and peak == 0,
-            "detail": "no device memory: the rank computes on the CPU",
-        }
-    operators = int(ledger.get("prepared_operators", 0))
-    accounted = sum(int(ledger.get(c, 0)) for c in DEVICE_COMPONENTS)
-    bound = 2 * accounted + DEVICE_SLACK
-    return {
-        "device": device,
-        "resident": resident,
-        "peak": peak,
-        "operators": operators,
-        "ledger": accounted,
-        "bound": bound,
-        "passed": operators <= resident <= bound,
-        "detail": f"prepared operators {operators} <= resident {resident} <= 2 x {accounted} + slack",
-    }
-
-
-def components(ledger: Mapping[str, Any]) -> dict[str, int]:
-    """A rank ledger's :data:`LEDGER_COMPONENTS` (bytes).
-
-    A ledger that does not say what the rank retained after preparation (no ``codes_retained``)
-    counts every loaded byte as kept and unused.
-    """
-    out = {c: int(ledger.get(c, 0)) for c in LEDGER_COMPONENTS}
-    if "codes_retained" not in ledger:
-        out["codes_retained_unused"] = int(ledger.get("codes_and_qparams", 0))
-    return out
-
-
-def level5(
-    reports: Sequence[Mapping[str, Any]],
-    policy: FallbackPolicy,
-    preferred: Sequence[str],
-    required: Sequence[str] = (),
-) -> dict[str, Any]:
-    """L5: expected kernels per weight and rank, fallback counts, full-dequant buffers, resident memory.
-
-    ``preferred``/``required``: the pinned manifest's ``runtime.kernels_preferred``/``kernels_required``
-    (the driver's copy, not what the ranks report).
-    """
-    unexpected: list[str] = []
-    classes: Counter[str] = Counter()
-    checked = 0
-    for r in reports:
-        for t in r["dispatch"]:
-            want = expected_kernel(
-                OperatorSignature.model_validate(t["requested"]), policy, preferred, required
-            )
-            checked += 1
-            classes[t["transformation"]] += 1
-            if want != t["selected"]:
-                unexpected.append(
-                    f"rank {r['rank']} {t['weight']} ({t['phase']}): {t['selected']}, expected {want}"
-                )
-    over = {c: n for c, n in classes.items() if policy.mode(c) == "forbid"}  # type: ignore[arg-type,unused-ignore]
-    dequant = {str(r["rank"]): r["full_dequant_persistent"] for r in reports if r["full_dequant_persistent"]}
-    dequant_ok = not dequant or policy.full_dequant != "forbid"
-    resident: dict[str, dict[str, int | bool]] = {}
-    for r in reports:
-        parts = components(r["ledger"])
-        accounted = sum(parts.values())
-        growth = int(r["ledger"].get("host_resident_growth", 0))
-        unused = parts["codes_retained_unused"]
-        resident[str(r["rank"])] = {
-            "growth": growth,
-            "ledger": accounted,
-            "bound": 2 * accounted + RESIDENT_SLACK,
-            "unused": unused,
-            "passed": growth <= 2 * accounted + RESIDENT_SLACK and unused == 0,
-        }
-    device = {str(r["rank"]): device_check(str(r.get("device", "cpu")), r["ledger"]) for r in reports}
-    return {
-        "traces_checked": checked,
-        "unexpected_kernels": unexpected,
-        "fallbacks": dict(classes),
-        "forbidden_fallbacks": over,
-        "full_dequant_buffers": dequant,
-        "full_dequant_within_policy": dequant_ok,
-        "resident": resident,
-        "device": device,
-        "passed": not unexpected
-        and not over
-        and dequant_ok
-        and all(v["passed"] for v in resident.values())
-        and all(v["passed"] for v in device.values()),
     }
 
 
@@ -396,7 +255,6 @@ def _ladder_rows(
     full = [lad for lad in ladders if _is_full(lad)]
     sampled = [lad for lad in ladders if not _is_full(lad)]
     tiles = sum(int(lad["l0"]["verified_tiles"]) for lad in ladders)
-    l3 = [x for lad in full for x in lad["l3"]]
     covered = not coverage["orphans"] and not coverage["failed_representatives"]
     gaps = "; ".join(
         [f"no representative: {o}" for o in coverage["orphans"][:3]]
@@ -417,32 +275,9 @@ def _ladder_rows(
             "detail": f"{len(ladders)} operators, {tiles} verified tiles, manifest {digest}"
             + (f"; no ladder: {'; '.join(coverage['uncovered'][:3])}" if coverage["uncovered"] else ""),
         },
-        {
-            "level": "L1",
-            "name": "codes preserved by every layout",
-            "passed": all(lad["l1"]["passed"] for lad in ladders),
-            "value": sum(int(lad["l1"]["mismatches"]) for lad in ladders),
-            "tolerance": 0,
-            "detail": f"{sum(int(lad['l1']['codes_compared']) for lad in ladders)} codes compared "
-            f"on all {len(ladders)} operators",
-        },
-        {
-            "level": "L2",
-            "name": "layout decode = reference decode; witness rows",
-            "passed": all(lad["l2"]["passed"] for lad in ladders) and covered,
-            "value": worst(float(lad["l2"]["max_abs_error"]) for lad in full),
-            "tolerance": worst(float(lad["l2"]["tolerance"]) for lad in full),
-            "detail": f"{sum(int(lad['l2']['witness_checked']) for lad in ladders)} witness cells or rows "
-            f"on all {len(ladders)} operators; reconstruction: {scope}" + (f"; {gaps}" if gaps else ""),
-        },
-        {
-            "level": "L3",
-            "name": "operator error vs reference (max E_kernel)",
-            "passed": all(x["passed"] for x in l3) and covered,
-            "value": worst(float(x["e_kernel"]) for x in l3),
-            "tolerance": worst(float(x["tol_kernel"]) + float(x["e_conversion"]) for x in l3),
-            "detail": f"{len(l3)} golden batches; {scope}" + (f"; {gaps}" if gaps else ""),
-        },
+        l1_row(ladders),
+        l2_row(ladders, full, scope, gaps, covered),
+        l3_row(full, scope, gaps, covered),
     ]
 
 
@@ -494,38 +329,8 @@ def _graph_rows(
             "tolerance": worst(float(c["tolerance"]) for c in caches),
             "detail": f"{len(caches)} ranks",
         },
-        {
-            "level": "L5",
-            "name": "expected kernel on every weight of every rank",
-            "passed": not l5["unexpected_kernels"],
-            "value": l5["traces_checked"],
-            "tolerance": None,
-            "detail": "; ".join(l5["unexpected_kernels"][:4]) or "all as expected",
-        },
-        {
-            "level": "L5",
-            "name": "fallbacks within policy; no persistent full dequant",
-            "passed": not l5["forbidden_fallbacks"] and l5["full_dequant_within_policy"],
-            "value": sum(l5["fallbacks"].get(c, 0) for c in ("conversion", "generic", "full-dequant")),
-            "tolerance": None,
-            "detail": str(l5["fallbacks"]),
-        },
-        {
-            "level": "L5",
-            "name": "resident host (and device) memory within the ledger",
-            "passed": all(v["passed"] for v in l5["resident"].values())
-            and all(v["passed"] for v in l5.get("device", {}).values()),
-            "value": max((int(v["growth"]) for v in l5["resident"].values()), default=0),
-            "tolerance": max((int(v["bound"]) for v in l5["resident"].values()), default=0),
-            "detail": "per rank: loaded planes no operator uses released; host growth since start vs "
-            "2 x components + slack; device: "
-            + "; ".join(
-                f"rank {k} {v['device']} {'ok' if v['passed'] else 'FAIL'}"
-                for k, v in l5.get("device", {}).items()
-            ),
-        },
     ]
-    return rows
+    return rows + l5_rows(l5)
 
 
 def predicate(
@@ -542,15 +347,30 @@ def predicate(
     prompt: Sequence[int],
     generated: Sequence[int],
     activations: str = "float32",
+    plan: Mapping[str, str] | None = None,
+    extra_rows: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The evidence predicate (what is signed) and what ``--json`` / ``--report`` show.
 
     ``activations``: the dtype the bring-up asked its quantized operators to run in (the ``runtime``
-    section records it beside what each operator was admitted with). Sealed (:func:`.up_finite.seal`):
-    a NaN or infinity measured anywhere is written as text and fails the evidence.
+    section records it beside what each operator was admitted with); ``plan``: the driver's placement
+    plan digests (:func:`.up_content.placement`). Sealed (:func:`.up_finite.seal`): a NaN or infinity
+    measured anywhere is written as text and fails the evidence; finished (:func:`.up_rows.finish`):
+    every row has a status, a tolerance's source and a measured count, ``passed`` is every row that ran.
+    ``extra_rows``: rows measured from the manifest alone, after the ladder's (E_quant,
+    :func:`.quant_error.quant_error_row`).
+    The ladders' per-weight values are named by digest (``ladder_values``), not embedded.
     """
+    from .up_content import recorded
+    from .up_rows import finish, measured_counts
+
     coverage = ladder_coverage(reports)
-    rows = _ladder_rows(reports, digest, coverage) + _graph_rows(reports, parity, l5) + [finite_row()]
+    rows = [
+        *_ladder_rows(reports, digest, coverage),
+        *(dict(r) for r in extra_rows),
+        *_graph_rows(reports, parity, l5),
+        finite_row(),
+    ]
     by_rank = sorted(reports, key=lambda r: int(r["rank"]))
     out = {
         "manifest": digest,
@@ -562,8 +382,9 @@ def predicate(
         "versions": dict(versions),
         "prompt": list(prompt),
         "generated": list(generated),
-        "passed": all(bool(r["passed"]) for r in rows if r.get("status") != "not run"),
+        "passed": all(bool(r["passed"]) for r in rows if r.get("passed") is not None),
         "parity": rows,
+        **recorded(reports, parity, plan),
         "ladder": coverage,
         "parity_l4": dict(parity),
         "l5": dict(l5),
@@ -593,4 +414,4 @@ def predicate(
         "witness": {str(r["rank"]): r["witness"] for r in by_rank},
         "decode_seconds": {str(r["rank"]): float(r["decode_seconds"]) for r in by_rank},
     }
-    return seal(out)
+    return finish(seal(out), measured_counts(reports, parity))

@@ -11,6 +11,8 @@ runs.
 
 - :func:`admit` — the pure admission predicate over (:class:`OperatorSignature`, :class:`Capability`);
 - :func:`dispatch` — selection under a :class:`FallbackPolicy` (full dequant forbidden by default);
+  :func:`dispatch_activations` — the same in a requested activation dtype, with the float32 fallback
+  said in the traces;
 - :func:`ladder` — parity levels 0-3; :func:`default_catalog` — the kernels in priority order
   (CPU, then CUDA: optional, nothing CUDA at import); :func:`ordered` — the order dispatch tries them
   in for an activation dtype (fast paths before slow ones);
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING
 from shardport._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from .activations import dispatch_activations, note_float32
     from .admission import Admission, Reason, Refusal, admit
     from .capability import Capability, OperatorSignature, layout_id, operator_signature
     from .catalog import Catalog, Kernel, default_catalog, named, ordered
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from .weight import RankWeight, rank_weight
 
 _HOME = {
+    **dict.fromkeys(("dispatch_activations", "note_float32"), "activations"),
     **dict.fromkeys(("Admission", "Reason", "Refusal", "admit"), "admission"),
     **dict.fromkeys(("Capability", "OperatorSignature", "layout_id", "operator_signature"), "capability"),
     **dict.fromkeys(("Catalog", "Kernel", "default_catalog", "named", "ordered"), "catalog"),
@@ -72,11 +76,13 @@ __all__ = [
     "cuda_device",
     "default_catalog",
     "dispatch",
+    "dispatch_activations",
     "dispatch_phases",
     "ladder",
     "ladder_sampled",
     "layout_id",
     "named",
+    "note_float32",
     "operator_signature",
     "ordered",
     "rank_weight",

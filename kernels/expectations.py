@@ -27,6 +27,7 @@ from shardport.registry.contracts.model import (
     GgufBlockContract,
     LogicalWeight,
 )
+from shardport.registry.families.llama import HEAD_SLOTS as _HEAD_SLOTS
 
 from .admission import Reason, admit
 from .capability import ActivationDtype, OperatorSignature, operator_signature
@@ -43,7 +44,7 @@ DEVICE_CLASSES: dict[str, tuple[Device, ActivationDtype]] = {
 }
 """The device classes the runtime layer pins: name -> (device admission sees, activation dtype)."""
 FLOAT_GGUF = frozenset({"F32", "F16", "BF16"})
-HEAD_SLOTS = frozenset({"lm_head", "embed_tokens"})
+HEAD_SLOTS = _HEAD_SLOTS
 """Slots whose operator keeps float32 activations in a bfloat16 run (the head, or its tied embedding)."""
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .capability import Capability, OperatorSignature
 from .gguf_types import GGUF_DIRECT_TYPES
-from .prepared import F32, PreparedLinear
+from .prepared import F32, ColumnCheck, PreparedLinear
 from .weight import RankWeight
 
 TILE_ROWS = 256
@@ -72,6 +73,43 @@ class PreparedGguf(PreparedLinear):
         rows = self.blocks[start:stop]
         out: F32 = gguf_block_decode(rows, self.ggml_type, self.op.k_local, tensor=self.op.weight).numpy()
         return out
+
+    def column_check(
+        self,
+        weight: RankWeight,
+        columns: npt.NDArray[np.int64],
+        reference: F32 | None = None,
+        rows: npt.NDArray[np.int64] | None = None,
+    ) -> ColumnCheck | None:
+        """(the reference decode of K ``columns``, the values the kernel's matmul reads there).
+
+        The block bytes are read through :func:`~.gguf_direct.gguf_block_matmul` itself on one-hot
+        binary32 activations: each output is ``1·w`` plus products by 0, so the kernel's value of every
+        element of these columns comes back exactly (its binary32 computation, before the cast to the
+        activation dtype). Values, not codes: the block types' scales (and the IQ types' grids) have no
+        common unit-scale form to read codes through; a code read wrong changes its value unless its
+        block's scale is 0. ``rows``: only those rows' blocks go through the kernel (rows are
+        independent blocks) and through the reference decoder.
+        """
+        import torch
+
+        from shardport.registry.contracts.decode import decode_weight
+
+        from .gguf_direct import gguf_block_matmul
+
+        x = torch.zeros(len(columns), self.op.k_local, dtype=torch.float32)
+        x[torch.arange(len(columns)), torch.from_numpy(np.asarray(columns, dtype=np.int64))] = 1.0
+        blocks = self.blocks if rows is None else np.ascontiguousarray(self.blocks[rows])
+        y = gguf_block_matmul(
+            x, blocks, self.ggml_type, self.op.k_local, tile_rows=TILE_ROWS, tensor=self.op.weight
+        )
+        found = np.ascontiguousarray(y.to(torch.float32).t().numpy())
+        if rows is not None:
+            at = [int(r) for r in rows]
+            reference = decode_weight(weight.local_weight, weight.named_planes, at)
+        elif reference is None:
+            reference = decode_weight(weight.local_weight, weight.named_planes)
+        return np.ascontiguousarray(reference[:, columns]), found, "values"
 
 
 class GgufDirectKernel:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .budget import EPS, TINY, Budget, affine_terms_magnitude, law_eps, rounding_budget
 from .capability import Capability, OperatorSignature
 from .device import cpu_isa
 from .errors import ByteMapError, KernelInputError
@@ -250,6 +251,20 @@ class PreparedInt4(PreparedLinear):
         found = self.probe_codes()
         expected = int4_terms(weight, fast=False).u.astype(np.int64, copy=False)
         return self._decode_from(found, 0, self.op.n_local), (expected, found)
+
+    def conversion_budget(self, weight: RankWeight, reference: F32) -> Budget | None:
+        """(scale, zero) held in the activation dtype; the decode law's rounding where the kernel skips it."""
+        form = int4_terms(weight, fast=False)
+        dtype = self.op.activation_dtype
+        return rounding_budget(
+            affine_terms_magnitude(form.u, form.scale, form.zero, form.group),
+            reference,
+            held_in=f"int4pack's (scale, zero) in {dtype}",
+            eps_terms=EPS[dtype],
+            eps_law=law_eps(weight.contract),
+            tiny=TINY[dtype],
+            what="|u - 8|·|scale| + |zero|",
+        )
 
     def decode_rows(self, start: int, stop: int) -> F32:
         """Rows of ``(u - 8)·scale + zero`` with ``u`` read back from the packed bytes."""

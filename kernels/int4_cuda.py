@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .budget import EPS, TINY, Budget, affine_terms_magnitude, law_eps, rounding_budget
 from .capability import Capability, OperatorSignature
 from .device import cuda_device
 from .errors import ActivationError, KernelInputError
@@ -149,6 +150,25 @@ def layout_error(form: Int4Form, sz: npt.NDArray[np.float32], n: int) -> float:
 _CODES = np.arange(16, dtype=np.float64)
 
 
+def tinygemm_budget(weight: RankWeight, reference: F32) -> Budget:
+    """bfloat16 (scale, zero), each value rounded once to bfloat16 by the fma; the law's rounding.
+
+    Host-only (the planes' terms and the reference decode): the budget :meth:`PreparedInt4Cuda.
+    conversion_budget` holds the device layout to.
+    """
+    form = int4_terms(weight, fast=False)
+    return rounding_budget(
+        affine_terms_magnitude(form.u, form.scale, form.zero, form.group),
+        reference,
+        held_in="tinygemm's bfloat16 (scale, zero) and bfloat16 fma",
+        eps_terms=EPS["bfloat16"],
+        eps_value=EPS["bfloat16"],
+        eps_law=law_eps(weight.contract),
+        tiny=TINY["bfloat16"],
+        what="|u - 8|·|scale| + |zero|",
+    )
+
+
 def _torch_call(where: str, op: str, call: Any, *args: Any) -> Any:
     """Call a torch op; a torch error (contract, device, build) becomes a :class:`KernelInputError`."""
     try:
@@ -247,6 +267,10 @@ class PreparedInt4Cuda(PreparedLinear):
     def code_check(self, weight: RankWeight) -> tuple[I64, I64] | None:
         """(codes by the registry's generic unpacking, codes read back from the device layout)."""
         return int4_terms(weight, fast=False).u.astype(np.int64, copy=False), self.probe_codes()
+
+    def conversion_budget(self, weight: RankWeight, reference: F32) -> Budget | None:
+        """:func:`tinygemm_budget` (the layout's conversion, from the weight's own terms)."""
+        return tinygemm_budget(weight, reference)
 
     def _sz_host(self) -> npt.NDArray[np.float32]:
         out: npt.NDArray[np.float32] = self.scale_zero.float().cpu().numpy()

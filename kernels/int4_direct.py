@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardport.registry.contracts.decode import affine_qparams
+from shardport.registry.contracts.decode import affine_qparams, affine_terms
 from shardport.registry.contracts.encodings import encoding_value_range
 from shardport.registry.contracts.formats import as_plane
 from shardport.registry.contracts.model import (
@@ -49,7 +49,7 @@ from shardport.registry.contracts.permutation import read_permutation
 from .capability import Capability, OperatorSignature
 from .errors import KernelInputError
 from .int4_tiles import TileLayout, container_view, decode_codes, tile_layout
-from .prepared import F32, PreparedLinear
+from .prepared import F32, ColumnCheck, PreparedLinear
 from .weight import RankWeight
 
 #: Elements of one float32 tile (4 MiB, as the GGUF direct kernel's 256 x 4096): 256 lines of a 4096-wide
@@ -64,6 +64,8 @@ TILE_ELEMENTS = 1 << 20
 #: says what a weight uses.
 WORKSPACE_BYTES_PER_ELEMENT = 14
 ENCODINGS = ("u4", "s4_twos", "s4_offset8")
+#: Rows of the registry's generic unpacking per call in parity L1 (int64 codes: 8 bytes per element).
+UNPACK_ROWS = 1024
 _ROUND = {"binary16": "float16", "bfloat16": "bfloat16"}
 
 CAPABILITY = Capability(
@@ -341,6 +343,56 @@ class PreparedInt4Direct(PreparedLinear):
     def decode_rows(self, start: int, stop: int) -> F32:
         """Rows of :meth:`decode` (the whole tile walk: for proofs on small weights)."""
         return self.decode()[start:stop]
+
+    def probe_codes(self, columns: npt.NDArray[np.int64]) -> F32:
+        """The codes ``u = q - lo`` of K ``columns`` over every row, read back through :meth:`matmul`.
+
+        The kernel runs as it always does (container view, field split, slabs, the permutation's gather
+        of activations, the output order) on one-hot binary32 activations, with every scale 1 and every
+        zero point 0 for the call: the tile then holds the stored fields as ``u`` (0..15) and each output
+        is ``1·u`` plus products by 0, exact. Returns ``[n_local, len(columns)]`` (binary32 integers).
+        """
+        import torch
+
+        held = (self.scale, self.zero, self.zero_scalar, self.plus_lo, self.round_to)
+        x = torch.zeros(len(columns), self.op.k_local, dtype=torch.float32)
+        x[torch.arange(len(columns)), torch.from_numpy(np.asarray(columns, dtype=np.int64))] = 1.0
+        try:
+            self.scale, self.zero, self.zero_scalar = torch.ones_like(self.scale), None, None
+            self.plus_lo, self.round_to = 0.0, None
+            with torch.no_grad():
+                y = self.matmul(x)
+        finally:
+            self.scale, self.zero, self.zero_scalar, self.plus_lo, self.round_to = held
+        out: F32 = np.ascontiguousarray(y.t().numpy())
+        return out
+
+    def column_check(
+        self,
+        weight: RankWeight,
+        columns: npt.NDArray[np.int64],
+        reference: F32 | None = None,
+        rows: npt.NDArray[np.int64] | None = None,
+    ) -> ColumnCheck | None:
+        """(codes ``q - lo`` by the registry's generic unpacking, the kernel's: :meth:`probe_codes`).
+
+        The kernel walks every row either way (its slabs follow the stored layout); ``rows`` restricts
+        the comparison, and the generic unpacking, to those rows. The unpacking runs
+        :data:`UNPACK_ROWS` rows at a time (its int64 codes of a whole large weight would not fit).
+        """
+        c = _contract(weight)
+        shape = LogicalShape(axes=("N", "K"), extents=(weight.n_local, weight.k_local))
+        at = np.arange(weight.n_local) if rows is None else np.asarray(rows, dtype=np.int64)
+        lo = encoding_value_range(c.codes.encoding)[0]
+        parts = []
+        for i in range(0, at.size, UNPACK_ROWS):
+            chunk = [int(r) for r in at[i : i + UNPACK_ROWS]]
+            terms = affine_terms(c, weight.named_planes, shape, chunk, weight.where)
+            stored = columns if terms.columns is None else terms.columns[columns]
+            parts.append(terms.q[:, stored] - lo)
+        expected = np.concatenate(parts) if parts else np.zeros((0, columns.size), dtype=np.int64)
+        found = self.probe_codes(columns)
+        return expected, found if rows is None else found[rows], "codes"
 
 
 class Int4DirectKernel:

@@ -28,6 +28,7 @@ from shardport.registry.contracts.formats import round_to_format
 from shardport.registry.contracts.model import AffineIntContract, GroupMapNone, LogicalShape, PermutationPlane
 from shardport.registry.contracts.packing import apply_encoding
 
+from .budget import EPS, TINY, Budget, law_eps, rounding_budget
 from .capability import Capability, OperatorSignature
 from .errors import KernelInputError
 from .prepared import F32, I64, ROW_CHUNK, PreparedLinear
@@ -172,6 +173,20 @@ class PreparedInt8(PreparedLinear):
         scale = self.scales[start:stop].float().numpy()[:, None]
         out: F32 = self.codes[start:stop].numpy().astype(np.float32) * scale
         return out
+
+    def conversion_budget(self, weight: RankWeight, reference: F32) -> Budget | None:
+        """Per-row scales held in the activation dtype; the law's rounding where the kernel skips it."""
+        q, scales = _codes_and_scales(weight)
+        dtype = self.op.activation_dtype
+        return rounding_budget(
+            np.abs(q.astype(np.float64)) * np.abs(scales.astype(np.float64))[:, None],
+            reference,
+            held_in=f"int8pack's per-row scales in {dtype}",
+            eps_terms=EPS[dtype],
+            eps_law=law_eps(weight.contract),
+            tiny=TINY[dtype],
+            what="|q|·|scale|",
+        )
 
     def code_check(self, weight: RankWeight) -> tuple[I64, I64] | None:
         """(codes the planes hold, the int8 codes the kernel reads)."""

@@ -6,12 +6,18 @@
   exactly; a change of representation that is not a permutation (scale cast, rounding law) is labelled a
   ``conversion`` with its largest reconstruction error. The record says how the codes were read back
   (by the kernel, or through a byte map learnt from the packer, which a full ladder holds to the
-  kernel's read-back).
-- L2 reconstruction: the layout's decode equals the registry's reference decode of the slice (exactly,
-  or within the recorded conversion error), and the manifest's witness cells inside the rank's slice
-  re-digest to the recorded values.
-- L3 operator: for golden activations ``X``, ``E_kernel = ‖Y_kernel - Y_ref‖/‖Y_ref‖`` and, where a
-  float weight exists, ``E_quant = ‖Y_ref - Y_fp‖/‖Y_fp‖``, each against its tolerance.
+  kernel's read-back). A layout that keeps the stored planes (the direct kernels) is read back by its
+  own matmul on one-hot activations over :func:`spot_columns`: codes where a unit-scale call gives them
+  (``cpu.int4-direct``), else the binary32 values against the reference decode (``cpu.gguf-direct``),
+  exactly either way. Where nothing can be read back (the reference decoder itself, a dense float copy)
+  the level is ``not applicable`` with the reason, never a pass over 0 codes.
+- L2 reconstruction: the layout's decode equals the registry's reference decode of the slice exactly,
+  or, for a conversion, within its budget element by element (:mod:`.budget`: the rounding of the
+  format the layout holds the weight's terms in, computed from the planes -- never the measured
+  error); and the manifest's witness cells inside the rank's slice re-digest to the recorded values.
+- L3 operator: for golden activations ``X``, ``E_kernel = ‖Y_kernel - Y_ref‖/‖Y_ref‖`` against the
+  kernel's accumulation tolerance plus, for a conversion, ``‖|X|·B^T‖/‖Y_ref‖`` (the most the L2 budget
+  ``B`` lets the product move) and, where a float weight exists, ``E_quant = ‖Y_ref - Y_fp‖/‖Y_fp‖``.
 """
 
 from __future__ import annotations
@@ -22,13 +28,18 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict
 
 from shardport.registry.contracts.decode import decode_weight
 from shardport.registry.contracts.model import CELL_DIGEST_BYTES, CellWitness, DecodeWitness, cell_positions
 
+from .budget import Budget
 from .errors import ParityError
-from .prepared import Codes, PreparedLinear
+from .parity_codes import SPOT_PERIOD as SPOT_PERIOD
+from .parity_codes import L1Codes as L1Codes
+from .parity_codes import _Frozen, _level1, level1_by_map, where_of
+from .parity_codes import level1 as level1
+from .parity_codes import spot_columns as spot_columns
+from .prepared import PreparedLinear
 from .weight import RankWeight
 
 F32 = npt.NDArray[np.float32]
@@ -44,10 +55,6 @@ KERNEL_TOLERANCE: dict[str, dict[str, float]] = {
     "full-dequant": {"float32": 1e-6, "bfloat16": 2e-2, "float16": 4e-3},
     "reference": {"float32": 1e-6, "bfloat16": 1e-2, "float16": 2e-3},
 }
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class PlaneRecord(_Frozen):
@@ -69,40 +76,24 @@ class L0Bytes(_Frozen):
     passed: bool
 
 
-class L1Codes(_Frozen):
-    """Code preservation: codes read back from the layout vs the planes' codes.
-
-    ``readback``: how the codes were read back out of the layout -- ``kernel`` (by the kernel itself,
-    or the operand it consumes), ``byte-map`` (through the byte map learnt from the packer, see
-    :mod:`.int4_bytemap`), ``byte-map+kernel`` (a sampled ladder: through the byte map, the kernel's
-    read-back of :func:`spot_columns` in place of the map's there), ``kernel+byte-map`` (by the kernel,
-    and the byte map's read-back compared with it). ``map_mismatches``: codes where the map and the
-    kernel disagree, which fails the level.
-    """
-
-    applicable: bool
-    codes_compared: int
-    mismatches: int
-    first_mismatch: str | None
-    representation: str
-    max_reconstruction_error: float
-    passed: bool
-    readback: Literal["kernel", "byte-map", "kernel+byte-map", "byte-map+kernel"] = "kernel"
-    map_mismatches: int | None = None
-
-
 class L2Decode(_Frozen):
     """Reconstruction: layout decode vs reference decode, and the witness cells inside the slice.
 
     ``reconstruction``: False where only the witness comparison ran (a sampled ladder: the layout's
     full decode was compared on the class's representative, see :class:`Ladder`); ``exact`` and
-    ``max_abs_error`` then say nothing (False and 0.0).
+    ``max_abs_error`` then say nothing (False and 0.0). ``tolerance``: the largest element of the
+    conversion budget (0.0: exact required); each element is held to its own bound, and
+    ``error_over_budget`` is the largest ``|Δ|/bound`` (<= 1 passes); ``first_violation`` the first
+    element outside. ``tolerance_source``: where the budget comes from (never the measured error).
     """
 
     reconstruction: bool = True
     exact: bool
     max_abs_error: float
     tolerance: float
+    tolerance_source: str = ""
+    error_over_budget: float | None = None
+    first_violation: str | None = None
     witness_kind: str | None
     witness_checked: int
     witness_passed: bool
@@ -112,8 +103,11 @@ class L2Decode(_Frozen):
 class L3Operator(_Frozen):
     """Operator error at one activation batch: kernel vs reference, reference vs float.
 
-    ``e_conversion``: ``‖X·(W_layout - W_ref)^T‖/‖Y_ref‖`` in float64, the part of ``e_kernel`` a recorded
-    conversion accounts for (0 for an exact repack); ``e_kernel`` passes at ``tol_kernel + e_conversion``.
+    ``e_conversion``: ``‖X·(W_layout - W_ref)^T‖/‖Y_ref‖`` in float64, the part of ``e_kernel`` the
+    layout's conversion accounts for (0 for an exact layout); measured, recorded, never a tolerance.
+    ``tol_conversion``: ``‖|X|·B^T‖/‖Y_ref‖`` for the L2 budget ``B`` (0 for an exact layout): the most a
+    layout within its budget can move the product. ``e_kernel`` passes at ``tol_kernel +
+    tol_conversion``; ``tolerance_source`` says so.
     """
 
     tokens: int
@@ -121,6 +115,8 @@ class L3Operator(_Frozen):
     e_kernel: float
     tol_kernel: float
     e_conversion: float
+    tol_conversion: float = 0.0
+    tolerance_source: str = ""
     e_quant: float | None
     tol_quant: float | None
     passed: bool
@@ -167,107 +163,6 @@ def level0(weight: RankWeight, manifest_digest: str, verified_tiles: int) -> L0B
     passed = verified_tiles > 0 and bool(manifest_digest) and all(p.nbytes > 0 for p in planes)
     return L0Bytes(
         manifest_digest=manifest_digest, verified_tiles=verified_tiles, planes=planes, passed=passed
-    )
-
-
-def level1(prepared: PreparedLinear, weight: RankWeight) -> L1Codes:
-    """Compare the codes read back through the kernel with the planes' codes, element by element."""
-    return _level1(prepared, weight, prepared.code_check(weight))
-
-
-#: K positions a sampled ladder reads back through the kernel besides the byte map: every residue of
-#: this period once (int4pack's tiles along K are at most this wide), spread over the K blocks.
-SPOT_PERIOD = 64
-
-
-def spot_columns(k: int) -> npt.NDArray[np.int64]:
-    """Columns of a ``k``-wide weight: every residue mod :data:`SPOT_PERIOD` once, and the tail.
-
-    Each residue sits in another block along K (deterministic).
-    """
-    blocks = k // SPOT_PERIOD
-    if blocks == 0:
-        return np.arange(k, dtype=np.int64)
-    r = np.arange(SPOT_PERIOD, dtype=np.int64)
-    cols = r + SPOT_PERIOD * ((r * 29) % blocks)
-    return np.unique(np.concatenate([cols, np.arange(blocks * SPOT_PERIOD, k, dtype=np.int64)]))
-
-
-def level1_by_map(prepared: PreparedLinear, weight: RankWeight) -> L1Codes:
-    """L1 with the codes read back through the layout's byte map where it has one (else the kernel).
-
-    Exact like :func:`level1` (every code, compared as uint8), at the cost of a gather instead of a
-    matmul per pair of columns. The map is learnt from the packer, which then packed these bytes, so
-    on its own the comparison would only show the map agrees with itself; the kernel therefore also
-    reads back :func:`spot_columns` (every K residue of a tile, every row, so every block) and its codes
-    replace the map's there: a map wrong anywhere the spot columns reach fails the level against the
-    planes, and ``map_mismatches`` counts where map and kernel disagree (readback ``byte-map+kernel``).
-    The full ladder of the class's representative compares the two on every code.
-    """
-    pair = prepared.map_check(weight)
-    if pair is None:
-        return level1(prepared, weight)
-    expected, mapped = pair
-    columns = spot_columns(weight.k_local)
-    kernel = prepared.kernel_columns(columns)
-    if kernel is None:
-        return _level1(prepared, weight, pair, readback="byte-map")
-    found = mapped.astype(np.int16)
-    found[:, columns] = kernel
-    result = _level1(prepared, weight, (expected, found), mapped=mapped)
-    return result.model_copy(update={"readback": "byte-map+kernel"})
-
-
-def _where(weight: RankWeight, differ: npt.NDArray[np.bool_]) -> tuple[int, int, str]:
-    r, k = (int(i) for i in np.argwhere(differ)[0])
-    return r, k, f"row {weight.row_start + r} column {weight.col_start + k}"
-
-
-def _level1(
-    prepared: PreparedLinear,
-    weight: RankWeight,
-    pair: tuple[Codes, Codes] | None,
-    *,
-    readback: Literal["kernel", "byte-map"] = "kernel",
-    mapped: Codes | None = None,
-) -> L1Codes:
-    """``pair``: (planes' codes, read-back codes); ``mapped``: the byte map's read-back to hold to it."""
-    representation = prepared.transformation
-    if pair is None:
-        return L1Codes(
-            applicable=False,
-            codes_compared=0,
-            mismatches=0,
-            first_mismatch=None,
-            representation=representation,
-            max_reconstruction_error=prepared.conversion_error,
-            passed=True,
-        )
-    expected, found = pair
-    shaped = expected.shape == found.shape
-    differ = expected != found if shaped else np.zeros((0, 0), dtype=np.bool_)
-    mismatches = int(np.count_nonzero(differ))
-    first = None
-    if mismatches:
-        r, k, at = _where(weight, differ)
-        first = f"{at}: {expected[r, k]} -> {found[r, k]}"
-    map_mismatches = None
-    if mapped is not None:
-        disagree = mapped != found if mapped.shape == found.shape else np.ones((1, 1), dtype=np.bool_)
-        map_mismatches = int(np.count_nonzero(disagree))
-        if map_mismatches and first is None:
-            r, k, at = _where(weight, disagree) if disagree.shape == found.shape else (0, 0, "shape")
-            first = f"{at}: byte map read back {mapped[r, k]}, the kernel {found[r, k]}"
-    return L1Codes(
-        applicable=True,
-        codes_compared=int(expected.size),
-        mismatches=mismatches,
-        first_mismatch=first,
-        representation=representation,
-        max_reconstruction_error=prepared.conversion_error,
-        passed=not mismatches and shaped and not map_mismatches,
-        readback="kernel+byte-map" if mapped is not None else readback,
-        map_mismatches=map_mismatches,
     )
 
 
@@ -324,38 +219,102 @@ def _witness(weight: RankWeight, decoded: F32, rows: list[int] | None = None) ->
     return None, 0, True
 
 
+#: The L2 tolerance source of a layout held to the reference decode exactly.
+EXACT_SOURCE = "exact: the layout keeps or permutes the stored codes and scales (budget 0)"
+
+
+def budget_for(
+    prepared: PreparedLinear, weight: RankWeight, reference: F32, layout: F32
+) -> tuple[Budget | None, str]:
+    """The conversion budget a layout is held to, and its source; (None, source): exact required.
+
+    A layout equal to the reference needs none; a ``none``/``repack`` layout gets none (it only
+    permutes); a conversion or full dequant gets its kernel's :meth:`~.prepared.PreparedLinear.
+    conversion_budget` (a conversion without one is held to exact, and the source says so).
+    """
+    if prepared.transformation in ("none", "repack") or np.array_equal(layout, reference):
+        return None, EXACT_SOURCE
+    budget = prepared.conversion_budget(weight, reference)
+    if budget is None:
+        what = prepared.transformation
+        return None, f"exact: {prepared.kernel} declares no conversion budget for its {what}"
+    return budget, budget.source
+
+
+def _violations(
+    weight: RankWeight, error: npt.NDArray[np.float64], budget: Budget
+) -> tuple[float, str | None, bool]:
+    """(largest ``|Δ|/bound``, the first element outside its bound, all inside)."""
+    bound = budget.bound
+    inside = error <= bound  # NaN is outside
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(error == 0, 0.0, error / bound)
+    worst = float(np.max(ratio)) if ratio.size else 0.0
+    if bool(inside.all()):
+        return worst, None, True
+    r, k, at = where_of(weight, ~inside)
+    first = f"{at}: |Δ| {float(error[r, k]):.6g} > bound {float(bound[r, k]):.6g}"
+    return float("nan") if np.isnan(error).any() else worst, first, False
+
+
 def level2(
-    prepared: PreparedLinear, weight: RankWeight, *, reference: F32 | None = None, layout: F32 | None = None
+    prepared: PreparedLinear,
+    weight: RankWeight,
+    *,
+    reference: F32 | None = None,
+    layout: F32 | None = None,
+    budget: tuple[Budget | None, str] | None = None,
 ) -> L2Decode:
     """Layout decode vs the reference decode of the slice, and the reference vs the witness in the slice.
 
     ``exact``: equal as numbers element by element (``-0.0`` equals ``+0.0``: a layout that adds a zero
     of ``+0.0`` turns ``d·0`` with a negative ``d`` into ``+0.0``, which no matmul can tell apart);
-    otherwise the layout is held to the recorded conversion error. The witness cells (rows) inside the
+    otherwise each element is held to the conversion budget (:func:`budget_for`; ``budget``: already
+    made by the caller), never to the measured conversion error. The witness cells (rows) inside the
     slice are re-digested from the reference decode of the rank's own planes, so together the two
     comparisons tie the layout to the manifest.
     """
     reference = decode_weight(weight.local_weight, weight.named_planes) if reference is None else reference
     mine = prepared.decode() if layout is None else layout
     exact = bool(np.array_equal(mine, reference))
+    held, source = budget_for(prepared, weight, reference, mine) if budget is None else budget
     error = 0.0  # equal element by element: no difference to measure
+    ratio: float | None = None
+    first = None
+    within = exact
     if not exact and reference.size:
-        error = float(np.abs(mine.astype(np.float64) - reference.astype(np.float64)).max())
+        diff = np.abs(mine.astype(np.float64) - reference.astype(np.float64))
+        error = float(diff.max())
+        if held is not None:
+            ratio, first, within = _violations(weight, diff, held)
+        else:
+            r, k, at = where_of(weight, ~(diff == 0))
+            first = f"{at}: |Δ| {float(diff[r, k]):.6g} > 0 (exact required)"
     kind, checked, witness_ok = _witness(weight, reference)
     return L2Decode(
         exact=exact,
         max_abs_error=error,
-        tolerance=prepared.conversion_error,
+        tolerance=float(held.bound.max()) if held is not None and held.bound.size else 0.0,
+        tolerance_source=source,
+        error_over_budget=ratio,
+        first_violation=first,
         witness_kind=kind,
         witness_checked=checked,
         witness_passed=witness_ok,
-        passed=witness_ok and (exact or error <= prepared.conversion_error),
+        passed=witness_ok and within,
     )
 
 
 def _relative(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64]) -> float:
     norm = float(np.linalg.norm(b))
     return float(np.linalg.norm(a - b)) / norm if norm > 0 else float(np.linalg.norm(a - b))
+
+
+def _tolerance_l3(x64: npt.NDArray[np.float64], y_ref: npt.NDArray[np.float64], held: Budget | None) -> float:
+    """``‖|X|·B^T‖/‖Y_ref‖``: the most a layout within budget ``B`` moves the product (0 without one)."""
+    if held is None:
+        return 0.0
+    return _relative(np.abs(x64) @ held.bound.T + y_ref, y_ref)
 
 
 def level3(
@@ -368,12 +327,14 @@ def level3(
     reference: F32 | None = None,
     layout: F32 | None = None,
     reference64: npt.NDArray[np.float64] | None = None,
+    budget: tuple[Budget | None, str] | None = None,
 ) -> L3Operator:
     """Run the kernel on golden activations ``x [T, k_local]`` (binary32; cast to the op's dtype).
 
     ``float_weight``: the unquantized weight's slice ``[n_local, k_local]`` where one exists, with
     ``tol_quant`` the quantization error the contract's bit width allows. ``reference64``: the
     reference decode already widened to float64 (a ladder widens it once for all its batches).
+    ``budget``: the layout's conversion budget (:func:`budget_for`), made here when not given.
     """
     import torch
 
@@ -381,21 +342,31 @@ def level3(
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(getattr(torch, dtype))
     x64 = xt.double().numpy()  # the activations the kernel actually saw
     got = prepared(xt).double().numpy()
+    if reference is None and (reference64 is None or budget is None):
+        reference = decode_weight(weight.local_weight, weight.named_planes)
     if reference64 is None:
-        if reference is None:
-            reference = decode_weight(weight.local_weight, weight.named_planes)
+        assert reference is not None
         reference64 = reference.astype(np.float64)
     y_ref = x64 @ reference64.T
     e_kernel = _relative(got, y_ref)
     tol_kernel = KERNEL_TOLERANCE.get(prepared.kernel.split("@")[0], {}).get(dtype, 0.0)
     e_conversion = 0.0
-    if prepared.transformation != "repack" and prepared.conversion_error > 0:
+    if budget is None and prepared.transformation in ("none", "repack"):
+        budget = (None, EXACT_SOURCE)  # held to exact: no decode of the layout needed here
+    mine = None
+    if budget is None or budget[0] is not None:
         mine = prepared.decode() if layout is None else layout
+    if budget is None:
+        assert reference is not None and mine is not None
+        budget = budget_for(prepared, weight, reference, mine)
+    held, source = budget
+    if held is not None and mine is not None:  # a layout that differs from the reference
         e_conversion = _relative(x64 @ mine.astype(np.float64).T, y_ref)
+    tol_conversion = _tolerance_l3(x64, y_ref, held)
     e_quant = None
     if float_weight is not None:
         e_quant = _relative(y_ref, x64 @ np.asarray(float_weight, dtype=np.float64).T)
-    passed = e_kernel <= tol_kernel + e_conversion and (
+    passed = e_kernel <= tol_kernel + tol_conversion and (
         e_quant is None or tol_quant is None or e_quant <= tol_quant
     )
     return L3Operator(
@@ -404,6 +375,9 @@ def level3(
         e_kernel=e_kernel,
         tol_kernel=tol_kernel,
         e_conversion=e_conversion,
+        tol_conversion=tol_conversion,
+        tolerance_source=f"KERNEL_TOLERANCE[{prepared.kernel.split('@')[0]}][{dtype}]"
+        + ("" if held is None else f" + ‖|X|·B^T‖/‖Y_ref‖, B: {source}"),
         e_quant=e_quant,
         tol_quant=tol_quant,
         passed=passed,
@@ -423,21 +397,22 @@ def ladder(
 ) -> Ladder:
     """Run L0-L3 (L3 once per activation batch, e.g. decode T=1 and prefill T=64).
 
-    The reference decode (widened to float64 once) and the layout's decode are made once and shared
-    by L2 and L3; a layout that reads its codes back through the kernel reads them once for L1 and L2
-    (:meth:`~.prepared.PreparedLinear.read_back`).
+    The reference decode (widened to float64 once), the layout's decode and its conversion budget are
+    made once and shared by L1-L3; a layout that reads its codes back through the kernel reads them once
+    for L1 and L2 (:meth:`~.prepared.PreparedLinear.read_back`).
     """
     reference = decode_weight(weight.local_weight, weight.named_planes)
     layout, pair = prepared.read_back(weight)
     mapped = prepared.map_codes() if pair is not None else None  # proved against the kernel's read-back
     reference64 = reference.astype(np.float64)
+    budget = budget_for(prepared, weight, reference, layout)
     return Ladder(
         weight=weight.where,
         kernel=prepared.kernel,
         transformation=prepared.transformation,
         l0=level0(weight, manifest_digest, verified_tiles),
-        l1=_level1(prepared, weight, pair, mapped=mapped),
-        l2=level2(prepared, weight, reference=reference, layout=layout),
+        l1=_level1(prepared, weight, pair, mapped=mapped, reference=reference),
+        l2=level2(prepared, weight, reference=reference, layout=layout, budget=budget),
         l3=tuple(
             level3(
                 prepared,
@@ -448,6 +423,7 @@ def ladder(
                 reference=reference,
                 layout=layout,
                 reference64=reference64,
+                budget=budget,
             )
             for x in activations
         ),
@@ -467,8 +443,9 @@ def ladder_sampled(
     """The sampled ladder of a weight whose class representative ran the full one (``represented_by``).
 
     L0 in full; L1 in full (every code read back against the planes' codes: through the layout's byte
-    map where it has one, :func:`level1_by_map`, else through the kernel); L2 the witness comparison
-    only, on the reference decode of just the witnessed rows of the slice; no L3.
+    map where it has one, :func:`level1_by_map`, else through the kernel; a direct kernel's
+    :func:`spot_columns`); L2 the witness comparison only, on the reference decode of just the
+    witnessed rows of the slice; no L3.
     """
     rows = witness_rows(weight)
     decoded = (
@@ -481,7 +458,8 @@ def ladder_sampled(
         reconstruction=False,
         exact=False,
         max_abs_error=0.0,
-        tolerance=prepared.conversion_error,
+        tolerance=0.0,
+        tolerance_source=f"witness rows only here (the reconstruction ran on {represented_by})",
         witness_kind=kind,
         witness_checked=checked,
         witness_passed=witness_ok,

@@ -4,7 +4,9 @@
 of representation with a recorded reconstruction error) is allowed by default; ``generic`` (a portable
 kernel where a specialised one was wanted) warns by default; ``full-dequant`` (a full-size float copy)
 is forbidden by default. The CLI's ``--fallback forbid|warn|allow`` sets ``generic`` and
-``full_dequant`` together (:meth:`FallbackPolicy.from_cli`).
+``full_dequant`` together, and ``forbid`` forbids ``conversion`` too (:meth:`FallbackPolicy.from_cli`):
+a user who forbids fallbacks gets only kernels that run the stored codes and scales as they are or
+permuted (``none``/``repack``), never a layout that changed a number.
 """
 
 from __future__ import annotations
@@ -28,8 +30,14 @@ class FallbackPolicy(BaseModel):
     full_dequant: Mode = "forbid"
 
     @classmethod
-    def from_cli(cls, mode: Mode, *, conversion: Mode = "allow") -> FallbackPolicy:
-        """The policy of ``--fallback MODE``: generic and full dequant both ``mode``."""
+    def from_cli(cls, mode: Mode, *, conversion: Mode | None = None) -> FallbackPolicy:
+        """The policy of ``--fallback MODE``: generic and full dequant both ``mode``.
+
+        ``conversion``: ``forbid`` under ``--fallback forbid``, else ``allow`` (a conversion's error is
+        held to its own budget by parity L2/L3 and recorded), unless given.
+        """
+        if conversion is None:
+            conversion = "forbid" if mode == "forbid" else "allow"
         return cls(conversion=conversion, generic=mode, full_dequant=mode)
 
     def mode(self, transformation: Transformation) -> Mode:

@@ -8,11 +8,12 @@ under, refuses to run under another, and refuses to be pickled (it is never pers
 from __future__ import annotations
 
 import abc
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 import numpy.typing as npt
 
+from .budget import Budget
 from .capability import OperatorSignature, Transformation
 from .device import cpu_isa
 from .errors import ActivationError, IsaMismatchError, NotPersistableError
@@ -23,6 +24,10 @@ I64 = npt.NDArray[np.int64]
 #: Codes in whatever integer dtype a read-back gives them (the ladder compares them as numbers).
 Codes = npt.NDArray[np.integer[Any]]
 
+#: What a kernel read back for K columns over every row: (the reference's, the kernel's, which quantity)
+#: -- ``codes`` (integers, compared exactly) or ``values`` (binary32, compared exactly as numbers).
+ColumnCheck = tuple[npt.NDArray[Any], npt.NDArray[Any], Literal["codes", "values"]]
+
 #: Rows decoded at a time where a prepared layout is decoded or compared (bounds the workspace).
 ROW_CHUNK = 256
 
@@ -32,9 +37,13 @@ class PreparedLinear(abc.ABC):
 
     ``transformation``: what preparation did (none | repack | conversion | generic | full-dequant);
     ``conversion_error``: the largest ``|W_kernel - W_reference|`` of the prepared layout (0.0 when
-    the codes and scales were only permuted); ``isa``: the CPU ISA a packed layout was made under
-    (None where the layout does not depend on it).
+    the codes and scales were only permuted; measured, recorded in the trace, never a tolerance: parity
+    holds a conversion to :meth:`conversion_budget`); ``isa``: the CPU ISA a packed layout was made under
+    (None where the layout does not depend on it). ``no_codes``: why parity L1 cannot read codes back
+    where the layout offers neither :meth:`code_check` nor :meth:`column_check`.
     """
+
+    no_codes = "the kernel offers no read-back of the codes it holds"
 
     def __init__(
         self,
@@ -113,6 +122,31 @@ class PreparedLinear(abc.ABC):
         """For a repacked layout: (codes as ``weight``'s planes hold them, codes read back from the layout).
 
         Both ``[n_local, k_local]`` in the kernel's code domain; None for layouts without codes.
+        """
+        return None
+
+    def column_check(
+        self,
+        weight: RankWeight,
+        columns: npt.NDArray[np.int64],
+        reference: F32 | None = None,
+        rows: I64 | None = None,
+    ) -> ColumnCheck | None:
+        """For a layout without :meth:`code_check`: K ``columns`` over every row, read back by the kernel.
+
+        Returns ``(expected, found, quantity)`` ``[n_local, len(columns)]`` (``[len(rows), ...]`` with
+        ``rows``: a sampled ladder's), the kernel's reading run through its own matmul on one-hot
+        binary32 activations (exact: each output is one product by 1 plus products by 0), or None (the
+        default). ``reference``: the slice's full reference decode, where the caller has it.
+        """
+        return None
+
+    def conversion_budget(self, weight: RankWeight, reference: F32) -> Budget | None:
+        """Per element, the largest ``|W_layout - W_reference|`` the layout's conversion may cause.
+
+        From the weight's own terms and the formats the layout holds them in (:mod:`.budget`), never
+        from :attr:`conversion_error`. None (the default): no budget, the layout must equal the
+        reference decode exactly.
         """
         return None
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from shardport.registry.contracts.decode import decode_weight
 
+from .budget import EPS, TINY, Budget, rounding_budget
 from .capability import Capability, OperatorSignature
 from .device import cuda_device
 from .errors import KernelInputError
@@ -56,6 +57,11 @@ FULL_DEQUANT = _any("full-dequant", "shardport.registry.contracts.decode once + 
 class PreparedReference(PreparedLinear):
     """Holds the rank's planes as loaded; decodes a chunk of rows per step of every call."""
 
+    no_codes = (
+        "the reference decoder itself: the operator decodes the planes at every call with the decoder "
+        "L1 and L2 compare against, and holds no layout of its own to read codes back from"
+    )
+
     def __init__(self, weight: RankWeight, op: OperatorSignature) -> None:
         super().__init__(f"{REFERENCE.id}@{REFERENCE.version}", op, "full-dequant")
         self.weight = weight
@@ -85,6 +91,11 @@ class PreparedReference(PreparedLinear):
 class PreparedFullDequant(PreparedLinear):
     """The whole weight reconstructed once in the activation dtype: a persistent full-size float copy."""
 
+    no_codes = (
+        "a dense float copy: the codes are not kept (L2 holds its values to the reference decode, within "
+        "the rounding to the activation dtype)"
+    )
+
     def __init__(self, weight: RankWeight, op: OperatorSignature) -> None:
         import torch
 
@@ -98,6 +109,19 @@ class PreparedFullDequant(PreparedLinear):
         self.dense = torch.from_numpy(values).to(device=device, dtype=getattr(torch, op.activation_dtype))
         back = self.dense.float().cpu().numpy()
         self.conversion_error = float(np.abs(back - values).max()) if values.size else 0.0
+
+    def conversion_budget(self, weight: RankWeight, reference: F32) -> Budget | None:
+        """Every value rounded once to the activation dtype."""
+        dtype = self.op.activation_dtype
+        return rounding_budget(
+            None,
+            reference,
+            held_in=f"a dense {dtype} copy",
+            eps_terms=0.0,
+            eps_value=EPS[dtype],
+            tiny=TINY[dtype],
+            what="0",
+        )
 
     def decode_rows(self, start: int, stop: int) -> F32:
         """Rows of the dense copy, widened to binary32."""

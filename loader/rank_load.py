@@ -24,11 +24,11 @@ import numpy.typing as npt
 
 from shardport.placement import Plan, Topology, plan
 from shardport.placement.plan import RankPlan, TensorRead
-from shardport.registry.analysis import NUMPY_DTYPES
 from shardport.registry.artifact.digests import Digest
 from shardport.registry.artifact.manifest import Manifest, TensorEntry
 from shardport.registry.artifact.refs import Ref
 from shardport.registry.artifact.witness_file import ProducerWitness, load_producer
+from shardport.registry.checkpoint.analysis import NUMPY_DTYPES
 from shardport.registry.errors import UsageError
 from shardport.registry.session import Session
 from shardport.registry.tiles.grid import plane_layout

@@ -9,7 +9,7 @@ tensors over in memory), and the rank's tensors are written from contiguous
 buffers to ``DEST/rank-RRRRR-of-WWWWW.safetensors``, reopened and compared, with ``plan.json`` and
 ``ledger.json`` beside it. Every file is staged under a temporary name inside DEST (never following a
 link already there) and all of them are renamed into place only once every one is written and verified
-(:class:`~shardport.registry.writers.StagedFiles`); a failed or stopped pull leaves DEST as it was.
+(:class:`~shardport.registry.output.writers.StagedFiles`); a failed or stopped pull leaves DEST as it was.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from shardport.placement import Topology
 from shardport.registry import _failpoints
 from shardport.registry.artifact.digests import Digest
 from shardport.registry.artifact.refs import Ref
-from shardport.registry.destination import rank_pull_destination
+from shardport.registry.output.destination import rank_pull_destination
+from shardport.registry.output.staging import stop_on_signals
+from shardport.registry.output.writers import StagedFiles
 from shardport.registry.session import Session
-from shardport.registry.staging import stop_on_signals
-from shardport.registry.writers import StagedFiles
 
 from .rank_load import NodeTensors, RankTensors, check_ranks, load_ranks, load_tile_index, slices_of
 from .read import ReadOptions

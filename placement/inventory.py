@@ -14,12 +14,14 @@ from typing import Any, TypeAlias
 
 from shardport.registry.artifact.manifest import Manifest, TensorEntry
 from shardport.registry.contracts.model import LogicalWeight
-from shardport.registry.tiles.splits import PARAM_ALIASES as _PARAM_ALIASES
+from shardport.registry.families.llama import CONFIG_KEYS as _KEYS
+from shardport.registry.families.llama import PARAM_ALIASES as _PARAM_ALIASES
+from shardport.registry.families.llama import param_keys
 
 from .errors import InventoryError
 
 PARAM_ALIASES = _PARAM_ALIASES
-"""Parameter spellings (the registry's table, which the tile grid reads the same way)."""
+"""Parameter spellings (the model family's table, which the tile grid reads the same way)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,16 +72,14 @@ class ModelDims:
 
 def param(params: Mapping[str, Any], name: str) -> int | None:
     """Look a dim up under its aliases (exact key, or a GGUF ``<arch>.<alias>`` key)."""
-    for alias in PARAM_ALIASES[name]:
-        keys = [alias] if alias in params else [k for k in sorted(params) if k.endswith("." + alias)]
-        for key in keys:
-            value = params[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InventoryError(
-                    f"model parameter {key}={value!r}: expected a positive integer ({name}); "
-                    "fix the model parameters in the manifest"
-                )
-            return value
+    for key in param_keys(params, name)[:1]:
+        value = params[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InventoryError(
+                f"model parameter {key}={value!r}: expected a positive integer ({name}); "
+                "fix the model parameters in the manifest"
+            )
+        return value
     return None
 
 
@@ -99,7 +99,7 @@ def resolve_dims(weights: Sequence[LogicalWeight], params: Mapping[str, Any]) ->
         if num_layers:
             raise InventoryError(
                 f"a weight is bound to layer {max(layers)} but the parameters say {num_layers} layers "
-                "(layers 0.." + f"{num_layers - 1}); fix num_hidden_layers or the tensor names"
+                "(layers 0.." + f"{num_layers - 1}); fix {_KEYS['layers']} or the tensor names"
             )
         num_layers = max(layers) + 1
     experts = [w.binding.expert for w in weights if w.binding.expert is not None]
@@ -110,13 +110,13 @@ def resolve_dims(weights: Sequence[LogicalWeight], params: Mapping[str, Any]) ->
         if num_experts:
             raise InventoryError(
                 f"weights name {found} experts but the parameters say {num_experts}; "
-                "fix num_local_experts or the tensor names"
+                f"fix {_KEYS['experts']} or the tensor names"
             )
         num_experts = found
     if stacked and stacked[0] != num_experts:
         raise InventoryError(
             f"{stacked[1]}: stacks {stacked[0]} experts but the model has {num_experts}; "
-            "fix num_local_experts or the tensor"
+            f"fix {_KEYS['experts']} or the tensor"
         )
     heads = param(params, "num_heads")
     kv_heads = param(params, "num_kv_heads") or heads
@@ -125,13 +125,13 @@ def resolve_dims(weights: Sequence[LogicalWeight], params: Mapping[str, Any]) ->
     if head_dim is None and heads and hidden:
         if hidden % heads:
             raise InventoryError(
-                f"hidden_size={hidden} is not a multiple of num_attention_heads={heads} "
+                f"{_KEYS['hidden']}={hidden} is not a multiple of {_KEYS['heads']}={heads} "
                 f"({hidden}/{heads} = {hidden / heads:g}); state head_dim in the model parameters"
             )
         head_dim = hidden // heads
     if heads and kv_heads and heads % kv_heads:
         raise InventoryError(
-            f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}; "
+            f"{_KEYS['heads']}={heads} is not a multiple of {_KEYS['kv_heads']}={kv_heads}; "
             "grouped-query attention needs whole query groups per kv head"
         )
     return ModelDims(num_layers, num_experts, heads, kv_heads, head_dim)

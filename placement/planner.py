@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from shardport.registry.artifact.manifest import TensorEntry
 from shardport.registry.contracts.model import LogicalWeight
+from shardport.registry.families.llama import CONFIG_KEYS as _KEYS
 
 from .coalesce import measure_runs
 from .errors import InventoryError, TopologyError
@@ -77,11 +78,11 @@ def _attention(
     heads, head_dim = dims.num_heads, dims.head_dim
     if heads is None or head_dim is None:
         raise InventoryError(
-            f"{name}: splitting attention needs num_attention_heads and head_dim (or hidden_size) in "
+            f"{name}: splitting attention needs {_KEYS['heads']} and head_dim (or {_KEYS['hidden']}) in "
             f"the model parameters, to cut at head boundaries under tp={tp}"
         )
     kv_heads = dims.num_kv_heads or heads
-    for dim, count, what in ((q, heads, "num_attention_heads"), (kv, kv_heads, "num_key_value_heads")):
+    for dim, count, what in ((q, heads, _KEYS["heads"]), (kv, kv_heads, _KEYS["kv_heads"])):
         if dim is not None and dim.extent != count * head_dim:
             raise InventoryError(
                 f"{dim.where} != {what} {count} * head_dim {head_dim} = {count * head_dim}; "

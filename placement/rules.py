@@ -1,5 +1,7 @@
 """Split rules per operator slot (llama family) and the pp stages a weight belongs to.
 
+The operator tables are :mod:`shardport.registry.families.llama`'s (the registry cuts tiles by them).
+
 =====================================  =========  ====  ============================================
 operator (last part of the slot)       rule       axis  shared dim (its split points agree)
 =====================================  =========  ====  ============================================
@@ -30,15 +32,23 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shardport.registry.contracts.model import GraphBinding
-from shardport.registry.tiles.splits import COLUMN_OPS, FUSED_OPS, KV_OPS, ROW_OPS, VOCAB_SLOTS
+from shardport.registry.families.llama import (
+    COLUMN_OPS,
+    FIRST_STAGE_SLOTS,
+    FUSED_OPS,
+    KV_OPS,
+    LAST_STAGE_SLOTS,
+    ROW_OPS,
+    VOCAB_SLOTS,
+    VOCAB_SPLIT_KEYS,
+)
 
 from .errors import UnsupportedSplitError
 from .plan import Rule
 from .topology import stage_of_layer
 
-# the slot facts live in the registry, which cuts tiles at the same split points
+# the slot facts are the model family's (registry.families), by which the registry cuts tiles too
 _COLUMN, _ROW, _KV, _VOCAB, _FUSED = COLUMN_OPS, ROW_OPS, KV_OPS, VOCAB_SLOTS, FUSED_OPS
-_LAST = ("lm_head", "norm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,16 +86,16 @@ def slot_rule(name: str, binding: GraphBinding, axes: tuple[str, ...], tp: int) 
     if op in _ROW and bias:
         return SlotRule("replicate", None, None, f"{op} bias: added once after the row-parallel reduction")
     if stem in _VOCAB and len(axes) >= 2:
-        return SlotRule("vocab", "N", stem.replace("embed_tokens", "embed"), f"{stem}: vocab-parallel")
+        return SlotRule("vocab", "N", VOCAB_SPLIT_KEYS[stem], f"{stem}: vocab-parallel")
     if len(axes) == 1:
         return SlotRule("replicate", None, None, f"{slot}: 1-D tensor, replicated")
     return SlotRule("replicate", None, None, f"{slot}: no split rule for this slot, replicated")
 
 
 def _top_stage(slot: str, pp: int) -> tuple[int, ...]:
-    if slot == "embed_tokens":
+    if slot in FIRST_STAGE_SLOTS:
         return (0,)
-    if slot in _LAST:
+    if slot in LAST_STAGE_SLOTS:
         return (pp - 1,)
     return tuple(range(pp))
 

@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shardport.registry.families.llama import CONFIG_KEYS as _KEYS
 from shardport.registry.tiles.splits import split_points
 
 from .errors import SplitRefusedError, UnsplittableError
@@ -167,5 +168,5 @@ def _check_groups(q: SplitRecord, kv: SplitRecord, group: int, head_dim: int) ->
             raise UnsplittableError(
                 f"{q.members[0]}: rank {rank} holds query heads {qa // head_dim}..{qb // head_dim - 1}, "
                 f"which attend with kv heads {first}..{last}, but holds kv heads "
-                f"{ka // head_dim}..{kb // head_dim - 1}; use a tp that divides num_attention_heads"
+                f"{ka // head_dim}..{kb // head_dim - 1}; use a tp that divides {_KEYS['heads']}"
             )

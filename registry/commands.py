@@ -150,7 +150,7 @@ def ls(session: Session, name: str | None) -> list[dict[str, Any]]:
 
 
 def inspect(session: Session, ref: Ref) -> dict[str, Any]:
-    """The verified manifest of ``ref`` with its digest, versions and files."""
+    """The verified manifest of ``ref``: digest, versions, files (and ``e_quant`` where push measured it)."""
     from shardport.registry.trust.resolve import resolve
 
     resolved = resolve(session, ref)
@@ -160,6 +160,15 @@ def inspect(session: Session, ref: Ref) -> dict[str, Any]:
         "signers": list(resolved.signers),
         "manifest": resolved.manifest.model_dump(mode="json", by_alias=True),
     }
+    quant = resolved.manifest.quantization.quant_error
+    if quant:  # push --reference measured it: the headline beside the per-weight record in the manifest
+        top = max(quant, key=lambda w: (quant[w].e_quant, w))
+        out["e_quant"] = {
+            "weights": len(quant),
+            "max": quant[top].e_quant,
+            "weight": top,
+            "over_tolerance": sorted(w for w, q in quant.items() if not q.e_quant <= q.tolerance),
+        }
     if ref.tag:
         out["versions"] = [entry_json(session, e) for e in history(session, ref.name, ref.tag)]
     return out

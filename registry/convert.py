@@ -34,7 +34,6 @@ import numpy as np
 import numpy.typing as npt
 
 import shardport
-from shardport.registry.analysis import PlaneReader, check_weight, stored_inventory
 from shardport.registry.artifact.hashing import digest_bytes, digest_file
 from shardport.registry.artifact.manifest import (
     ContainerInfo,
@@ -46,6 +45,8 @@ from shardport.registry.artifact.manifest import (
     TileIndexRef,
 )
 from shardport.registry.artifact.refs import Ref
+from shardport.registry.checkpoint.analysis import PlaneReader, check_weight, stored_inventory
+from shardport.registry.checkpoint.layers import encoding_of
 from shardport.registry.contracts import LogicalWeight, TensorInfo, decode_weight
 from shardport.registry.errors import (
     DigestMismatchError,
@@ -54,7 +55,6 @@ from shardport.registry.errors import (
     UsageError,
     VerificationError,
 )
-from shardport.registry.layers import encoding_of
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.push import LEASE_TIME, PushResult, publish, source_date, unchanged_head
 from shardport.registry.session import Session

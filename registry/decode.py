@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from shardport.registry.analysis import analyze, decode
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.artifact.manifest_check import check_manifest
 from shardport.registry.artifact.refs import Ref
-from shardport.registry.describe import METADATA_DIR, scan
+from shardport.registry.checkpoint.analysis import analyze, decode
+from shardport.registry.checkpoint.describe import METADATA_DIR, scan
 from shardport.registry.errors import DigestMismatchError, UsageError
+from shardport.registry.output.writers import write_safetensors
 from shardport.registry.session import Session
 from shardport.registry.trust.resolve import resolve
-from shardport.registry.writers import write_safetensors
 
 
 @dataclass(frozen=True)

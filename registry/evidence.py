@@ -19,6 +19,13 @@ their trusted signers and the other blobs as ``duplicates``.
 Each statement says whether its bring-up passed (``passed``); :func:`exit_code` makes a listing exit 1
 when a blob does not verify or the newest statement records a failed bring-up (older failures are
 history: listed as failed, exit 0 once a newer bring-up passed).
+
+Large per-operator detail (the L0-L3 values of every weight and rank) travels as a second signed
+statement, an *attachment* (predicate type :data:`LADDER_PREDICATE`, artifact type
+:data:`LADDER_ARTIFACT`, same subject): :func:`store_attachment` signs and attaches it before the
+evidence, which names it by blob digest and by the sha256 of its values' canonical JSON
+(:func:`values_digest`); :func:`read_attachment` verifies one (``registry verify`` checks every
+evidence statement's attachment: present, trusted, about this manifest, values matching the digest).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardport.provenance import dsse
+from shardport.provenance.canonical import canonical_bytes
 from shardport.provenance.dsse import Envelope
 from shardport.provenance.errors import EnvelopeFormatError
 from shardport.provenance.statement import PAYLOAD_TYPE, Statement, Subject
@@ -40,6 +48,8 @@ from shardport.registry.trust.signatures import attach, referrers
 
 EVIDENCE_PREDICATE = "https://shardport.dev/evidence/v1"
 EVIDENCE_ARTIFACT = "application/vnd.shardport.evidence.v1+json"
+LADDER_PREDICATE = "https://shardport.dev/evidence-ladders/v1"
+LADDER_ARTIFACT = "application/vnd.shardport.evidence-ladders.v1+json"
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,55 @@ def store_evidence(session: Session, name: str, manifest: str, predicate: Mappin
     blob = session.store.put_blob(env.to_bytes())
     attach(session, name, manifest, blob, EVIDENCE_ARTIFACT)
     return blob
+
+
+def values_digest(values: Any) -> str:
+    """``sha256:<hex>`` of ``values``' canonical JSON (RFC 8785): how the evidence names an attachment."""
+    return "sha256:" + hashlib.sha256(canonical_bytes(values)).hexdigest()
+
+
+def store_attachment(session: Session, name: str, manifest: str, values: Any) -> str:
+    """Sign ``values`` as the ladder attachment of evidence about ``manifest``; attach it, return its blob.
+
+    The statement's predicate: ``manifest``, ``repository``, ``sha256`` (:func:`values_digest`), ``values``.
+    """
+    if session.key is None:
+        raise UsageError("storing bring-up evidence needs a signing key: pass --key or run `registry keygen`")
+    body = {"manifest": manifest, "repository": name, "sha256": values_digest(values), "values": values}
+    statement = Statement(
+        subjects=(Subject(name=f"{name}@{manifest}", sha256=hex_of(manifest)),),
+        predicate_type=LADDER_PREDICATE,
+        predicate=body,
+    )
+    env = dsse.sign(PAYLOAD_TYPE, statement.to_bytes(), [session.key])
+    blob = session.store.put_blob(env.to_bytes())
+    attach(session, name, manifest, blob, LADDER_ARTIFACT)
+    return blob
+
+
+def read_attachment(session: Session, name: str, manifest: str, blob: str, sha256: str) -> Any:
+    """The values of a ladder attachment, verified: envelope, trusted signer, subject, digest of the values.
+
+    Raises :class:`SignatureError` (or :class:`NotFoundError` for a missing blob) naming what differs.
+    """
+    source = f"evidence attachment {blob}"
+    try:
+        env = Envelope.from_bytes(session.store.read_blob(blob), source=source)
+        st = Statement.from_bytes(env.payload)
+    except (EnvelopeFormatError, ValueError) as exc:
+        raise SignatureError(f"{source}: {exc}") from exc
+    if st.predicate_type != LADDER_PREDICATE or [s.name for s in st.subjects] != [f"{name}@{manifest}"]:
+        raise SignatureError(
+            f"{source}: a {st.predicate_type!r} statement about {[s.name for s in st.subjects]}, expected "
+            f"{LADDER_PREDICATE!r} about {name}@{manifest}"
+        )
+    session.policy.check(env, what=f"{source} about {manifest}", repository=name)
+    body = st.predicate if isinstance(st.predicate, Mapping) else {}
+    values = body.get("values")
+    got = values_digest(values)
+    if got != sha256 or body.get("sha256") != sha256:
+        raise SignatureError(f"{source}: its values hash to {got}, the evidence names {sha256}")
+    return values
 
 
 def _checked(session: Session, raw: bytes, name: str, manifest: str, source: str) -> tuple[Evidence, str]:

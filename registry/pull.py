@@ -2,7 +2,7 @@
 
 Verify first, download and hash-check into a temporary folder beside DEST, then publish it at DEST
 in one rename. DEST must be new, empty or an earlier pull (``force`` replaces any other folder; see
-:mod:`~shardport.registry.destination`). A failed, interrupted or stopped pull leaves DEST as it was
+:mod:`~shardport.registry.output.destination`). A failed, interrupted or stopped pull leaves DEST as it was
 and removes its temporary folder; the next pull removes those a killed pull left behind.
 """
 
@@ -19,22 +19,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardport.registry import _failpoints
-from shardport.registry.analysis import check_stored
 from shardport.registry.artifact.digests import Digest
 from shardport.registry.artifact.manifest import FileEntry
 from shardport.registry.artifact.paths import check_paths
 from shardport.registry.artifact.refs import Ref
 from shardport.registry.artifact.witness_file import FOLDER_NAME as WITNESS_FILE
 from shardport.registry.artifact.witness_file import load_producer
-from shardport.registry.describe import METADATA_DIR
-from shardport.registry.destination import full_pull_destination
+from shardport.registry.checkpoint.analysis import check_stored
+from shardport.registry.checkpoint.describe import METADATA_DIR
 from shardport.registry.errors import DigestMismatchError, UnsafePathError, UsageError
+from shardport.registry.output.destination import full_pull_destination
+from shardport.registry.output.staging import remove_stale, stop_on_signals, temp_name
+from shardport.registry.output.writers import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.session import Session
-from shardport.registry.staging import remove_stale, stop_on_signals, temp_name
 from shardport.registry.trust.resolve import Resolved, resolve
 from shardport.registry.trust.signatures import SIGNATURE_ARTIFACT, referrers
-from shardport.registry.writers import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2
 
 WORKERS = 4
 
@@ -180,7 +180,7 @@ def pull(
 
     ``dest`` must not exist, be empty, or be an earlier pull holding only what it pulled; ``force``
     lets it replace any other folder (never the root, the home or current folder or one containing
-    them, the store, a link or a file): see :mod:`~shardport.registry.destination`. Checked before
+    them, the store, a link or a file): see :mod:`~shardport.registry.output.destination`. Checked before
     anything is downloaded and again before the pulled folder replaces ``dest``. A failed, interrupted
     (SIGINT) or stopped (SIGTERM, SIGHUP) pull removes its temporary folder and leaves ``dest`` as it
     was; the next pull beside ``dest`` removes temporary folders of pulls whose process died.

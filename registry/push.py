@@ -6,7 +6,7 @@ finds the blobs already stored and uploads only what is missing. A lease under `
 names every blob the push will reference, so a concurrent ``gc`` keeps them.
 
 Manifest layers: ``container`` (spec revision), ``quantization`` and ``packing`` are read from the
-checkpoint here (:mod:`shardport.registry.layers`). ``runtime``'s expected kernels and ``topology`` need
+checkpoint here (:mod:`.checkpoint.layers`). ``runtime``'s expected kernels and ``topology`` need
 the kernel catalogue and the placement planner, above the registry: :func:`push`'s ``layers`` argument (a
 pure, deterministic function of the manifest draft) adds them — the CLI passes one. Without it
 ``runtime`` holds only the kernel ids given and ``topology`` is None.
@@ -26,15 +26,21 @@ from typing import TYPE_CHECKING, Any
 
 import shardport
 from shardport.registry import _failpoints
-from shardport.registry.analysis import Analysis, analyze, producer_witness
 from shardport.registry.artifact.hashing import digest_bytes, digest_file
 from shardport.registry.artifact.manifest import FileEntry, Manifest, ProvenanceInfo, TileIndexRef
 from shardport.registry.artifact.manifest_check import check_manifest
 from shardport.registry.artifact.paths import check_paths
-from shardport.registry.describe import container_of, model_of, quantization_config, scan, source_digest
+from shardport.registry.checkpoint.analysis import Analysis, analyze, producer_witness
+from shardport.registry.checkpoint.describe import (
+    container_of,
+    model_of,
+    quantization_config,
+    scan,
+    source_digest,
+)
+from shardport.registry.checkpoint.layers import container_layer, packing_layer, quantization_layer
+from shardport.registry.checkpoint.model_graph import model_section
 from shardport.registry.errors import UnsignedError, UsageError
-from shardport.registry.layers import container_layer, packing_layer, quantization_layer
-from shardport.registry.model_graph import model_section
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.results import result_json
 from shardport.registry.session import Session

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 from shardport import ShardportError
 from shardport.registry import _failpoints
 from shardport.registry import verify_content as content
-from shardport.registry.analysis import analyze
 from shardport.registry.artifact.hashing import digest_bytes, digest_file
 from shardport.registry.artifact.manifest import FileEntry, Manifest
 from shardport.registry.artifact.manifest_check import check_manifest
 from shardport.registry.artifact.paths import check_paths
 from shardport.registry.artifact.refs import Ref
 from shardport.registry.artifact.witness_file import FOLDER_NAME as WITNESS_FILE
-from shardport.registry.describe import METADATA_DIR, scan
+from shardport.registry.checkpoint.analysis import analyze
+from shardport.registry.checkpoint.describe import METADATA_DIR, scan
 from shardport.registry.errors import (
     NotFoundError,
     RefusedError,
@@ -28,9 +28,9 @@ from shardport.registry.errors import (
     UsageError,
     VerificationError,
 )
+from shardport.registry.output.staging import stop_on_signals
 from shardport.registry.results import result_json
 from shardport.registry.session import Session
-from shardport.registry.staging import stop_on_signals
 from shardport.registry.tiles.model import TileIndex
 from shardport.registry.trust.signatures import check_envelope, referrers, verify_manifest
 from shardport.registry.trust.tagging import history
@@ -151,8 +151,15 @@ def _attachments(session: Session, ref: Ref, digest: Digest, report: Report) -> 
 
 
 def _evidence(session: Session, ref: Ref, digest: str, report: Report) -> None:
-    """Every bring-up evidence statement verifies: signer trusted, subject and predicate this manifest."""
-    from shardport.registry.evidence import read_evidence
+    """Every bring-up evidence statement verifies and agrees with itself.
+
+    Signer trusted, subject and predicate this manifest; its ``passed`` recomputed from its parity rows
+    (:func:`~shardport.registry.artifact.evidence_rows.verdict_findings`: a statement whose verdict or a row's
+    status disagrees is an ``EvidenceVerdict`` finding naming the row); its ladder attachment, where it
+    names one, present, trusted and matching the digest it names.
+    """
+    from shardport.registry.artifact.evidence_rows import verdict_findings
+    from shardport.registry.evidence import read_attachment, read_evidence
 
     found = read_evidence(session, ref.name, digest)
     report.evidence_verified = len(found.verified)
@@ -160,6 +167,16 @@ def _evidence(session: Session, ref: Ref, digest: str, report: Report) -> None:
     for blob, kind, message in found.failures:
         if f"attachment {blob}" not in reported:  # a missing or altered blob is already a finding
             report.add(kind, f"evidence {blob}", message)
+    for ev in found.verified:
+        for problem in verdict_findings(ev.predicate):
+            report.add("EvidenceVerdict", f"evidence {ev.digest}", problem)
+        values = ev.predicate.get("ladder_values")
+        if not isinstance(values, dict) or values.get("blob") is None:
+            continue
+        try:
+            read_attachment(session, ref.name, digest, str(values["blob"]), str(values.get("sha256")))
+        except (NotFoundError, VerificationError) as exc:
+            report.add(type(exc).__name__, f"evidence {ev.digest}", str(exc))
 
 
 def _fetch(

@@ -21,10 +21,10 @@ import numpy as np
 import numpy.typing as npt
 
 from shardport import ShardportError
-from shardport.registry.analysis import check_stored
 from shardport.registry.artifact.gguf_header import check_header_file
 from shardport.registry.artifact.manifest import FileEntry, Manifest
 from shardport.registry.artifact.witness_file import load_producer
+from shardport.registry.checkpoint.analysis import check_stored
 from shardport.registry.formats import parse_gguf, parse_safetensors
 from shardport.registry.formats.notes import Notes
 from shardport.registry.tiles.grid import tiles_mismatch

@@ -11,4 +11,7 @@ if ! command -v chromium-headless-shell >/dev/null 2>&1; then
 fi
 export PATH="$PWD/.venv/bin:$PATH"
 bash scripts/lint.sh
-pytest "$@"
+# Two workers, one per core of a CI machine; a whole test file stays on one worker (its module
+# fixtures start once). Each worker starts its own servers and Ray cluster on 127.0.0.1.
+# SHARDPORT_TEST_WORKERS=0 runs the suite in this process.
+pytest -n "${SHARDPORT_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -110,3 +110,28 @@ def quantize_minmax(weight: np.ndarray, group_size: int, bits: int = 4) -> dict[
         "g_idx": (np.arange(k) // group_size).astype(np.int32),
         "bits": bits,
     }
+
+
+GPTQ_RTN = {
+    "quantization_config": {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": 32,
+        "desc_act": False,
+        "checkpoint_format": "gptq",
+    }
+}
+
+
+def honest_gptq(seed: int = 5) -> tuple[Any, dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """A round-to-nearest 4-bit GPTQ weight [64, 256] of a standard-normal float weight.
+
+    Returns (the inferred logical weight, its planes, the float weight, the mask of top-code elements).
+    """
+    from shardport.registry.contracts import infer_safetensors
+
+    w = np.random.default_rng(seed).standard_normal((64, 256)).astype(np.float32)
+    case = quantize_minmax(w, 32)
+    planes = gptq_planes(case, "model.layers.0.mlp.down_proj")
+    (weight,) = infer_safetensors(GPTQ_RTN, inventory(planes))
+    return weight, planes, w, case["q"].T == 15

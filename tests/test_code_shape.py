@@ -1,4 +1,5 @@
-"""The shape of the product code: no function over 80 lines, no module over 600 (issue 16).
+"""The shape of the product code: no function over 80 lines, no module over 600 (issue 16), and no more
+than 16 modules directly in ``registry/`` (issue 27: a new one joins the subpackage it serves).
 
 A function's length runs from its first decorator (or ``def``) to its last line, docstring and
 comments included. Every product package is scanned: ``registry``, ``loader``, ``placement``,
@@ -15,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("registry", "loader", "placement", "provenance", "kernels", "deploy", "src/shardport")
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
+MAX_REGISTRY_TOP_LEVEL = 16
 
 # Known offenders, by "path" or "path::function"; empty since issue 16. An entry that no longer
 # offends fails the test too, so the list can only shrink.
@@ -74,3 +76,12 @@ def test_the_scan_sees_functions_and_methods() -> None:
     )
     assert dict(_functions(tree)) == {"f": 3, "C.m": 3, "C.m.inner": 2}
     assert len(list(_modules())) > 100
+
+
+def test_registry_top_level_stays_small() -> None:
+    """``registry/*.py`` (``__init__`` included): commands and the few modules every room shares."""
+    top = sorted(p.name for p in (ROOT / "registry").glob("*.py"))
+    assert len(top) <= MAX_REGISTRY_TOP_LEVEL, (
+        f"registry/ holds {len(top)} modules (at most {MAX_REGISTRY_TOP_LEVEL}): {top}; put the new one in "
+        "the subpackage it serves (checkpoint/, output/, artifact/, trust/, ...)"
+    )

@@ -14,6 +14,8 @@ import pytest
     [
         "shardport.registry",
         "shardport.registry.contracts",
+        "shardport.registry.checkpoint",
+        "shardport.registry.output",
         "shardport.provenance",
         "shardport.loader",
         "shardport.placement",

@@ -2,9 +2,10 @@
 
 Hugging Face llama/mistral/qwen2 (``model.layers.<l>.self_attn.q_proj.weight`` …), Mixtral experts
 (``block_sparse_moe.gate`` and ``experts.<e>.w1/w2/w3``), or GGUF (``blk.<l>.attn_q.weight`` …,
-stacked ``ffn_{gate,up,down}_exps`` ``[E, N, K]``). Tensors are row-major ``[N, K]`` as the manifest
-records them (GGUF ``ne`` reversed). GGUF Q/K rows stay in the file's order; the contract's
-``rope_pairs`` says how the graph pairs them. A name the model needs and ``tensors`` lacks is a
+stacked ``ffn_{gate,up,down}_exps`` ``[E, N, K]``): the names of
+:mod:`shardport.registry.families.llama`. Tensors are row-major ``[N, K]`` as the manifest records
+them (GGUF ``ne`` reversed). GGUF Q/K rows stay in the file's order; the contract's ``rope_pairs``
+says how the graph pairs them. A name the model needs and ``tensors`` lacks is a
 :class:`GraphWeightError` naming it.
 """
 
@@ -15,10 +16,10 @@ from collections.abc import Mapping
 import torch
 
 from shardport.registry.contracts.graph import GraphContract
+from shardport.registry.families import llama
 
 from ..errors import GraphWeightError
 from .reference import FloatLayer, FloatMlp, FloatModel
-from .stems import layer_stem
 
 
 class _Names:
@@ -39,15 +40,14 @@ class _Names:
         return out
 
     def layer(self, index: int, op: str, leaf: str = "weight", optional: bool = False) -> torch.Tensor | None:
-        return self.get(f"{layer_stem(index, op, self.gguf)}.{leaf}", optional)
+        return self.get(llama.layer_name(index, op, self.gguf, leaf), optional)
 
     def experts(self, index: int, count: int) -> tuple[FloatMlp, ...]:
         if self.gguf:
-            g, u, d = (self.need(f"blk.{index}.ffn_{w}_exps.weight") for w in ("gate", "up", "down"))
+            g, u, d = (self.need(name) for name in llama.gguf_expert_stacks(index))
             return tuple(FloatMlp(g[e], u[e], d[e]) for e in range(count))
-        stem = f"model.layers.{index}.block_sparse_moe.experts"
         return tuple(
-            FloatMlp(*(self.need(f"{stem}.{e}.{w}.weight") for w in ("w1", "w3", "w2"))) for e in range(count)
+            FloatMlp(*(self.need(name) for name in llama.hf_expert_names(index, e))) for e in range(count)
         )
 
 
@@ -65,7 +65,7 @@ def float_layer(contract: GraphContract, tensors: Mapping[str, torch.Tensor], in
         router = n.layer(index, "router")
         experts, mlp = n.experts(index, contract.experts), None
     else:
-        gate, up, down = (n.layer(index, op) for op in ("gate", "up", "down"))
+        gate, up, down = (n.layer(index, op) for op in llama.MLP_OPS)
         assert gate is not None and up is not None and down is not None
         router, experts, mlp = None, (), FloatMlp(gate, up, down)
     return FloatLayer(q, k, v, o, norms[0], norms[1], mlp, router, experts, **bias)
@@ -73,11 +73,7 @@ def float_layer(contract: GraphContract, tensors: Mapping[str, torch.Tensor], in
 
 def end_names(contract: GraphContract) -> tuple[str, str, str | None]:
     """The embedding's, final norm's and output head's tensor names (head ``None``: tied embeddings)."""
-    gguf = contract.source == "gguf"
-    embed = "token_embd.weight" if gguf else "model.embed_tokens.weight"
-    norm = "output_norm.weight" if gguf else "model.norm.weight"
-    head = None if contract.tied_embeddings else ("output.weight" if gguf else "lm_head.weight")
-    return embed, norm, head
+    return llama.end_names(contract.source == "gguf", contract.tied_embeddings)
 
 
 def float_model(contract: GraphContract, tensors: Mapping[str, torch.Tensor]) -> FloatModel:

@@ -16,7 +16,8 @@ import math
 
 import torch
 
-from shardport.registry.contracts.graph import GraphContract, RopePairs, RopeScaling
+from shardport.registry.contracts.graph import GraphContract, RopeScaling
+from shardport.registry.families.llama import RopePairs
 
 
 def inverse_frequencies(head_dim: int, base: float, scaling: RopeScaling | None) -> torch.Tensor:

@@ -27,7 +27,7 @@ from shardport.registry.artifact.digests import Digest
 from shardport.registry.artifact.hashing import digest_bytes
 from shardport.registry.artifact.tokenizer_record import TokenizerRecord
 from shardport.registry.contracts.graph import GraphContract
-from shardport.registry.contracts.model import LogicalWeight
+from shardport.registry.contracts.model import LogicalWeight, QuantError
 from shardport.registry.errors import MalformedDigestError, SchemaVersionError, UsageError, VerificationError
 from shardport.registry.formats.notes import Note
 
@@ -82,11 +82,11 @@ class ModelInfo(Section):
     """What the model is: architecture, revision, the parameters a runtime needs.
 
     ``graph``: the graph contract push derived from ``params`` and the tensor shapes
-    (:mod:`shardport.registry.model_graph`); ``tokenizer``: the digests of the tokenizer the checkpoint
-    carries (:mod:`shardport.registry.artifact.tokenizer_record`). Both are left out of the JSON when
-    absent, so manifests without them keep their bytes. A ``graph`` this shardport cannot read (a newer
-    contract version) is kept as a plain object and written back unchanged;
-    :func:`shardport.registry.model_graph.graph_of` refuses it.
+    (:mod:`shardport.registry.checkpoint.model_graph`); ``tokenizer``: the digests of the tokenizer the
+    checkpoint carries (:mod:`shardport.registry.artifact.tokenizer_record`). Both are left out of the
+    JSON when absent, so manifests without them keep their bytes. A ``graph`` this shardport cannot read
+    (a newer contract version) is kept as a plain object and written back unchanged;
+    :func:`shardport.registry.checkpoint.model_graph.graph_of` refuses it.
     """
 
     section = "model"
@@ -108,8 +108,10 @@ class QuantizationInfo(Section):
     ``quantization_config.producer``, compressed-tensors' own ``version``; GGUF's
     ``general.quantized_by``), else the quant method; ``calibration_digest``: where the producer records one.
     ``tensor_types`` (GGUF): stored tensors per ggml type; ``quantization_version`` (GGUF):
-    ``general.quantization_version``. Both are left out of the JSON when absent (older manifests keep
-    their bytes).
+    ``general.quantization_version``. ``quant_error``: with ``push --reference``, each referenced
+    weight's distance from its float weight, E_quant included, by weight name
+    (:class:`~shardport.registry.contracts.model.QuantError`). All three are left out of the JSON when
+    absent (older manifests, and pushes without a reference, keep their bytes).
     """
 
     section = "quantization"
@@ -121,6 +123,7 @@ class QuantizationInfo(Section):
     calibration_digest: Digest | None = None
     tensor_types: dict[str, int] | None = Field(default=None, exclude_if=lambda v: v is None)
     quantization_version: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    quant_error: dict[str, QuantError] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class PackingInfo(Section):

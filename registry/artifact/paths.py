@@ -21,7 +21,7 @@ import re
 import unicodedata
 from pathlib import PurePosixPath
 
-from shardport.registry.describe import METADATA_DIR
+from shardport.registry.checkpoint.describe import METADATA_DIR
 from shardport.registry.errors import RegistryError, UnsafePathError
 
 MAX_PATH_BYTES = 1024

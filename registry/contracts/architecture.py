@@ -12,37 +12,27 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from shardport.registry.families.llama import (
+    ARCHITECTURES,
+    ATTENTION_SLOTS,
+    CONFIG_KEYS,
+    DENSE_LAYER_SLOTS,
+    EMBED_SLOT,
+    HEAD_SLOT,
+    MLP_SLOTS,
+    MOE_EXPERT_SLOTS,
+    MOE_ROUTER_SLOT,
+    NORM_SLOT,
+    NORM_SLOTS,
+    OPTIONAL_SLOTS,
+)
 from shardport.registry.formats.notes import Notes
 
 from .errors import InventoryMismatchError
 from .model import LogicalWeight
 
-LLAMA_FAMILY = frozenset(
-    {
-        "LlamaForCausalLM",
-        "MistralForCausalLM",
-        "Qwen2ForCausalLM",
-        "MixtralForCausalLM",
-        "llama",
-        "mistral",
-        "qwen2",
-    }
-)
-DENSE_LAYER_SLOTS = (
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-    "input_layernorm",
-    "post_attention_layernorm",
-)
-MOE_EXPERT_SLOTS = ("mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj")
-OPTIONAL_SLOTS = frozenset(
-    {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias", "rotary_emb.inv_freq"}
-)
+LLAMA_FAMILY = ARCHITECTURES
+__all__ = ["DENSE_LAYER_SLOTS", "LLAMA_FAMILY", "MOE_EXPERT_SLOTS", "OPTIONAL_SLOTS", "check_architecture"]
 
 
 def _count(architecture: str | None, params: Mapping[str, Any], key: str) -> int:
@@ -57,19 +47,19 @@ def _count(architecture: str | None, params: Mapping[str, Any], key: str) -> int
 
 def expected_slots(params: Mapping[str, Any]) -> set[tuple[int | None, str, int | None]]:
     """(layer, slot, expert) triples a llama-family checkpoint with these parameters must hold."""
-    layers = _count(None, params, "num_hidden_layers")
-    experts = _count(None, params, "num_local_experts")
-    out: set[tuple[int | None, str, int | None]] = {(None, "embed_tokens", None), (None, "norm", None)}
-    if not params.get("tie_word_embeddings", False):
-        out.add((None, "lm_head", None))
+    layers = _count(None, params, CONFIG_KEYS["layers"])
+    experts = _count(None, params, CONFIG_KEYS["experts"])
+    out: set[tuple[int | None, str, int | None]] = {(None, EMBED_SLOT, None), (None, NORM_SLOT, None)}
+    if not params.get(CONFIG_KEYS["tied_embeddings"], False):
+        out.add((None, HEAD_SLOT, None))
     for layer in range(layers):
-        for slot in DENSE_LAYER_SLOTS[:4] + DENSE_LAYER_SLOTS[7:]:
+        for slot in ATTENTION_SLOTS + NORM_SLOTS:
             out.add((layer, slot, None))
         if experts:
-            out.add((layer, "mlp.gate", None))
+            out.add((layer, MOE_ROUTER_SLOT, None))
             out |= {(layer, s, e) for s in MOE_EXPERT_SLOTS for e in range(experts)}
         else:
-            out |= {(layer, s, None) for s in DENSE_LAYER_SLOTS[4:7]}
+            out |= {(layer, s, None) for s in MLP_SLOTS}
     return out
 
 
@@ -96,10 +86,10 @@ def check_architecture(
 
     Returns short remarks of what was checked (``unchecked: …`` for unknown architectures).
     """
-    if architecture not in LLAMA_FAMILY or "num_hidden_layers" not in params:
+    if architecture not in LLAMA_FAMILY or CONFIG_KEYS["layers"] not in params:
         return (f"unchecked: architecture {architecture!r} has no inventory rule",)
-    layers = _count(architecture, params, "num_hidden_layers")
-    experts = _count(architecture, params, "num_local_experts")
+    layers = _count(architecture, params, CONFIG_KEYS["layers"])
+    experts = _count(architecture, params, CONFIG_KEYS["experts"])
     have = _held_slots(weights, experts)
     if layers * max(experts, 1) > len(have):  # more slots than weights: never enumerate them (memory)
         notes.add(  # raised under --strict

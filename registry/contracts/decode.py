@@ -217,7 +217,8 @@ class AffineTerms:
 
     ``q``: the codes' integer values ``[rows, K]``; ``zero``: zero points ``[rows, G]`` (integer, or float
     for a float zero plane); ``scale``: binary32 scales ``[rows, G]``; ``group``: each stored column's
-    group ``[K]``; ``columns``: the stored column of each logical column under a permutation plane.
+    group ``[K]``; ``columns``: the permutation plane's values (read in its declared direction by
+    :func:`.permutation.to_logical`), or None.
     """
 
     q: I64

@@ -37,15 +37,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shardport.registry.families.llama import (
+    CONFIG_KEYS,
+    CONFIG_VARIANTS,
+    GGUF_ARCHITECTURE_KEY,
+    GGUF_KEYS,
+    GGUF_ROPE_FREQS,
+    GGUF_VARIANTS,
+    ROPE_SCALING_KEYS,
+    RopePairs,
+    Variant,
+    end_names,
+    gguf_head_tied,
+)
+
 from .errors import GraphContractError, UnsupportedArchitectureError, UnsupportedOperatorError
 
 GraphSource = Literal["config.json", "gguf"]
-RopePairs = Literal["half", "interleaved"]
 
 
 class _Frozen(BaseModel):
@@ -120,27 +132,8 @@ class GraphContract(_Frozen):
         return self.heads // self.kv_heads
 
 
-@dataclass(frozen=True, slots=True)
-class _Arch:
-    rope_pairs: RopePairs
-    qkv_bias: bool = False
-    moe: bool | None = None  # None: dense or MoE as the expert count says
-
-
-_CONFIG_ARCHS: dict[str, _Arch] = {
-    "LlamaForCausalLM": _Arch("half"),
-    "MistralForCausalLM": _Arch("half"),
-    "MixtralForCausalLM": _Arch("half", moe=True),
-    "Qwen2ForCausalLM": _Arch("half", qkv_bias=True, moe=False),
-    "llama": _Arch("half"),
-    "mistral": _Arch("half"),
-    "mixtral": _Arch("half", moe=True),
-    "qwen2": _Arch("half", qkv_bias=True, moe=False),
-}
-_GGUF_ARCHS: dict[str, _Arch] = {
-    "llama": _Arch("interleaved"),
-    "qwen2": _Arch("half", qkv_bias=True, moe=False),
-}
+_Arch = Variant
+_CONFIG_ARCHS, _GGUF_ARCHS = CONFIG_VARIANTS, GGUF_VARIANTS
 SUPPORTED = tuple(sorted(set(_CONFIG_ARCHS) | {f"gguf:{a}" for a in _GGUF_ARCHS}))
 """Architectures the graph implements (``gguf:<general.architecture>`` for GGUF files)."""
 
@@ -215,22 +208,23 @@ def _config_scaling(p: _Params, block: object) -> RopeScaling | None:
     if block is None:
         return None
     if not isinstance(block, Mapping):
-        raise GraphContractError(p.where, "rope_scaling", "an object or null", repr(block)[:80])
-    kind = block.get("rope_type", block.get("type"))
+        raise GraphContractError(p.where, CONFIG_KEYS["rope_scaling"], "an object or null", repr(block)[:80])
+    r = ROPE_SCALING_KEYS
+    kind = block.get(r["kind"], block.get(r["legacy_kind"]))
     if kind in (None, "default"):
         return None
-    scaled = _Params(block, p.where, block="rope_scaling.")
+    scaled = _Params(block, p.where, block=CONFIG_KEYS["rope_scaling"] + ".")
     if kind == "linear":
-        return RopeScaling(kind="linear", factor=scaled.float("factor"))
+        return RopeScaling(kind="linear", factor=scaled.float(r["factor"]))
     if kind == "llama3":
         return RopeScaling(
             kind="llama3",
-            factor=scaled.float("factor"),
-            low_freq_factor=scaled.float("low_freq_factor"),
-            high_freq_factor=scaled.float("high_freq_factor"),
-            original_max_position=scaled.int("original_max_position_embeddings"),
+            factor=scaled.float(r["factor"]),
+            low_freq_factor=scaled.float(r["low_freq_factor"]),
+            high_freq_factor=scaled.float(r["high_freq_factor"]),
+            original_max_position=scaled.int(r["original_max_position"]),
         )
-    raise _refuse_scaling(p.where, "rope_scaling.rope_type", kind)
+    raise _refuse_scaling(p.where, f"{CONFIG_KEYS['rope_scaling']}.{r['kind']}", kind)
 
 
 def _shape(shapes: Mapping[str, Sequence[int]] | None, *names: str) -> tuple[int, ...] | None:
@@ -249,6 +243,9 @@ def _check_embedding(where: str, name: str, shape: tuple[int, ...] | None, vocab
             list(shape),
             "the parameters and the embedding disagree; fix the parameters",
         )
+
+
+C, G = CONFIG_KEYS, GGUF_KEYS  # the llama family's parameter spellings
 
 
 def _from_config(
@@ -273,42 +270,43 @@ def _from_config(
             repr(params["sliding_window"])[:40],
             "sliding-window attention is not implemented by the runtime graph",
         )
-    hidden, heads = p.int("hidden_size"), p.int("num_attention_heads")
-    head_dim = p.int("head_dim", hidden // heads if hidden % heads == 0 else None)
-    rope = params.get("rope_parameters")
-    rope_block = rope if isinstance(rope, Mapping) else params.get("rope_scaling")
-    base_params = _Params(rope, where, block="rope_parameters.") if isinstance(rope, Mapping) else p
-    base = base_params.float("rope_theta", 10000.0)
-    experts = p.int("num_local_experts", None if arch.moe else 0, minimum=0)
+    hidden, heads = p.int(C["hidden"]), p.int(C["heads"])
+    head_dim = p.int(C["head_dim"], hidden // heads if hidden % heads == 0 else None)
+    rope = params.get(C["rope_parameters"])
+    rope_block = rope if isinstance(rope, Mapping) else params.get(C["rope_scaling"])
+    base_params = _Params(rope, where, block=C["rope_parameters"] + ".") if isinstance(rope, Mapping) else p
+    base = base_params.float(C["rope_base"], 10000.0)
+    experts = p.int(C["experts"], None if arch.moe else 0, minimum=0)
     if arch.moe is False and experts:
         raise UnsupportedOperatorError(
-            where, "num_local_experts", 0, experts, f"{architecture} has no experts"
+            where, C["experts"], 0, experts, f"{architecture} has no experts"
         )
-    embed = _shape(shapes, "model.embed_tokens.weight")
-    vocab = p.int("vocab_size", embed[0] if embed else None)
-    _check_embedding(where, "model.embed_tokens.weight", embed, vocab, hidden)
-    tied = params.get("tie_word_embeddings", False)
+    embed_name = end_names(gguf=False, tied=True)[0]
+    embed = _shape(shapes, embed_name)
+    vocab = p.int(C["vocab"], embed[0] if embed else None)
+    _check_embedding(where, embed_name, embed, vocab, hidden)
+    tied = params.get(C["tied_embeddings"], False)
     if not isinstance(tied, bool):
-        raise GraphContractError(where, "tie_word_embeddings", "true or false", repr(tied)[:80])
+        raise GraphContractError(where, C["tied_embeddings"], "true or false", repr(tied)[:80])
     return _contract(
         where,
         architecture=architecture,
         source="config.json",
-        layers=p.int("num_hidden_layers"),
+        layers=p.int(C["layers"]),
         hidden=hidden,
         heads=heads,
-        kv_heads=p.int("num_key_value_heads", heads),
+        kv_heads=p.int(C["kv_heads"], heads),
         head_dim=head_dim,
-        intermediate=p.int("intermediate_size"),
+        intermediate=p.int(C["intermediate"]),
         vocab=vocab,
         rope_base=base,
         rope_pairs=arch.rope_pairs,
         rope_scaling=_config_scaling(p, rope_block),
-        norm_eps=p.float("rms_norm_eps", 1e-6),
+        norm_eps=p.float(C["norm_eps"], 1e-6),
         tied_embeddings=tied,
         qkv_bias=arch.qkv_bias,
         experts=experts,
-        experts_per_token=p.int("num_experts_per_tok", 2 if experts else 0, minimum=0) if experts else 0,
+        experts_per_token=p.int(C["experts_per_token"], 2 if experts else 0, minimum=0) if experts else 0,
     )
 
 
@@ -329,65 +327,66 @@ def _from_gguf(
             "nothing",
             "tied embeddings and the vocabulary are read from the tensor list: pass tensor_shapes",
         )
-    hidden, heads = p.int("embedding_length"), p.int("attention.head_count")
-    head_dim = p.int("attention.key_length", hidden // heads if hidden % heads == 0 else None)
-    if p.int("attention.value_length", head_dim) != head_dim:
+    hidden, heads = p.int(G["hidden"]), p.int(G["heads"])
+    head_dim = p.int(G["head_dim"], hidden // heads if hidden % heads == 0 else None)
+    if p.int(G["value_dim"], head_dim) != head_dim:
         raise UnsupportedOperatorError(
             where,
-            p.key("attention.value_length"),
+            p.key(G["value_dim"]),
             head_dim,
-            p.raw("attention.value_length"),
+            p.raw(G["value_dim"]),
             "different key and value head sizes are not implemented",
         )
-    if p.int("rope.dimension_count", head_dim) != head_dim:
+    if p.int(G["rotary_dim"], head_dim) != head_dim:
         raise UnsupportedOperatorError(
             where,
-            p.key("rope.dimension_count"),
+            p.key(G["rotary_dim"]),
             f"head_dim {head_dim}",
-            p.raw("rope.dimension_count"),
+            p.raw(G["rotary_dim"]),
             "partial rotary embeddings are not implemented by the runtime graph",
         )
-    if "rope_freqs.weight" in shapes:
+    if GGUF_ROPE_FREQS in shapes:
         raise UnsupportedOperatorError(
             where,
-            "tensor rope_freqs.weight",
+            f"tensor {GGUF_ROPE_FREQS}",
             "no per-frequency rope factors",
-            "a rope_freqs tensor",
+            f"a {GGUF_ROPE_FREQS.removesuffix('.weight')} tensor",
             "llama 3 rope scaling stored as a frequency-factor tensor is not implemented",
         )
-    kind = p.raw("rope.scaling.type")
+    kind = p.raw(G["rope_scaling_type"])
     scaling: RopeScaling | None = None
     if kind == "linear":
-        scaling = RopeScaling(kind="linear", factor=p.float("rope.scaling.factor"))
+        scaling = RopeScaling(kind="linear", factor=p.float(G["rope_scaling_factor"]))
     elif kind not in (None, "none"):
-        raise _refuse_scaling(where, p.key("rope.scaling.type"), kind)
-    experts = p.int("expert_count", 0, minimum=0)
+        raise _refuse_scaling(where, p.key(G["rope_scaling_type"]), kind)
+    experts = p.int(G["experts"], 0, minimum=0)
     if arch.moe is False and experts:
         raise UnsupportedOperatorError(
-            where, p.key("expert_count"), 0, experts, f"{architecture} has no experts"
+            where, p.key(G["experts"]), 0, experts, f"{architecture} has no experts"
         )
-    embed = _shape(shapes, "token_embd.weight")
-    vocab = p.int("vocab_size", vocab_size or (embed[0] if embed else None))
-    _check_embedding(where, "token_embd.weight", embed, vocab, hidden)
+    embed_name = end_names(gguf=True, tied=True)[0]
+    embed = _shape(shapes, embed_name)
+    vocab = p.int(G["vocab"], vocab_size or (embed[0] if embed else None))
+    _check_embedding(where, embed_name, embed, vocab, hidden)
     return _contract(
         where,
         architecture=architecture,
         source="gguf",
-        layers=p.int("block_count"),
+        layers=p.int(G["layers"]),
         hidden=hidden,
         heads=heads,
-        kv_heads=p.int("attention.head_count_kv", heads),
+        kv_heads=p.int(G["kv_heads"], heads),
         head_dim=head_dim,
-        intermediate=p.int("feed_forward_length"),
+        intermediate=p.int(G["intermediate"]),
         vocab=vocab,
-        rope_base=p.float("rope.freq_base", 10000.0),
+        rope_base=p.float(G["rope_base"], 10000.0),
         rope_pairs=arch.rope_pairs,
         rope_scaling=scaling,
-        norm_eps=p.float("attention.layer_norm_rms_epsilon"),
-        tied_embeddings="output.weight" not in shapes,
+        norm_eps=p.float(G["norm_eps"]),
+        tied_embeddings=gguf_head_tied(shapes),
         qkv_bias=arch.qkv_bias,
         experts=experts,
-        experts_per_token=p.int("expert_used_count") if experts else 0,
+        experts_per_token=p.int(G["experts_per_token"]) if experts else 0,
     )
 
 
@@ -423,7 +422,7 @@ def graph_contract(
             "architecture",
             f"one of {list(SUPPORTED)}",
             "none",
-            "the checkpoint names no architecture (config.json architectures, GGUF general.architecture)",
+            f"the checkpoint names no architecture (config.json architectures, GGUF {GGUF_ARCHITECTURE_KEY})",
         )
     gguf = any(isinstance(k, str) and k.startswith(architecture + ".") for k in params)
     table = _GGUF_ARCHS if gguf else _CONFIG_ARCHS

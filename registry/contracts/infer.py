@@ -21,6 +21,15 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
+from shardport.registry.families.llama import (
+    CONFIG_KEYS,
+    GGUF_ARCHITECTURE_KEY,
+    GGUF_EMBED,
+    HEAD_SLOT,
+    gguf_head_tied,
+    hf_has_head,
+    is_hf_embedding,
+)
 from shardport.registry.formats.elements import ELEMENTS
 
 from . import microscaling, producers
@@ -348,7 +357,7 @@ def infer_safetensors(
         if name in bound:
             continue
         shape, contract = _float_weight(info, label)
-        alias = tied_alias if name.endswith("embed_tokens.weight") else None
+        alias = tied_alias if is_hf_embedding(name) else None
         weights.append(
             _finish(
                 name,
@@ -364,8 +373,8 @@ def infer_safetensors(
 
 def _tied_alias(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo]) -> str | None:
     """``lm_head`` when the checkpoint ties it to the embeddings (declared, or the head is absent)."""
-    has_head = any(name.endswith("lm_head.weight") for name in tensors)
-    return "lm_head" if not has_head and config.get("tie_word_embeddings", True) else None
+    tied = config.get(CONFIG_KEYS["tied_embeddings"], True)
+    return HEAD_SLOT if not hf_has_head(tensors) and tied else None
 
 
 def infer_gguf(
@@ -380,9 +389,9 @@ def infer_gguf(
     """
     spec = parse_declare(declare)
     tensors = _by_name(inventory)
-    architecture = metadata.get("general.architecture")
+    architecture = metadata.get(GGUF_ARCHITECTURE_KEY)
     architecture = str(architecture) if architecture is not None else None
-    tied = "lm_head" if "output.weight" not in tensors else None
+    tied = HEAD_SLOT if gguf_head_tied(tensors) else None
     weights: list[LogicalWeight] = []
     for name, info in sorted(tensors.items()):
         if info.dtype not in _GGUF_TYPES or not 1 <= len(info.shape) <= 3:
@@ -404,7 +413,7 @@ def infer_gguf(
             }
         )
         shape = _logical_shape(name, info.shape)
-        alias = tied if name == "token_embd.weight" else None
+        alias = tied if name == GGUF_EMBED else None
         weights.append(
             _finish(
                 name,

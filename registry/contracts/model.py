@@ -510,6 +510,26 @@ class CellWitness(_Frozen):
         return self
 
 
+class QuantError(BaseModel):
+    """A quantized weight's distance from its float reference (``push --reference``), per weight.
+
+    ``max_abs``: ``max |W_q - W_fp|``; ``rel_frobenius``: ``‖W_q - W_fp‖/‖W_fp‖``; ``e_quant``:
+    ``‖X·(W_q - W_fp)^T‖/‖X·W_fp^T‖`` for ``tokens`` seeded standard-normal activations ``X``;
+    ``tolerance``: ``‖B‖/‖W_fp‖``, ``B`` the honest rounding bound of each element (half its
+    quantization step plus scale rounding, :mod:`.rounding`); ``clipped``: elements beyond their bound
+    at an edge code. Six significant digits (the same bytes on any BLAS).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    max_abs: float = Field(ge=0, allow_inf_nan=False)
+    rel_frobenius: float = Field(ge=0, allow_inf_nan=False)
+    e_quant: float = Field(ge=0, allow_inf_nan=False)
+    tolerance: float = Field(ge=0, allow_inf_nan=False)
+    tokens: int = Field(ge=1)
+    seed: int = Field(ge=0, le=2**53 - 1)
+    clipped: int = Field(ge=0)
+
+
 def _grid(first: int, stride: int, count: int, last: int) -> list[int]:
     points = [first + i * stride for i in range(count)]
     return points if points[-1] == last else [*points, last]

@@ -98,12 +98,32 @@ def _affine_bounds(
         decoded = round_to_format(decoded, contract.scales.format)
         bound = bound + eps * np.abs(decoded.astype(np.float64))
     low, high = encoding_value_range(contract.codes.encoding)
-    low_edge, high_edge = terms.q == low, terms.q == high
-    if terms.columns is not None:
-        decoded, bound, step = decoded[:, terms.columns], bound[:, terms.columns], step[:, terms.columns]
-        low_edge, high_edge = low_edge[:, terms.columns], high_edge[:, terms.columns]
-    unit = contract.scales.group_size
-    return Bounds(decoded.astype(np.float32, copy=False), bound, step, low_edge, high_edge, unit)
+    b = Bounds(
+        decoded.astype(np.float32, copy=False),
+        bound,
+        step,
+        terms.q == low,
+        terms.q == high,
+        contract.scales.group_size,
+    )
+    if terms.columns is not None and isinstance(contract.permutation, PermutationPlane):
+        return _in_logical_order(b, terms.columns, contract.permutation.direction, decoded=True)
+    return b
+
+
+def _in_logical_order(b: Bounds, order: npt.NDArray[np.int64], direction: str, *, decoded: bool) -> Bounds:
+    """``b``'s stored-order columns in logical order, as the decoder puts them (:func:`.to_logical`).
+
+    ``decoded``: whether ``b.decoded`` is in stored order too (else the decoder made it, logical).
+    """
+    return Bounds(
+        to_logical(b.decoded, order, direction) if decoded else b.decoded,
+        to_logical(b.bound, order, direction),
+        to_logical(b.step, order, direction),
+        to_logical(b.low_edge, order, direction),
+        to_logical(b.high_edge, order, direction),
+        b.unit,
+    )
 
 
 #: Half the larger gap beside each E2M1 code's level (|level| 0, 0.5, 1, 1.5, 2, 3, 4, 6; sign bit 3).
@@ -135,13 +155,11 @@ def _mx_bounds(
     decoded = decode_weight(weight, planes, rows)
     if contract.decode_law == "mx_round_bf16":
         bound = bound + FORMAT_EPS["bfloat16"] * np.abs(decoded.astype(np.float64))
-    low, high = q == 0xF, q == 0x7  # -6 and +6: the ends of the range
+    b = Bounds(decoded, bound, step, q == 0xF, q == 0x7, contract.scales.group_size)  # -6, +6: the ends
     if isinstance(contract.permutation, PermutationPlane):
         order = read_permutation(weight.name, contract.permutation, planes, k)
-        direction = contract.permutation.direction
-        bound, step = to_logical(bound, order, direction), to_logical(step, order, direction)
-        low, high = to_logical(low, order, direction), to_logical(high, order, direction)
-    return Bounds(decoded, bound, step, low, high, contract.scales.group_size)
+        return _in_logical_order(b, order, contract.permutation.direction, decoded=False)
+    return b
 
 
 def _gguf_terms(
@@ -264,7 +282,7 @@ def _where(weight: LogicalWeight, row: int) -> str:
     return f"row {row}"
 
 
-def check_against(
+def checked_bounds(
     weight: LogicalWeight,
     planes: Planes,
     rows: Sequence[int],
@@ -272,14 +290,14 @@ def check_against(
     *,
     what: str,
     columns: tuple[int, int] | None = None,
-) -> tuple[float, float, bool]:
-    """Compare ``values`` (``[len(rows), K]``, or the ``columns`` range of K) with the decode of ``rows``.
+) -> Bounds:
+    """The bounds of ``rows`` (their ``columns`` range of K), after checking ``values`` lies within them.
 
-    Returns ``(sum of squared differences, sum of squared values, bit-equal)``. Raises
-    :class:`ReferenceErrorTooLargeError` naming the weight, row, column, group/block, error and bound
-    of the first element outside its honest rounding bound.
+    Raises :class:`ReferenceErrorTooLargeError` naming the weight, row, column, group/block, error and
+    bound of the first element of ``values`` (``[len(rows), K]`` or the range) outside its bound.
     """
     b = bounds_of(weight, planes, rows)
+    c0 = 0
     if columns is not None:
         c0, c1 = columns
         b = Bounds(
@@ -290,8 +308,6 @@ def check_against(
             b.high_edge[:, c0:c1],
             b.unit,
         )
-    else:
-        c0 = 0
     bad = violations(b, values)
     if bad.any():
         i, j = (int(x) for x in np.argwhere(bad)[0])
@@ -307,16 +323,61 @@ def check_against(
             "the decode does not reproduce the weights; check the scale axis, zero-point convention, "
             "slot order and scale format of the contract",
         )
+    return b
+
+
+def check_against(
+    weight: LogicalWeight,
+    planes: Planes,
+    rows: Sequence[int],
+    values: F32,
+    *,
+    what: str,
+    columns: tuple[int, int] | None = None,
+) -> tuple[float, float, bool]:
+    """Compare ``values`` (``[len(rows), K]``, or the ``columns`` range of K) with the decode of ``rows``.
+
+    Returns ``(sum of squared differences, sum of squared values, bit-equal)``. Raises as
+    :func:`checked_bounds` does.
+    """
+    b = checked_bounds(weight, planes, rows, values, what=what, columns=columns)
     diff = values.astype(np.float64) - b.decoded.astype(np.float64)
     exact = bool(np.array_equal(values.view(np.uint32), np.ascontiguousarray(b.decoded).view(np.uint32)))
     return float(np.sum(diff * diff)), float(np.sum(values.astype(np.float64) ** 2)), exact
 
 
-def reference_gate(weight: LogicalWeight, planes: Planes, reference: F32) -> float:
-    """Compare every row of the decode with the float ``reference`` (logical shape); return the error.
+@dataclass(frozen=True)
+class ReferenceSums:
+    """A decode against its float reference, summed over every row (float64).
+
+    ``err2``/``norm2``/``bound2``: sums of squared differences, reference values and element bounds;
+    ``max_abs``: the largest ``|decoded - reference|``; ``clipped``: elements beyond their bound on the
+    clipped side of an edge code (allowed by the gate, not by the bound). ``y_err2``/``y_norm2``: for
+    activations ``X``, ``‖X·(W_q - W_fp)^T‖²`` and ``‖X·W_fp^T‖²`` (0 without activations).
+    """
+
+    err2: float
+    norm2: float
+    bound2: float
+    max_abs: float
+    clipped: int
+    y_err2: float
+    y_norm2: float
+
+    @property
+    def rel_frobenius(self) -> float:
+        """``‖W_q - W_fp‖ / ‖W_fp‖`` (the absolute error when the reference is all zeros)."""
+        return float(np.sqrt(self.err2 / self.norm2)) if self.norm2 > 0 else float(np.sqrt(self.err2))
+
+
+def reference_sums(
+    weight: LogicalWeight, planes: Planes, reference: F32, activations: F64 | None = None
+) -> ReferenceSums:
+    """Gate every row of the decode against the float ``reference`` (logical shape) and sum the errors.
 
     Each element must lie within its honest rounding bound (module docstring). Rows are compared in
-    chunks of at most :data:`CHUNK_ELEMENTS` elements. Returns the Frobenius relative error.
+    chunks of at most :data:`CHUNK_ELEMENTS` elements; ``activations`` (``[T, K]``) also sum the
+    operator error of each chunk's rows.
     """
     contract = weight.contract
     if isinstance(contract, GgufBlockContract) and contract.ggml_type in GRID_TYPES:
@@ -330,9 +391,29 @@ def reference_gate(weight: LogicalWeight, planes: Planes, reference: F32) -> flo
     total_rows, k = weight.shape.rows, weight.shape.columns
     table = np.asarray(reference, dtype=np.float32).reshape(total_rows, k)
     step = max(1, CHUNK_ELEMENTS // k)
-    err = norm = 0.0
+    err2 = norm2 = bound2 = max_abs = y_err2 = y_norm2 = 0.0
+    clipped = 0
     for start in range(0, total_rows, step):
         rows = list(range(start, min(total_rows, start + step)))
-        e, n, _ = check_against(weight, planes, rows, table[start : start + len(rows)], what="reference")
-        err, norm = err + e, norm + n
-    return float(np.sqrt(err / norm)) if norm > 0 else float(np.sqrt(err))
+        values = table[start : start + len(rows)]
+        b = checked_bounds(weight, planes, rows, values, what="reference")
+        ref, decoded = values.astype(np.float64), b.decoded.astype(np.float64)
+        diff = decoded - ref
+        err2 += float(np.sum(diff * diff))
+        norm2 += float(np.sum(ref * ref))
+        bound2 += float(np.sum(b.bound * b.bound))
+        max_abs = max(max_abs, float(np.max(np.abs(diff), initial=0.0)))
+        clipped += int(np.count_nonzero(np.abs(diff) > b.bound + _ARITH * np.abs(decoded)))
+        if activations is not None:
+            y_err2 += float(np.sum((diff @ activations.T) ** 2))
+            y_norm2 += float(np.sum((ref @ activations.T) ** 2))
+    return ReferenceSums(err2, norm2, bound2, max_abs, clipped, y_err2, y_norm2)
+
+
+def reference_gate(weight: LogicalWeight, planes: Planes, reference: F32) -> float:
+    """Compare every row of the decode with the float ``reference`` (logical shape); return the error.
+
+    Each element must lie within its honest rounding bound (module docstring); returns the Frobenius
+    relative error (:func:`reference_sums`).
+    """
+    return reference_sums(weight, planes, reference).rel_frobenius

@@ -1,7 +1,8 @@
 """The one loader of C library functions (Linux system calls Python does not wrap).
 
-Used for ``renameat2`` (:mod:`.writers`) and, by the loader, ``syscall`` (``cachestat``), ``mincore``
-and friends. A function the C library lacks (not Linux/glibc) is None: callers fall back.
+Used for ``renameat2`` (:mod:`shardport.registry.output.writers`) and, by the loader, ``syscall``
+(``cachestat``), ``mincore`` and friends. A function the C library lacks (not Linux/glibc) is None:
+callers fall back.
 """
 
 from __future__ import annotations

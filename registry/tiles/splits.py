@@ -2,10 +2,10 @@
 
 Placement (a later layer) splits a model's shared dims over ``tp`` ranks and its experts over ``ep``
 ranks; a rank reads every tile its slice touches, so a split point inside a tile makes both ranks read
-the whole tile. This module owns the facts both sides need: which operator slots split along which
-logical axis (:data:`COLUMN_OPS`, :data:`ROW_OPS`, :data:`KV_OPS`, :data:`VOCAB_SLOTS`,
-:data:`FUSED_OPS`; :mod:`shardport.placement.rules` uses them), the parameter spellings
-(:data:`PARAM_ALIASES`), and the split arithmetic (:func:`split_points`, used by
+the whole tile. Which operator slots split along which logical axis, and the parameter spellings, are
+the model family's (:func:`slot_split` and :func:`model_param` of
+:mod:`shardport.registry.families.llama`, whose tables :mod:`shardport.placement.rules` splits by
+too); this module owns the split arithmetic (:func:`split_points`, used by
 :mod:`shardport.placement.splits`). From them :func:`plane_cuts` derives, for every plane of every
 logical weight, the boundaries along its byte matrix's rows and column quanta that the planner can
 produce for any ``tp`` (and ``ep``) in :data:`SPLITS`, and the unit no tile may cut (a quantization
@@ -38,34 +38,11 @@ from shardport.registry.contracts.model import (
     ZeroFloatPlane,
     ZeroIntPlane,
 )
+from shardport.registry.families.llama import model_param, slot_split
 from shardport.registry.formats.elements import DTYPE_BYTES
 
 SPLITS = (2, 3, 4, 6, 8)
 """The tp (and ep) sizes tiles are cut for."""
-
-COLUMN_OPS = {"q_proj": "heads", "gate_proj": "intermediate", "up_proj": "intermediate"} | {
-    "w1": "intermediate",
-    "w3": "intermediate",
-}
-"""Column-parallel operators (split along N) and the shared dim they split."""
-ROW_OPS = {"o_proj": "heads", "down_proj": "intermediate", "w2": "intermediate"}
-"""Row-parallel operators (split along K) and the shared dim they split."""
-KV_OPS = ("k_proj", "v_proj")
-"""Operators split by kv heads (along N)."""
-VOCAB_SLOTS = ("embed_tokens", "lm_head")
-"""Slots split by vocabulary rows (along N)."""
-FUSED_OPS = ("qkv_proj", "gate_up_proj", "query_key_value", "c_attn")
-"""Fused operators: never split."""
-
-PARAM_ALIASES: dict[str, tuple[str, ...]] = {
-    "num_layers": ("num_hidden_layers", "n_layer", "num_layers", "block_count"),
-    "num_heads": ("num_attention_heads", "n_head", "attention.head_count"),
-    "num_kv_heads": ("num_key_value_heads", "n_head_kv", "attention.head_count_kv"),
-    "head_dim": ("head_dim", "attention.key_length"),
-    "hidden": ("hidden_size", "n_embd", "embedding_length"),
-    "num_experts": ("num_local_experts", "num_experts", "n_routed_experts", "expert_count"),
-}
-"""Parameter spellings, Hugging Face config first, then GGUF metadata suffixes (``llama.block_count``)."""
 
 
 def split_points(extent: int, unit: int, parts: int) -> tuple[int, ...] | None:
@@ -82,39 +59,6 @@ def split_points(extent: int, unit: int, parts: int) -> tuple[int, ...] | None:
     if units < parts:
         return None
     return tuple(unit * ((2 * i * units + parts) // (2 * parts)) for i in range(1, parts))
-
-
-def slot_split(slot: str, ndim: int) -> tuple[str, str] | None:
-    """``(logical axis, shared dim kind)`` a weight of ``slot`` splits along, or None (replicated).
-
-    Kinds: ``heads``, ``kv``, ``intermediate``, ``vocab``. Same rule as placement's ``slot_rule``.
-    """
-    bias = slot.endswith(".bias")
-    stem = slot.removesuffix(".bias")
-    op = stem.rpartition(".")[2]
-    if op in FUSED_OPS or stem in FUSED_OPS:
-        return None
-    if op in KV_OPS and (ndim >= 2 or bias):
-        return "N", "kv"
-    if op in COLUMN_OPS and (ndim >= 2 or bias):
-        return "N", COLUMN_OPS[op]
-    if op in ROW_OPS and ndim >= 2 and not bias:
-        return "K", ROW_OPS[op]
-    if stem in VOCAB_SLOTS and ndim >= 2:
-        return "N", "vocab"
-    return None
-
-
-def model_param(params: Mapping[str, Any], name: str) -> int | None:
-    """A positive integer parameter by any of its spellings (:data:`PARAM_ALIASES`), else None."""
-    for alias in PARAM_ALIASES[name]:
-        keys = [alias] if alias in params else [k for k in sorted(params) if k.endswith("." + alias)]
-        for key in keys:
-            value = params[key]
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-                return value
-            return None
-    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from shardport.registry.output.writers import write_file
 from shardport.registry.trust.policy import TrustPolicy
-from shardport.registry.writers import write_file
 
 
 def load_policy(path: Path) -> TrustPolicy:

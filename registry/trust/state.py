@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 
 from shardport.registry.artifact.hashing import is_digest
 from shardport.registry.errors import StateFileError
+from shardport.registry.output.writers import write_file
 from shardport.registry.trust.tags import SeenTag
-from shardport.registry.writers import write_file
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 

@@ -11,12 +11,11 @@ from gguf import GGMLQuantizationType, quants
 from shardport.deploy.rank_ops import (
     activations_for,
     cache_tolerance,
-    dispatch_activations,
     operator_linear,
 )
 from shardport.deploy.report import render_report
 from shardport.deploy.up_evidence import runtime_section, tolerance
-from shardport.kernels import Catalog, RankWeight, Reason, default_catalog, rank_weight
+from shardport.kernels import Catalog, RankWeight, Reason, default_catalog, dispatch_activations, rank_weight
 from shardport.kernels.gguf_kernel import GgufDirectKernel
 from shardport.kernels.int4_cpu import CAPABILITY as INT4
 from shardport.kernels.int4_cpu import Int4CpuKernel

@@ -25,7 +25,7 @@ from shardport.deploy.devices import (
 )
 from shardport.deploy.errors import ClusterError
 from shardport.deploy.report import write_report
-from shardport.deploy.up_evidence import DEVICE_SLACK, device_check, level5
+from shardport.deploy.up_l5 import DEVICE_SLACK, device_check, level5
 from shardport.kernels import FallbackPolicy
 
 MIB = 1 << 20
@@ -77,8 +77,9 @@ def _ledger(**extra: int) -> dict[str, int]:
 
 def test_device_memory_is_checked_against_the_prepared_operators_on_cuda_ranks() -> None:
     cpu = device_check("cpu", _ledger(device_resident=0, device_peak=0))
-    assert cpu["passed"] and cpu["resident"] == 0 and "no device memory" in cpu["detail"]
-    assert not device_check("cpu", _ledger(device_resident=MIB, device_peak=MIB))["passed"]
+    assert cpu["passed"] is None and cpu["status"] == "not applicable" and "no device memory" in cpu["detail"]
+    wrong = device_check("cpu", _ledger(device_resident=MIB, device_peak=MIB))
+    assert wrong["passed"] is False and wrong["status"] == "fail"  # a CPU rank has none to report
     gpu = "cuda:0 NVIDIA H200"
     held = device_check(gpu, _ledger(device_resident=120 * MIB, device_peak=300 * MIB))
     assert held["passed"] and held["operators"] == 100 * MIB and held["bound"] == 224 * MIB + DEVICE_SLACK
@@ -96,11 +97,11 @@ def _report(rank: int, device: str, resident: int) -> dict[str, Any]:
 
 def test_level5_fails_a_cuda_rank_whose_device_memory_misses_the_ledger() -> None:
     policy = FallbackPolicy()
-    good = level5([_report(0, "cpu", 0), _report(1, "cuda:0 NVIDIA H200", 150 * MIB)], policy, ())
+    good = level5([_report(0, "cpu", 0), _report(1, "cuda:0 NVIDIA H200", 150 * MIB)], policy)
     assert good["passed"] and good["device"]["1"]["passed"] and good["device"]["0"]["device"] == "cpu"
-    bad = level5([_report(0, "cuda:0 NVIDIA H200", 10 * MIB)], policy, ())
+    bad = level5([_report(0, "cuda:0 NVIDIA H200", 10 * MIB)], policy)
     assert not bad["passed"] and not bad["device"]["0"]["passed"]
-    older = level5([{k: v for k, v in _report(0, "cpu", 0).items() if k != "device"}], policy, ())
+    older = level5([{k: v for k, v in _report(0, "cpu", 0).items() if k != "device"}], policy)
     assert older["passed"] and older["device"]["0"]["device"] == "cpu"  # a report without a device: CPU
 
 

@@ -15,7 +15,7 @@ from shardport.deploy.graph.checkpoint import float_model
 from shardport.deploy.plan_layout import layout_from_plan
 from shardport.placement import plan
 from shardport.placement.topology import Topology
-from shardport.registry.analysis import analyze, decode
+from shardport.registry.checkpoint.analysis import analyze, decode
 from shardport.registry.contracts.graph import GraphContract, graph_contract
 
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from llama_artifacts import gguf_smollm
 
-from shardport.registry.analysis import analyze
+from shardport.registry.checkpoint.analysis import analyze
+from shardport.registry.checkpoint.describe import model_of
 from shardport.registry.contracts.errors import (
     ContractError,
     GraphContractError,
@@ -17,7 +18,6 @@ from shardport.registry.contracts.errors import (
     UnsupportedOperatorError,
 )
 from shardport.registry.contracts.graph import GraphContract, RopeScaling, graph_contract
-from shardport.registry.describe import model_of
 
 LLAMA: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],

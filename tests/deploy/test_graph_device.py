@@ -33,8 +33,8 @@ from shardport.deploy.graph import (
     shard,
     tp_split,
 )
-from shardport.deploy.graph.stems import HF_STEMS
 from shardport.deploy.rank_ops import RankOps, rank_weights
+from shardport.registry.families.llama import HF_STEMS
 
 CPU = torch.device("cpu")
 PROMPT = [1, 5, 900, 33, 7, 1000, 2, 64]

@@ -14,8 +14,8 @@ from shardport.deploy.errors import TokenizerDigestError, UnsupportedTokenizerEr
 from shardport.deploy.tokenizer import load_tokenizer, read_tokenizer
 from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.artifact.tokenizer_record import parts_digest
+from shardport.registry.checkpoint.model_graph import graph_of
 from shardport.registry.contracts.errors import UnsupportedArchitectureError
-from shardport.registry.model_graph import graph_of
 from shardport.registry.store.protocol import open_store
 
 

@@ -5,7 +5,7 @@ dispatched in-process, as a bring-up's rank does it (:class:`~shardport.deploy.r
 ladders run under each budget through :func:`~shardport.deploy.rank_ops.run_ladders`. The checkpoint
 is pushed with ``--kernels-preferred cpu.int4pack``, so its Q4_0/Q4_1 weights are repacked in these
 float32 runs (float32 is int4pack's slow path: without the preference the GGUF direct kernel runs them
-in place, and L1 has no codes to read back).
+in place, and L1 reads only the spot columns' values back through its matmul).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from bringup_artifacts import gguf_tiny
 from llama_artifacts import ok
 
 from shardport.deploy.ladder_budget import ladder_mode
+from shardport.deploy.quant_error import NAME as QUANT  # the L3 row measured at push, not by the ladder
 from shardport.deploy.rank import Rank, RankSpec
 from shardport.deploy.rank_ops import L3_TOKENS, run_ladders
 from shardport.deploy.ray_ranks import run_in_process
@@ -105,9 +106,16 @@ def test_sample_runs_l2_and_l3_once_per_class_and_full_on_every_weight(
             assert rep.ladder_class == lad.ladder_class and rep.kernel == lad.kernel
             assert rep.weight < lad.weight  # the first of its class by name
             assert lad.l3 == () and not lad.l2.reconstruction
-    l1 = {lad.weight: lad.l1.codes_compared for lad in sampled}
-    assert l1 == {lad.weight: lad.l1.codes_compared for lad in full}  # L1 on every weight in both
-    assert any(n > 0 for n in l1.values())
+    l1 = {lad.weight: lad.l1 for lad in sampled}
+    assert set(l1) == {lad.weight for lad in full}  # L1 on every weight in both
+    for lad in full:
+        mine = l1[lad.weight]
+        assert lad.l1.rows is None and lad.l1.codes_compared > 0  # every row on a full ladder
+        if mine.rows is None:  # every code in both (int4pack's byte map; a class representative)
+            assert mine.codes_compared == lad.l1.codes_compared
+        else:  # a sampled direct kernel: the spot columns on every 8th row and the last
+            assert mine.readback == "kernel-values" and mine.columns == lad.l1.columns
+            assert mine.codes_compared == mine.rows * mine.columns < lad.l1.codes_compared
     # the Q4_0 linears of both layers share one class at tp 2 (same kernel, layout, tails): the first
     # by name represents them; Q4_K and Q6_K, and the embedding's 199-row tail, are classes of their own
     represented = {lad.weight.split("[")[0]: (lad.represented_by or "").split("[")[0] for lad in sampled}
@@ -178,7 +186,8 @@ def test_off_runs_no_ladder_and_the_evidence_says_not_run(
     result = bring_up(Session.open(store), request, launcher=run_in_process, store_evidence=False)
     assert result.reports[0]["ladders"] == [] and "ladder" not in result.reports[0]["timeline"]
     pred = result.predicate
-    rows = {row["level"]: row for row in pred["parity"] if row["level"] in ("L0", "L1", "L2", "L3")}
+    ladder = [r for r in pred["parity"] if r["level"] in ("L0", "L1", "L2", "L3") and r["name"] != QUANT]
+    rows = {row["level"]: row for row in ladder}
     assert len(rows) == 4
     assert all(row["passed"] is None and row["status"] == "not run" for row in rows.values())
     assert pred["ladder"]["mode"] == "off" and pred["ladder"]["operators"] == 0

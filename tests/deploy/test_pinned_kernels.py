@@ -11,10 +11,10 @@ from bringup_artifacts import gguf_tiny
 from support import Cli
 
 from shardport.deploy.pinned_kernels import check_pins
-from shardport.deploy.rank_ops import dispatch_activations, is_quantized
-from shardport.kernels import FallbackPolicy, default_catalog, rank_weight
-from shardport.registry.analysis import PlaneReader
+from shardport.deploy.rank_ops import is_quantized
+from shardport.kernels import FallbackPolicy, default_catalog, dispatch_activations, rank_weight
 from shardport.registry.artifact.manifest import Manifest
+from shardport.registry.checkpoint.analysis import PlaneReader
 from shardport.registry.store.protocol import Store
 
 
@@ -27,7 +27,9 @@ def pushed(capsys: pytest.CaptureFixture[str], tmp_path: Path, home: Path) -> tu
     return Manifest.from_bytes(Store(cli.store).read_blob(out["digest"])), folder
 
 
-def _report(manifest: Manifest, folder: Path, activations: Any) -> dict[str, Any]:
+def _report(
+    manifest: Manifest, folder: Path, activations: Any, policy: FallbackPolicy | None = None
+) -> dict[str, Any]:
     """One tp = 1 rank's dispatch report, as the rank writes it: every quantized weight, both phases."""
     reader = PlaneReader(folder)
     by_name = {t.name: t for t in manifest.tensors or ()}
@@ -36,7 +38,7 @@ def _report(manifest: Manifest, folder: Path, activations: Any) -> dict[str, Any
         if not is_quantized(w) or len(w.shape.extents) != 2:
             continue
         rw = rank_weight(w, reader.planes(w, by_name))
-        chosen = dispatch_activations(rw, default_catalog(), activations, policy=FallbackPolicy())
+        chosen = dispatch_activations(rw, default_catalog(), activations, policy=policy or FallbackPolicy())
         traces += [t.model_dump(mode="json") for _, t in chosen.values()]
     return {"rank": 0, "activations": activations, "device": "cpu", "dispatch": traces}
 
@@ -64,6 +66,23 @@ def test_another_kernel_than_the_pin_is_named(pushed: tuple[Manifest, Path]) -> 
         "pinned": False,
         "checked": 0,
         "not_pinned": len(report["dispatch"]),
+        "policy_refused": 0,
         "unexpected": [],
         "passed": True,
     }
+
+
+def test_a_pinned_kernel_the_runs_policy_refuses_is_not_held_against_the_run(
+    pushed: tuple[Manifest, Path],
+) -> None:
+    """Pins are computed under the default policy; ``--fallback forbid`` also forbids conversions, so a
+    bfloat16 run selects another kernel where the pin converts: counted apart, not a failure."""
+    manifest, folder = pushed
+    report = _report(manifest, folder, "bfloat16", FallbackPolicy.from_cli("forbid"))
+    result = check_pins(manifest, [report])
+    assert result["passed"], result["unexpected"]
+    assert result["policy_refused"] > 0 and result["checked"] + result["policy_refused"] == len(
+        report["dispatch"]
+    )
+    forged = [{**t, "candidates": []} for t in report["dispatch"]]  # no refusal on record: held to the pin
+    assert not check_pins(manifest, [{**report, "dispatch": forged}])["passed"]

@@ -25,7 +25,7 @@ from llama_artifacts import ok
 from shardport.deploy.rank import Rank, RankSpec, _rss
 from shardport.deploy.rank_ops import policy_of
 from shardport.deploy.release import PlaneRelease, reachable_spans
-from shardport.deploy.up_evidence import level5
+from shardport.deploy.up_l5 import level5
 from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.session import Session
 from shardport.registry.trust.resolve import resolve
@@ -167,7 +167,7 @@ def test_level5_fails_a_rank_that_keeps_planes_no_operator_uses(tiny: tuple[str,
 
     policy = policy_of("warn")
     assert kept.ledger["codes_retained_unused"] > 0  # measured: the planes are still alive
-    bad, good = level5([report(kept)], policy, ()), level5([report(clean)], policy, ())
+    bad, good = level5([report(kept)], policy), level5([report(clean)], policy)
     assert good["passed"] and good["resident"]["0"]["passed"]
     assert not bad["passed"] and not bad["resident"]["0"]["passed"] and not bad["unexpected_kernels"]
     assert bad["resident"]["0"]["unused"] == kept.ledger["codes_retained_unused"]
@@ -176,7 +176,7 @@ def test_level5_fails_a_rank_that_keeps_planes_no_operator_uses(tiny: tuple[str,
     older["ledger"] = {
         k: v for k, v in older["ledger"].items() if not k.startswith("codes_") or k == "codes_and_qparams"
     }
-    assert not level5([older], policy, ())["passed"]
+    assert not level5([older], policy)["passed"]
 
 
 def test_what_a_kept_object_reaches_through_tensors_and_closures_is_shared(tiny: tuple[str, str]) -> None:

@@ -107,7 +107,8 @@ def test_gguf_direct_parity_on_rank_slices(cases, name, tp, split):
         if bounds["K"][1] == bounds["K"][0]:
             continue
         prepared, weight, result = _ladder(case, bounds, "float32", "cpu.gguf-direct@1")
-        assert result.l2.exact and not result.l1.applicable
+        assert result.l2.exact and result.l1.readback == "kernel-values" and result.l1.mismatches == 0
+        assert result.l1.codes_compared == weight.n_local * result.l1.columns > 0
         assert prepared.resident_bytes == weight.plane_bytes  # the blocks as loaded, no float copy
         witnessed += result.l2.witness_checked
     assert witnessed > 0

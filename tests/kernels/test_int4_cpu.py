@@ -110,6 +110,10 @@ def test_bfloat16_is_a_conversion_with_its_error_recorded(cases, name):
     assert trace.transformation == "conversion" and trace.conversion_error > 0
     assert result.l1.mismatches == 0 and result.l1.representation == "conversion"
     assert not result.l2.exact and result.l2.max_abs_error <= result.l2.tolerance
+    # each element within its own bound, from the planes' terms and bfloat16's rounding, not the
+    # measured error (which L2 only records)
+    assert 0 < result.l2.error_over_budget <= 1 and "in bfloat16" in result.l2.tolerance_source
+    assert result.l2.max_abs_error == trace.conversion_error
     assert result.l2.witness_passed and result.l2.witness_checked > 0
 
 
@@ -118,6 +122,8 @@ def test_compressed_tensors_bf16_scales_round_per_law_so_float32_is_a_conversion
     result, trace = _run_ladder(case, {"N": (0, 64), "K": (0, 256)})
     assert trace.transformation == "conversion"
     assert result.l2.max_abs_error == trace.conversion_error > 0
+    # the law rounds each product to bfloat16 and int4pack does not: budget 2^-8·|w| per element
+    assert result.l2.error_over_budget <= 1 and "+ 2^-8)·|w|" in result.l2.tolerance_source
 
 
 def _prepare(case, dtype="float32"):

@@ -29,6 +29,7 @@ from shardport.kernels.int4_cuda import (
     pack_tinygemm_u8,
     round_bf16,
     scale_zero_bf16,
+    tinygemm_budget,
     unpack_tinygemm_u8,
 )
 
@@ -188,6 +189,22 @@ def test_layout_decode_against_the_reference_is_a_measured_conversion(cases, nam
     assert not exact and error > 0
     bound = np.abs(reference).max() * 2.0**-8 + 9 * np.abs(form.scale).max() * 2.0**-8
     assert error <= bound
+
+
+@pytest.mark.parametrize("name", ["gptq", "awq", "ct_asym", "q4_0", "q4_1"])
+def test_the_device_weight_is_within_its_conversion_budget_and_a_mis_scale_is_not(cases, name):
+    """The budget parity L2 holds tinygemm's layout to (from the planes' terms, not the measured error),
+    checked on the host's exact emulation of the device weight: inside; scaled by 1.01, outside."""
+    weight = rank_weight(cases[name].weight, cases[name].planes)
+    form = int4_terms(weight)
+    sz, _ = scale_zero_bf16(form)
+    reference = form.reference_rows(0, N)
+    budget = tinygemm_budget(weight, reference)
+    assert "bfloat16" in budget.source and "not the measured error" in budget.source
+    diff = np.abs(layout_rows(form.u, sz, form.group, 0).astype(np.float64) - reference)
+    assert diff.max() > 0 and np.all(diff <= budget.bound)
+    off = np.abs(layout_rows(form.u, sz * np.float32(1.01), form.group, 0).astype(np.float64) - reference)
+    assert np.any(off > budget.bound)
 
 
 def test_layout_is_exact_where_everything_fits_bfloat16(cases):

@@ -257,8 +257,12 @@ def test_ladder_exact_on_rank_slices(cases, name, tile):
         for bounds in kc.rank_bounds(case, tp, split, unit):
             if bounds["K"][0] == bounds["K"][1]:  # per-channel: one group, no row split
                 continue
-            _, _, result = _ladder(case, bounds, tile=tile)
-            assert result.l2.exact and not result.l1.applicable and result.transformation == "none"
+            _, weight, result = _ladder(case, bounds, tile=tile)
+            assert result.l2.exact and result.transformation == "none"
+            # L1: the codes of the spot columns over every row, read back through the kernel's matmul
+            assert result.l1.applicable and result.l1.readback == "kernel-columns"
+            assert result.l1.mismatches == 0
+            assert result.l1.codes_compared == weight.n_local * result.l1.columns
             assert [x.tokens for x in result.l3] == [1, 64]
             assert all(x.e_quant is not None and x.e_quant <= TOL_QUANT for x in result.l3)
             witnessed += result.l2.witness_checked
@@ -275,6 +279,7 @@ def test_act_order_twos_and_tails_are_exact(cases, name, tile):
         for bounds in kc.rank_bounds(case, tp, split, unit):
             prepared, _, result = _ladder(case, bounds, tile=tile)
             assert result.l2.exact
+            assert result.l1.readback == "kernel-columns" and result.l1.mismatches == 0  # perm / twos / tail
             assert prepared.broadcast == ("act_order" not in name)
 
 

@@ -24,9 +24,9 @@ from shardport.loader import FetchedRange, RankTensors, load_rank, load_ranks, p
 from shardport.placement import Topology
 from shardport.placement.errors import PlacementError
 from shardport.registry.artifact.refs import parse_ref
+from shardport.registry.output.writers import write_safetensors
 from shardport.registry.session import Session
 from shardport.registry.trust.resolve import resolve
-from shardport.registry.writers import write_safetensors
 
 HIDDEN, INTER, HEADS, VOCAB, GROUP = 384, 768, 12, 96, 32
 REF = "acme/tiny:1"

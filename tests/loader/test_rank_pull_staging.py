@@ -21,7 +21,7 @@ from loader_artifacts import llama_arrays
 from safetensors.numpy import save_file
 from support import REGISTRY
 
-from shardport.registry.staging import temp_name
+from shardport.registry.output.staging import temp_name
 
 REF = "m/s:1"
 RANK0 = ("rank-00000-of-00002.safetensors", "rank-00000.plan.json", "rank-00000.ledger.json")

@@ -17,7 +17,7 @@ from witness_artifacts import gguf_model, gptq_llama
 from shardport.loader.witness_check import check_rank_witnesses
 from shardport.placement import Topology, plan
 from shardport.placement.errors import PlacementError
-from shardport.registry.analysis import Analysis, analyze
+from shardport.registry.checkpoint.analysis import Analysis, analyze
 from shardport.registry.contracts import CellWitness, FloatContract
 from shardport.registry.contracts.errors import WitnessMismatchError
 from shardport.registry.contracts.model import cell_positions
@@ -126,8 +126,8 @@ def test_a_tampered_byte_in_any_ranks_cell_is_caught_by_that_rank(tmp_path: Path
 
 
 def test_ranks_check_the_producer_witness_rows_in_their_slice(tmp_path: Path) -> None:
-    from shardport.registry.analysis import PlaneReader
     from shardport.registry.artifact.witness_file import ProducerWitness
+    from shardport.registry.checkpoint.analysis import PlaneReader
     from shardport.registry.contracts import decode_weight
 
     params = gptq_llama(tmp_path)

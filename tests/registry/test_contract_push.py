@@ -76,6 +76,15 @@ def test_push_records_contracts_and_witnesses(cli: Cli, tmp_path: Path) -> None:
     assert q["contract"]["zero_point"]["convention"] == "minus_one"
     assert q["binding"]["slot"] == "mlp.down_proj" and q["binding"]["layer"] == 0
     assert 0.01 < q["witness"]["rel_error"] < 0.12 and q["witness"]["kind"] == "cells"  # honest 4-bit
+    measured = m["quantization"]["quant_error"][WEIGHT]  # E_quant, apart from any kernel's error
+    assert measured["rel_frobenius"] == pytest.approx(q["witness"]["rel_error"], rel=1e-5)
+    assert 0.01 < measured["e_quant"] < measured["tolerance"] and measured["clipped"] == 0
+    assert info["e_quant"] == {
+        "weights": 1,
+        "max": measured["e_quant"],
+        "weight": WEIGHT,
+        "over_tolerance": [],
+    }
     roles = {t["name"]: t["role"] for t in m["tensors"]}
     assert roles[f"{PREFIX}.qweight"] == "codes" and roles[f"{PREFIX}.scales"] == "scale"
     assert weights["model.norm.weight"]["contract"]["family"] == "float"
@@ -113,8 +122,10 @@ def test_unknown_convention_needs_a_declaration(cli: Cli, tmp_path: Path) -> Non
     spec = tmp_path / "declare.json"
     spec.write_text(json.dumps({"quantization": GPTQ}))
     cli.ok("push", tmp_path / "q", "acme/q:v1", "--declare", spec)
-    weights = {w["name"]: w for w in cli.ok("inspect", "acme/q:v1")["manifest"]["weights"]}
+    info = cli.ok("inspect", "acme/q:v1")
+    weights = {w["name"]: w for w in info["manifest"]["weights"]}
     assert weights[WEIGHT]["contract"]["label"]["kind"] == "declared"
+    assert "quant_error" not in info["manifest"]["quantization"] and "e_quant" not in info  # no --reference
 
 
 def test_hostile_container_refused_at_push_and_verify(cli: Cli, tmp_path: Path) -> None:

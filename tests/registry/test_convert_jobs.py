@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from llama_artifacts import gguf_llama, gptq_llama, ok
 
-from shardport.registry.analysis import PlaneReader, stored_inventory
 from shardport.registry.artifact.manifest import Manifest
+from shardport.registry.checkpoint.analysis import PlaneReader, stored_inventory
 from shardport.registry.contracts import LogicalWeight
 from shardport.registry.convert import (
     DECODE_BYTES_DEFAULT,

@@ -16,9 +16,12 @@ from shardport.registry.evidence import (
     EVIDENCE_ARTIFACT,
     EVIDENCE_PREDICATE,
     evidence_statement,
+    read_attachment,
     read_evidence,
     show_evidence,
+    store_attachment,
     store_evidence,
+    values_digest,
 )
 from shardport.registry.session import Session
 from shardport.registry.trust.signatures import attach
@@ -33,8 +36,29 @@ def pushed(capsys: pytest.CaptureFixture[str], tmp_path: Path, home: Path) -> tu
     return cli, store, digest
 
 
+ROW = {
+    "level": "L4",
+    "name": "logits max |Δ| vs float32 reference",
+    "status": "pass",
+    "passed": True,
+    "value": 1e-6,
+    "tolerance": 1e-3,
+    "tolerance_source": "derived",
+    "measured": 5,
+    "detail": "",
+}
+
+
 def predicate(**extra: object) -> dict[str, object]:
-    return {"created": "2026-12-01T00:00:00Z", "topology": {"tp": 2}, "passed": True, **extra}
+    passed = extra.get("passed", True)
+    row = {**ROW, "status": "pass" if passed else "fail", "passed": passed}
+    return {
+        "created": "2026-12-01T00:00:00Z",
+        "topology": {"tp": 2},
+        "passed": True,
+        "parity": [row],
+        **extra,
+    }
 
 
 def test_store_list_show_and_verify(pushed: tuple[Cli, str, str]) -> None:
@@ -174,3 +198,50 @@ def test_an_extra_signature_on_a_stored_statement_is_not_a_second_statement(
     listed = cli.ok("evidence", "acme/m:prod")
     assert len(listed["evidence"]) == 1 and listed["evidence"][0]["duplicates"] == [max(blob, again)]
     assert cli.ok("verify", "acme/m:prod")["evidence_verified"] == 1
+
+
+def test_verify_recomputes_each_statement_s_verdict_from_its_rows(pushed: tuple[Cli, str, str]) -> None:
+    cli, store, digest = pushed
+    session = Session.open(store)
+    failing = {**ROW, "name": "top-1 agreement per position", "status": "fail", "passed": False, "value": 4,
+               "tolerance": 5}  # fmt: skip
+    lying = store_evidence(session, "acme/m", digest, predicate(parity=[ROW, failing]))  # passed: True
+    over = {**ROW, "value": 2e-3}  # a pass above its tolerance
+    inconsistent = store_evidence(
+        session, "acme/m", digest, predicate(created="2026-12-02T00:00:00Z", parity=[over])
+    )
+    code, out = cli("verify", "acme/m:prod")
+    assert code == 1 and out["evidence_verified"] == 2
+    found = {f["object"]: f["message"] for f in out["findings"] if f["kind"] == "EvidenceVerdict"}
+    assert (
+        "passed is True, its rows say False (failing rows: L4 'top-1 agreement per position')"
+        in (found[f"evidence {lying}"])
+    )
+    assert "passes with value 0.002 above its tolerance 0.001" in found[f"evidence {inconsistent}"]
+
+
+def test_verify_checks_the_ladder_attachment_an_evidence_names(pushed: tuple[Cli, str, str]) -> None:
+    cli, store, digest = pushed
+    session = Session.open(store)
+    values = [{"rank": 0, "weight": "w", "l1": {"mismatches": 0}}]
+    blob = store_attachment(session, "acme/m", digest, values)
+    named = {"sha256": values_digest(values), "operators": 1, "blob": blob}
+    store_evidence(session, "acme/m", digest, predicate(ladder_values=named))
+    assert cli.ok("verify", "acme/m:prod")["ok"] is True  # the attachment is not an evidence statement
+    assert read_attachment(session, "acme/m", digest, blob, named["sha256"]) == values
+    wrong = {**named, "sha256": values_digest([])}
+    store_evidence(session, "acme/m", digest, predicate(created="2026-12-03T00:00:00Z", ladder_values=wrong))
+    code, out = cli("verify", "acme/m:prod")
+    assert code == 1 and any("its values hash to" in f["message"] for f in out["findings"])
+
+
+def test_rows_written_before_status_existed_read_their_status_from_passed() -> None:
+    from shardport.registry.artifact.evidence_rows import verdict_findings
+
+    older = {k: v for k, v in ROW.items() if k not in ("status", "tolerance_source", "measured")}
+    off = {"level": "L0", "name": "bytes", "passed": None, "value": None, "tolerance": None, "detail": ""}
+    pred = {"manifest": "sha256:" + "0" * 64, "repository": "acme/m", "passed": True, "parity": [older, off]}
+    assert verdict_findings(pred) == []
+    assert verdict_findings({**pred, "passed": False}) == [
+        "passed is False, its rows say True (all ran rows pass)"
+    ]

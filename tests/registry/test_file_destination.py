@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from shardport.registry.destination import file_destination
 from shardport.registry.errors import UsageError
+from shardport.registry.output.destination import file_destination
 
 FLAG = "--logits-out"
 

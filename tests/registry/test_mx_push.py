@@ -206,3 +206,32 @@ def test_act_order_perm_plane_round_trips(tmp_path: Path, home: Path) -> None:
     )
     assert code == 5 and out["error"]["type"] == "PermutationError", out
     assert "bijection" in out["error"]["message"] and "repeated" in out["error"]["message"]
+
+
+def test_act_order_perm_plane_pushes_against_a_logical_order_reference(tmp_path: Path, home: Path) -> None:
+    """``--reference`` holds the float weight in logical order; the decode is compared in that order."""
+    store = str(tmp_path / "store")
+    ok(store, "keygen")
+    logical, perm = act_order_gptq(tmp_path / "ck")
+    declare = _perm_declaration("stored_to_logical")
+    weight = f"{PERM_PREFIX}.weight"
+    for name, values in (("ref", logical), ("stored", logical[:, perm])):
+        (tmp_path / name).mkdir()
+        save_numpy(
+            {weight: np.ascontiguousarray(values, dtype=np.float32)}, str(tmp_path / name / "w.safetensors")
+        )
+
+    ok(store, "push", tmp_path / "ck", "m/perm:1", "--declare", declare, "--reference", tmp_path / "ref")
+    manifest = ok(store, "inspect", "m/perm:1")["manifest"]
+    weights = {w["name"]: w for w in manifest["weights"]}
+    assert weights[weight]["witness"]["rel_error"] == 0.0  # the reference is the exact decode
+    measured = manifest["quantization"]["quant_error"][weight]
+    assert measured["e_quant"] == measured["max_abs"] == 0.0 < measured["tolerance"]
+
+    # the same values in stored order are another weight: refused, naming it
+    code, out = cli(
+        store, "push", tmp_path / "ck", "m/perm:2", "--declare", declare, "--reference", tmp_path / "stored"
+    )
+    assert code == 5 and out["error"]["type"] == "ReferenceErrorTooLargeError", out
+    assert weight in out["error"]["message"]
+    assert [t["name"] for t in cli(store, "ls")[1]] == ["m/perm"]

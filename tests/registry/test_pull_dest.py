@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from support import REGISTRY, Cli, make_checkpoint
 
-from shardport.registry.staging import temp_name
+from shardport.registry.output.staging import temp_name
 
 REF = "m/x:1"
 

@@ -14,7 +14,7 @@ from support import Cli, make_checkpoint
 from shardport.provenance.keys import SigningKey
 from shardport.registry.artifact.paths import check_paths
 from shardport.registry.artifact.refs import parse_ref
-from shardport.registry.describe import scan
+from shardport.registry.checkpoint.describe import scan
 from shardport.registry.errors import UnsafePathError
 from shardport.registry.pull import pull
 from shardport.registry.push import push

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from safetensors.numpy import load_file, save
 
 from shardport.registry.errors import UsageError
-from shardport.registry.writers import StagedFiles, safetensors_layout, write_safetensors
+from shardport.registry.output.writers import StagedFiles, safetensors_layout, write_safetensors
 
 DTYPES = ["bool", "<u1", "<i1", "<i2", ">u2", "<f2", "<i4", ">u4", "<f4", ">f8", "<i8", "<u8"]
 
@@ -99,7 +99,7 @@ def test_failure_discards_everything_and_the_folder_made_for_it(tmp_path: Path) 
 
 def test_read_back_names_the_first_difference(tmp_path: Path) -> None:
     """The read-back compare (chunked, not mapped) finds a changed byte in the tensor that holds it."""
-    from shardport.registry.writers import _first_difference
+    from shardport.registry.output.writers import _first_difference
 
     arrays = {"a": np.arange(12, dtype=np.float32), "b": np.arange(3 << 20, dtype=np.uint8)}
     header, data = safetensors_layout(arrays, None)
@@ -129,7 +129,7 @@ def test_a_write_the_file_system_refuses_is_a_usage_error_and_leaves_nothing(tmp
         import resource, signal
         from pathlib import Path
         from shardport.registry.errors import UsageError
-        from shardport.registry.writers import write_file
+        from shardport.registry.output.writers import write_file
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a signal
         resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
         try:
@@ -149,7 +149,7 @@ def test_a_durable_write_never_makes_its_folder(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"the folder is gone"):
         StagedFiles(gone, durable=True)
     assert not gone.exists()
-    from shardport.registry.writers import write_file
+    from shardport.registry.output.writers import write_file
 
     with pytest.raises(UsageError, match=r"the folder is gone"):
         write_file(gone / "report.html", b"<html>", durable=True)

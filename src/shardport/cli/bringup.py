@@ -63,8 +63,10 @@ def add_parser(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "--fallback",
         choices=["forbid", "warn", "allow"],
         default="warn",
-        help="generic kernels and full dequantization: forbid both; warn on generic kernels and forbid "
-        "full dequantization (default); allow both (recorded in the evidence)",
+        help="kernel fallbacks: forbid refuses generic kernels, full dequantization and conversions (a "
+        "layout that changes a stored number, e.g. scales cast to bfloat16); warn (default) warns on "
+        "generic kernels, forbids full dequantization, allows conversions; allow lets all three through "
+        "(recorded in the evidence)",
     )
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--tokens", type=_tokens, help="the prompt as token ids: 1,2,3")
@@ -147,11 +149,11 @@ def _note_token_once() -> None:
 def destinations(session: Session, args: argparse.Namespace) -> tuple[Path | None, Path | None]:
     """``--logits-out`` and ``--report``, checked before anything starts.
 
-    :func:`~shardport.registry.destination.file_destination`: a bring-up never runs for minutes to fail
+    :func:`~shardport.registry.output.destination.file_destination`: a bring-up never runs for minutes to fail
     at writing its result.
     """
-    from shardport.registry.destination import file_destination
     from shardport.registry.errors import UsageError
+    from shardport.registry.output.destination import file_destination
 
     root = session.store.local_root
     out = [
@@ -212,7 +214,7 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
     from shardport.cli.failures import interrupted, stopped_by
     from shardport.deploy.report import write_report
     from shardport.deploy.up import write_logits
-    from shardport.registry.staging import stop_on_signals
+    from shardport.registry.output.staging import stop_on_signals
 
     logits_out, report = destinations(session, args)
     request = request_of(session, args)
@@ -240,8 +242,10 @@ def up(session: Session, args: argparse.Namespace, json_mode: bool) -> tuple[Any
             raise  # stop_on_signals raises the signal again once the block has ended
     if logits_out is not None:
         write_logits(logits_out, result.prompt_logits)
-    if report is not None:
-        write_report(result.predicate, report)
+    if report is not None:  # the L3 chart reads the per-operator ladder values the evidence names by digest
+        from shardport.deploy.up_content import ladder_values
+
+        write_report({**result.predicate, "ladders": ladder_values(result.reports)}, report)
     doc = result.to_json()
     if "text" in result.predicate:
         doc["text"] = result.predicate["text"]
@@ -261,8 +265,15 @@ def render(result: Any) -> str:
         lines.append(f"  tag {result['tag']['name']} version {result['tag']['version']}")
     lines.append(f"  generated {result['generated']}")
     for row in result["parity"]:
-        mark = "not run" if row["passed"] is None else "pass" if row["passed"] else "FAIL"
-        lines.append(f"  {row['level']} {mark}  {row['name']}: {row['value']} (tolerance {row['tolerance']})")
+        mark = row.get("status") or (
+            "not run" if row["passed"] is None else "pass" if row["passed"] else "fail"
+        )
+        tail = (
+            f"{row['value']} (tolerance {row['tolerance']})"
+            if row["passed"] is not None
+            else row.get("detail", "")
+        )
+        lines.append(f"  {row['level']} {'FAIL' if mark == 'fail' else mark}  {row['name']}: {tail}")
     for rank, stages in sorted(result["timeline"].items(), key=lambda kv: int(kv[0])):
         total = sum(stages.values())
         parts = ", ".join(f"{k} {v:.2f}" for k, v in stages.items())

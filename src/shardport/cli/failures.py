@@ -79,10 +79,10 @@ def stopped_by(exc: BaseException) -> int | None:
     """The signal that stopped the command, if ``exc`` is (or was raised while handling) one.
 
     A signal's exception raised inside a C extension's call can come back wrapped (Ray's ``wait``
-    returns a ``SystemError`` whose context is the :class:`~shardport.registry.staging.StopSignal` the
+    returns a ``SystemError`` whose context is the :class:`~shardport.registry.output.staging.StopSignal` the
     handler raised).
     """
-    from shardport.registry.staging import StopSignal
+    from shardport.registry.output.staging import StopSignal
 
     seen: set[int] = set()
     current: BaseException | None = exc

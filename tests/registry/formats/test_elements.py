@@ -13,7 +13,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from shardport.loader import rank_load
 from shardport.placement import layout
-from shardport.registry import analysis
+from shardport.registry.checkpoint import analysis
 from shardport.registry.contracts import encodings, formats, gguf_blocks, infer
 from shardport.registry.contracts.formats import e4m3_bits_to_f32, e5m2_bits_to_f32, scale_to_f32
 from shardport.registry.contracts.model import FloatFormat, GgmlType

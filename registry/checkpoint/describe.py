@@ -15,35 +15,12 @@ import rfc8785
 from shardport.registry.artifact.hashing import digest_bytes
 from shardport.registry.artifact.manifest import ContainerInfo, FileEntry, ModelInfo
 from shardport.registry.errors import UsageError
+from shardport.registry.families.llama import CONFIG_PARAMS
 
 METADATA_DIR = ".shardport"
-MODEL_PARAMS = (
-    "model_type",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "hidden_size",
-    "intermediate_size",
-    "vocab_size",
-    "rope_theta",
-    "rope_scaling",
-    "rms_norm_eps",
-    "tie_word_embeddings",
-    "num_local_experts",
-    "num_experts_per_tok",
-    "max_position_embeddings",
-    "head_dim",
-    # what the graph contract reads (registry/contracts/graph.py) to refuse what the runtime lacks
-    "rope_parameters",
-    "sliding_window",
-    "use_sliding_window",
-    "hidden_act",
-    "attention_bias",
-    "mlp_bias",
-    "norm_topk_prob",
-)
-"""config.json keys recorded in ``model.params`` (a key the config lacks is left out, so adding one here
-changes the manifest digest only of checkpoints whose config.json has it)."""
+MODEL_PARAMS = CONFIG_PARAMS
+"""config.json keys recorded in ``model.params``: the model family's (a key the config lacks is left out,
+so adding one there changes the manifest digest only of checkpoints whose config.json has it)."""
 
 
 def scan(src: Path) -> list[tuple[str, Path]]:
@@ -111,7 +88,7 @@ def model_of(src: Path, files: dict[str, FileEntry]) -> ModelInfo:
 def quantization_config(src: Path) -> dict[str, Any] | None:
     """The quantization config: ``config.json``'s ``quantization_config``, else ``quantize_config.json``.
 
-    :func:`shardport.registry.layers.quantization_layer` makes the manifest's section of it.
+    :func:`shardport.registry.checkpoint.layers.quantization_layer` makes the manifest's section of it.
     """
     config = read_json_object(src / "config.json") or {}
     qc = config.get("quantization_config") or read_json_object(src / "quantize_config.json")

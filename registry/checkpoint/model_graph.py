@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from shardport.registry.analysis import Analysis
 from shardport.registry.artifact.manifest import FileEntry, Manifest, ModelInfo, TensorEntry
 from shardport.registry.artifact.tokenizer_record import tokenizer_record
+from shardport.registry.checkpoint.analysis import Analysis
 from shardport.registry.contracts.errors import GraphContractError
 from shardport.registry.contracts.graph import GraphContract, graph_contract
 from shardport.registry.contracts.model import LogicalWeight

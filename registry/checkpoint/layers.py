@@ -1,9 +1,9 @@
 """The manifest layers push reads from the checkpoint itself: container revision, quantization, packing.
 
 Pure: the quantization config (already read from ``config.json`` / ``quantize_config.json``) and the
-:class:`~shardport.registry.analysis.Analysis` in, sections out. The ``runtime`` expectations and the
-``topology`` degrees need the kernel catalogue and the placement planner, which sit above the registry:
-the CLI's push computes them (:mod:`shardport.kernels.expectations`,
+:class:`~shardport.registry.checkpoint.analysis.Analysis` in, sections out. The ``runtime`` expectations
+and the ``topology`` degrees need the kernel catalogue and the placement planner, which sit above the
+registry: the CLI's push computes them (:mod:`shardport.kernels.expectations`,
 :mod:`shardport.deploy.topology_check`) and hands them to :func:`shardport.registry.push.push`.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import rfc8785
 
-from shardport.registry.analysis import Analysis
 from shardport.registry.artifact.hashing import digest_bytes
 from shardport.registry.artifact.manifest import ContainerInfo, PackingInfo, QuantizationInfo
+from shardport.registry.checkpoint.analysis import Analysis
 from shardport.registry.contracts.model import (
     AffineIntContract,
     FloatContract,
@@ -116,10 +116,17 @@ def gguf_quantization(analysis: Analysis) -> QuantizationInfo:
 
 
 def quantization_layer(qc: Mapping[str, Any] | None, analysis: Analysis | None) -> QuantizationInfo:
-    """GGUF-only checkpoints from their headers, the others from their quantization config."""
+    """GGUF-only checkpoints from their headers, the others from their quantization config.
+
+    With ``push --reference``, each referenced weight's measured distance from it (``quant_error``).
+    """
     if analysis is not None and analysis.kind == "gguf":
-        return gguf_quantization(analysis)
-    return config_quantization(qc)
+        layer = gguf_quantization(analysis)
+    else:
+        layer = config_quantization(qc)
+    if analysis is None or not analysis.quant_errors:
+        return layer
+    return layer.model_copy(update={"quant_error": dict(sorted(analysis.quant_errors.items()))})
 
 
 def encoding_of(weight: LogicalWeight) -> str:

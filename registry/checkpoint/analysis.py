@@ -19,6 +19,7 @@ import numpy.typing as npt
 from shardport.registry.artifact.gguf_header import header_digest
 from shardport.registry.artifact.manifest import GgufHeaderDigest, TensorEntry, WitnessFileRef
 from shardport.registry.artifact.witness_file import ProducerWitness, check_producer, producer_blob
+from shardport.registry.checkpoint.describe import read_json_object
 from shardport.registry.contracts import (
     DeclareSpec,
     FloatContract,
@@ -35,8 +36,17 @@ from shardport.registry.contracts.architecture import check_architecture
 from shardport.registry.contracts.decode import decode_weight
 from shardport.registry.contracts.errors import TiedAliasError
 from shardport.registry.contracts.formats import scale_to_f32
-from shardport.registry.describe import read_json_object
+from shardport.registry.contracts.model import QuantError
+from shardport.registry.contracts.quant_error import measure_quant_error
 from shardport.registry.errors import UsageError
+from shardport.registry.families.llama import (
+    CONFIG_KEYS,
+    EMBED_SLOT,
+    GGUF_ARCHITECTURE_KEY,
+    HEAD_SLOT,
+    gguf_head_tied,
+    gguf_key,
+)
 from shardport.registry.formats import parse_gguf, parse_safetensors, validate_sharded_checkpoint
 from shardport.registry.formats.elements import ELEMENTS
 from shardport.registry.formats.errors import NonFiniteValueError
@@ -63,7 +73,9 @@ class Analysis:
     recorded in the manifest). ``remarks``: what was checked, for people (not recorded).
     ``gguf_headers``: each GGUF file's header digest, by path (recorded on its file entry).
     ``gguf_meta``: the GGUF files' key/value pairs (long arrays as their type and length only).
-    ``gguf_versions``: each GGUF file's header version, by path.
+    ``gguf_versions``: each GGUF file's header version, by path. ``quant_errors``: with ``--reference``,
+    each referenced weight's distance from its float weight, by name
+    (:mod:`shardport.registry.contracts.quant_error`).
     """
 
     kind: str
@@ -76,6 +88,7 @@ class Analysis:
     gguf_headers: Mapping[str, GgufHeaderDigest] = field(default_factory=dict)
     gguf_meta: Mapping[str, Any] = field(default_factory=dict)
     gguf_versions: Mapping[str, int] = field(default_factory=dict)
+    quant_errors: Mapping[str, QuantError] = field(default_factory=dict)
 
 
 @dataclass
@@ -139,20 +152,20 @@ def _architecture(
     if config is not None:
         archs = config.get("architectures") or [config.get("model_type")]
         return (str(archs[0]) if archs and archs[0] else None), config
-    arch = gguf_meta.get("general.architecture")
+    arch = gguf_meta.get(GGUF_ARCHITECTURE_KEY)
     if not isinstance(arch, str):
         return None, {}
     params: dict[str, Any] = {}
-    if f"{arch}.block_count" in gguf_meta:
-        params["num_hidden_layers"] = gguf_meta[f"{arch}.block_count"]
-    params["num_local_experts"] = gguf_meta.get(f"{arch}.expert_count") or 0
-    params["tie_word_embeddings"] = "output.weight" not in set(gguf_tensors)
+    if gguf_key(arch, "layers") in gguf_meta:
+        params[CONFIG_KEYS["layers"]] = gguf_meta[gguf_key(arch, "layers")]
+    params[CONFIG_KEYS["experts"]] = gguf_meta.get(gguf_key(arch, "experts")) or 0
+    params[CONFIG_KEYS["tied_embeddings"]] = gguf_head_tied(gguf_tensors)
     return arch, params
 
 
 def _gguf_params(meta: Mapping[str, Any]) -> dict[str, Any]:
     """The architecture's scalar hyper-parameters from GGUF keys (``llama.block_count``…)."""
-    arch = meta.get("general.architecture")
+    arch = meta.get(GGUF_ARCHITECTURE_KEY)
     if not isinstance(arch, str):
         return {}
     out: dict[str, Any] = {}
@@ -172,10 +185,10 @@ def _check_tied(
     params: Mapping[str, Any],
 ) -> None:
     """Weights declared tied must hold identical bytes when both are stored."""
-    if not params.get("tie_word_embeddings"):
+    if not params.get(CONFIG_KEYS["tied_embeddings"]):
         return
     slots = {w.binding.slot: w for w in weights if w.binding.layer is None}
-    embed, head = slots.get("embed_tokens"), slots.get("lm_head")
+    embed, head = slots.get(EMBED_SLOT), slots.get(HEAD_SLOT)
     if embed is None or head is None:
         return
     a, b = (by_name.get(w.planes[0].tensor) for w in (embed, head))
@@ -185,7 +198,7 @@ def _check_tied(
         raise TiedAliasError(
             head.name,
             "tied_alias",
-            f"the bytes of {embed.name} (tie_word_embeddings: true)",
+            f"the bytes of {embed.name} ({CONFIG_KEYS['tied_embeddings']}: true)",
             "different bytes",
             "untie them in config.json, or store the head once",
         )
@@ -255,7 +268,9 @@ def analyze(
     architecture, params = _architecture(root, gguf_meta, (e.name for e in g_entries))
     remarks = check_architecture(architecture, params, weights, notes=notes)
     _check_tied(weights, by_name, reader, params)
-    checked = _checked_weights(weights, reader, by_name, _reference_rows(reference), witnesses=witnesses)
+    quant_errors: dict[str, QuantError] = {}
+    refs = _reference_rows(reference)
+    checked = _checked_weights(weights, reader, by_name, refs, witnesses=witnesses, measured=quant_errors)
     _check_finite(root, entries, checked, notes, allow=allow_nonfinite)
     gguf_only = bool(gguf_files) and not st_files
     return Analysis(
@@ -269,6 +284,7 @@ def analyze(
         gguf_headers=headers,
         gguf_meta=gguf_meta,
         gguf_versions=versions,
+        quant_errors=quant_errors,
     )
 
 
@@ -375,11 +391,12 @@ def _checked_weights(
     refs: dict[str, tuple[Path, TensorEntry]],
     *,
     witnesses: bool,
+    measured: dict[str, QuantError],
 ) -> list[LogicalWeight]:
     """Every weight through its semantic gates, with witness rows where wanted.
 
     With ``witnesses``, quantized (or referenced) weights get witness rows, decoded against the
-    ``--reference`` rows where given.
+    ``--reference`` rows where given; their measured errors go into ``measured``.
     """
     inventory = stored_inventory(by_name.values())
     checked: list[LogicalWeight] = []
@@ -394,7 +411,11 @@ def _checked_weights(
                     raise UsageError(f"--reference: no tensor {w.name} in the reference checkpoint")
                 folder, entry = refs[w.name]
                 ref = _as_f32(PlaneReader(folder).typed(entry), entry.dtype).reshape(w.shape.extents)
-            witness = make_witness(w, planes, witness_seed(w.name), reference=ref)
+            seed = witness_seed(w.name)
+            witness = make_witness(w, planes, seed)
+            if ref is not None:
+                sums, measured[w.name] = measure_quant_error(w, planes, ref, seed=seed)
+                witness = witness.model_copy(update={"rel_error": sums.rel_frobenius})
             w = w.model_copy(update={"witness": witness})
         checked.append(w)
     return checked

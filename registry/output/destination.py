@@ -26,7 +26,7 @@ import os
 import stat
 from pathlib import Path
 
-from shardport.registry.describe import METADATA_DIR
+from shardport.registry.checkpoint.describe import METADATA_DIR
 from shardport.registry.errors import UsageError
 from shardport.registry.home import home as shardport_home
 

@@ -1,7 +1,7 @@
 """The one way shardport writes files into a folder it does not own: staged, then renamed into place.
 
 :class:`StagedFiles` writes each file under a temporary name inside the folder (see
-:mod:`~shardport.registry.staging`), created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` relative to the
+:mod:`~shardport.registry.output.staging`), created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` relative to the
 folder opened once, so no link already in the folder is ever followed. :meth:`StagedFiles.publish`
 first checks every final name (absent, or a regular file that is then replaced; a symbolic link or
 anything else is refused and nothing is published), then renames the files into place; a rename
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # numpy only where tensors are written: small files (state, t
     import numpy.typing as npt
 
 from shardport.registry.errors import UsageError, VerificationError
-from shardport.registry.staging import remove_stale, temp_name
+from shardport.registry.output.staging import remove_stale, temp_name
 from shardport.registry.store.libc import libc_function
 
 AT_FDCWD = -100
