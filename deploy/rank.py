@@ -179,6 +179,7 @@ class Rank:
         self.activations: ActivationDtype = "float32"
         self.plan_digest: str | None = None
         self.float_buffers: dict[str, Any] | None = None
+        self.fault: str | None = None  # a fault armed for the evidence's tests (:mod:`.faults`)
 
     def _enter(self, stage: str) -> None:
         """Begin ``stage`` (a failure is reported with it); the failpoint ``rank<R>-<stage>`` is here.
@@ -217,7 +218,6 @@ class Rank:
             torch.cuda.reset_peak_memory_stats(self.device.index)
 
     def _prepare(self) -> dict[str, Any]:
-
         from shardport.loader import load_rank
         from shardport.placement import Topology
         from shardport.registry.artifact.refs import parse_ref
@@ -226,6 +226,7 @@ class Rank:
 
         from .contract import contract_of
         from .devices import kernel_device
+        from .faults import after_prepare, armed
         from .ladder_budget import ladder_mode
         from .rank_ops import policy_of, prepare_ops, run_ladders
 
@@ -272,6 +273,7 @@ class Rank:
             activations=self.activations,
         )
         self.timeline["repack"] = time.perf_counter() - t2
+        self.fault = after_prepare(armed(spec.rank), self.ops.ops)  # SHARDPORT_FAULT (tests)
         self.ladder_mode = ladder_mode(spec.ladder)
         if self.ladder_mode != "off":
             self._enter("ladder")
@@ -384,6 +386,7 @@ class Rank:
         from shardport.placement.topology import experts_of, layers_of
 
         from .devices import device_memory, torch_device
+        from .faults import after_prefill, armed
         from .graph.collectives import LocalGroup, Mesh
         from .graph.dist import dist_mesh
         from .graph.model import RankModel
@@ -422,6 +425,7 @@ class Rank:
         t1 = time.perf_counter()
         cache = model.new_cache()
         prompt_logits = model.forward(list(spec.prompt), cache)
+        after_prefill(armed(spec.rank), cache.keys)
         rows = [prompt_logits[-1]]
         tokens = [int(torch.argmax(rows[-1]))]
         self.timeline["first token"] = time.perf_counter() - t1

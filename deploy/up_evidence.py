@@ -367,10 +367,10 @@ def predicate(
     coverage = ladder_coverage(reports)
     rows = [
         *_ladder_rows(reports, digest, coverage),
-        *(dict(r) for r in extra_rows),
+        *map(dict, extra_rows),
         *_graph_rows(reports, parity, l5),
-        finite_row(),
     ]
+    rows.append(finite_row())
     by_rank = sorted(reports, key=lambda r: int(r["rank"]))
     out = {
         "manifest": digest,
