@@ -357,20 +357,15 @@ def predicate(
     plan digests (:func:`.up_content.placement`). Sealed (:func:`.up_finite.seal`): a NaN or infinity
     measured anywhere is written as text and fails the evidence; finished (:func:`.up_rows.finish`):
     every row has a status, a tolerance's source and a measured count, ``passed`` is every row that ran.
-    ``extra_rows``: rows measured from the manifest alone, after the ladder's (E_quant,
-    :func:`.quant_error.quant_error_row`).
+    ``extra_rows``: rows from the manifest alone (E_quant, :mod:`.quant_error`), after the ladder's.
     The ladders' per-weight values are named by digest (``ladder_values``), not embedded.
     """
     from .up_content import recorded
     from .up_rows import finish, measured_counts
 
     coverage = ladder_coverage(reports)
-    rows = [
-        *_ladder_rows(reports, digest, coverage),
-        *map(dict, extra_rows),
-        *_graph_rows(reports, parity, l5),
-    ]
-    rows.append(finite_row())
+    rows = [*_ladder_rows(reports, digest, coverage), *map(dict, extra_rows)]
+    rows += [*_graph_rows(reports, parity, l5), finite_row()]
     by_rank = sorted(reports, key=lambda r: int(r["rank"]))
     out = {
         "manifest": digest,
