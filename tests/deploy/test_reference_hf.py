@@ -1,7 +1,7 @@
 """The driver's L4 reference run by transformers' own decoder layers against the graph's own reference.
 
 Checkpoints pushed to a local store (a GPTQ llama, the GGUF mix with llama.cpp's permuted Q/K and a tied
-Q8_0 embedding, a GPTQ Mixtral, a Qwen2 with q/k/v bias) are streamed layer by layer through the loader
+Q8_0 embedding, a GPTQ Mixtral, a GPTQ Qwen2 with q/k/v bias) are streamed layer by layer through the loader
 into ``LlamaDecoderLayer`` / ``MixtralDecoderLayer`` / ``Qwen2DecoderLayer``: the same logits as the
 graph's streamed reference within float32 rounding, the same greedy tokens, at most one layer's float
 weights alive. Random float models cover Mistral and rope scaling without a push.
@@ -9,16 +9,19 @@ weights alive. Random float models cover Mistral and rope scaling without a push
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
-from bringup_artifacts import gguf_tiny, gptq_mixtral, gptq_tiny
+from bringup_artifacts import HIDDEN, LAYERS, gguf_tiny, gptq_mixtral, gptq_tiny
 from graph_cases import DENSE
 from llama_artifacts import ok
+from safetensors.numpy import load_file, save_file
 
 from shardport.deploy.contract import check_inventory, contract_of
 from shardport.deploy.graph import compare, random_model, reference_model
@@ -36,7 +39,24 @@ from shardport.registry.trust.resolve import Resolved, resolve
 
 PROMPT = (1, 5, 300, 7, 396)
 STEPS = 4
-BUILDERS = {"gptq": gptq_tiny, "gguf-mix": gguf_tiny, "mixtral": gptq_mixtral}
+
+
+def _qwen2(folder: Path) -> Path:
+    """``gptq_tiny`` as a Qwen2 (its architecture, and float16 q/k/v biases under its own names)."""
+    gptq_tiny(folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    rng = np.random.default_rng(5)
+    for layer in range(LAYERS):
+        for op, width in (("q", HIDDEN), ("k", HIDDEN // 2), ("v", HIDDEN // 2)):
+            bias = (rng.standard_normal(width) * 0.5).astype(np.float16)
+            tensors[f"model.layers.{layer}.self_attn.{op}_proj.bias"] = bias
+    save_file(tensors, str(folder / "model.safetensors"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen2ForCausalLM"]}))
+    return folder
+
+
+BUILDERS = {"gptq": gptq_tiny, "gguf-mix": gguf_tiny, "mixtral": gptq_mixtral, "qwen2-bias": _qwen2}
 
 
 def _pushed(tmp: Path, kind: str) -> tuple[Session, Resolved, GraphContract]:
@@ -63,6 +83,7 @@ def test_transformers_reference_equals_the_graph_reference(home: Path, tmp_path:
     ledger = FloatLedger()
     hf, source = driver_reference(session, resolved, contract, PROMPT, run, ledger, chunk_bytes=2**16)
     layer = {"gptq": "LlamaDecoderLayer", "gguf-mix": "LlamaDecoderLayer", "mixtral": "MixtralDecoderLayer"}
+    layer["qwen2-bias"] = "Qwen2DecoderLayer"
     assert source["kind"] == "transformers" and source["class"] == layer[kind], source
     prompt = _close(hf.prompt_logits, graph.prompt_logits)
     decode = _close(hf.token_logits, graph.token_logits)
