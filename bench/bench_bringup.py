@@ -212,6 +212,7 @@ def run_up(env: dict[str, str], store: str, ref: str, tp: int, generate: int) ->
         "decode_seconds": decode,
         "decode_tokens_per_s": None if not rank0_decode else (generate - 1) / rank0_decode,
         "progress": [[round(t, 3), line] for t, line in events if "done" in line],
+        "l4": next((r for r in doc.get("parity", []) if r["name"].startswith("logits max")), None),
     }
 
 

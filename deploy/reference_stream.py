@@ -15,6 +15,10 @@ The run's generated tokens are known when the reference runs (the ranks have rep
 reference is teacher-forced: the same prefill and cached decode steps a greedy ``generate`` runs, fed
 the run's tokens; its argmax at each decode position equals the run's token exactly when its own greedy
 decode would have chosen it.
+
+:func:`driver_reference` is what the driver runs: the same stages (:func:`decoded_stages`) fed to
+transformers' own decoder layers (:mod:`.reference_hf`), independent of the graph's code, and this
+graph reference only where transformers is absent or lacks the architecture (the result says which).
 """
 
 from __future__ import annotations
@@ -65,9 +69,10 @@ class FloatLedger:
         self.live -= size
 
 
-DECODE_CHUNK_BYTES = 16 * 2**20
+DECODE_CHUNK_BYTES = 4 * 2**20
 """Float32 bytes of rows decoded per call: the reference decoders' int64 and float temporaries stay a
-few times this, not a few times the weight (a 32000 x 2048 Q8_0 embedding would need ~1 GiB at once)."""
+few times this, not a few times the weight (a 32000 x 2048 Q8_0 embedding would need ~1 GiB at once).
+4 MiB (was 16): at the 170 MiB bring-up benchmark the driver's peak is ~35 MiB lower, as fast."""
 
 
 class _Decoded(Mapping[str, torch.Tensor]):
@@ -79,7 +84,7 @@ class _Decoded(Mapping[str, torch.Tensor]):
 
     def __init__(
         self,
-        planes: Mapping[str, Mapping[str, Any]],
+        planes: dict[str, dict[str, Any]],
         weights: Mapping[str, LogicalWeight],
         ledger: FloatLedger,
         chunk_bytes: int = DECODE_CHUNK_BYTES,
@@ -102,6 +107,10 @@ class _Decoded(Mapping[str, torch.Tensor]):
             if rows is None:
                 out = out.reshape(shape.extents)
         return torch.from_numpy(self.ledger.track(out))
+
+    def release(self, name: str) -> None:
+        """Drop weight ``name``'s quantized planes (decoded, it is not needed again); then it is absent."""
+        self.planes.pop(name, None)
 
     def need(self, name: str, rows: Sequence[int] | None = None) -> torch.Tensor:
         """Weight ``name`` (only ``rows`` of it: ``[len(rows), K]``), decoded; a typed error if absent."""
@@ -137,6 +146,27 @@ def _stage_planes(session: Session, resolved: Resolved, layers: int, stage: int)
     return planes
 
 
+def decoded_stages(
+    session: Session,
+    resolved: Resolved,
+    contract: GraphContract,
+    ledger: FloatLedger,
+    chunk_bytes: int = DECODE_CHUNK_BYTES,
+) -> Iterator[_Decoded]:
+    """Each pipeline stage of ``pp = layers``, its weights decoded on lookup.
+
+    Stage ``s`` holds layer ``s``, the first the embedding too, the last the final norm and head; each
+    is loaded only when the previous one is done (drop it before taking the next).
+    """
+    weights = {w.name: w for w in resolved.manifest.weights or []}
+    for stage in range(contract.layers):
+        planes = _stage_planes(session, resolved, contract.layers, stage)
+        decoded = _Decoded(planes, weights, ledger, chunk_bytes)
+        del planes
+        yield decoded
+        del decoded  # this stage's quantized planes, before the next stage is loaded
+
+
 def stages(
     session: Session,
     resolved: Resolved,
@@ -145,18 +175,14 @@ def stages(
     ledger: FloatLedger,
     chunk_bytes: int = DECODE_CHUNK_BYTES,
 ) -> Iterator[RankWeights]:
-    """The reference's stages, each decoded only when the previous one is done.
+    """The graph reference's stages, each decoded only when the previous one is done.
 
     The embedding's rows of ``ids``, every layer, then the final norm and the head (the embedding when
     tied); each pipeline stage's quantized planes are loaded once and dropped before the next's.
     """
-    weights = {w.name: w for w in resolved.manifest.weights or []}
     embed, norm, head = end_names(contract)
     split, last = single_split(contract), contract.layers - 1
-    for stage in range(contract.layers):
-        planes = _stage_planes(session, resolved, contract.layers, stage)
-        decoded = _Decoded(planes, weights, ledger, chunk_bytes)
-        del planes
+    for stage, decoded in enumerate(decoded_stages(session, resolved, contract, ledger, chunk_bytes)):
         if stage == 0:
             held = sorted(set(ids))
             yield RankWeights(layers=(), embed=row_lookup(held, decoded.need(embed, held)))
@@ -167,7 +193,7 @@ def stages(
             yield RankWeights(
                 layers=(), norm=decoded.need(norm), head=float_linear(decoded.need(head or embed))
             )
-        del decoded  # this stage's quantized planes, before the next stage is loaded
+        del decoded
 
 
 def streamed_reference(
@@ -188,3 +214,32 @@ def streamed_reference(
     ids = [*prompt, *tokens[:-1]]
     weights = stages(session, resolved, contract, ids, ledger or FloatLedger(), chunk_bytes)
     return teacher_forced(contract, weights, prompt, tokens)
+
+
+def driver_reference(
+    session: Session,
+    resolved: Resolved,
+    contract: GraphContract,
+    prompt: Sequence[int],
+    tokens: Sequence[int],
+    ledger: FloatLedger | None = None,
+    chunk_bytes: int = DECODE_CHUNK_BYTES,
+) -> tuple[Generation, dict[str, str]]:
+    """The driver's L4 reference of a run that generated ``tokens``, and what computed it.
+
+    transformers' own decoder layers (:mod:`.reference_hf`), streamed and teacher-forced like the graph
+    reference: ``{"kind": "transformers", "version", "class"}``; where transformers is absent or lacks
+    the architecture, the graph reference (:func:`streamed_reference`): ``{"kind": "shardport-graph",
+    "why"}``.
+    """
+    from .reference_hf import hf_teacher_forced, transformers_classes
+
+    ledger = ledger or FloatLedger()
+    classes = transformers_classes(contract)
+    if isinstance(classes, str):
+        generation = streamed_reference(session, resolved, contract, prompt, tokens, ledger, chunk_bytes)
+        return generation, {"kind": "shardport-graph", "why": classes}
+    decoded = decoded_stages(session, resolved, contract, ledger, chunk_bytes)
+    rows = max(1, chunk_bytes // (4 * contract.hidden))  # the head's vocabulary rows decoded at a time
+    generation = hf_teacher_forced(contract, classes, decoded, prompt, tokens, ledger.track, rows)
+    return generation, classes.source

@@ -206,15 +206,17 @@ def check_kernels(required: Sequence[str]) -> None:
 
 def reference_generation(
     session: Session, resolved: Resolved, contract: Any, prompt: Sequence[int], tokens: Sequence[int]
-) -> Any:
-    """The float32 reference of a run that generated ``tokens`` (:mod:`.reference_stream`).
+) -> tuple[Any, dict[str, str]]:
+    """The float32 reference of a run that generated ``tokens``, and what computed it.
 
-    Every weight decoded by the registry's reference decoder, one layer at a time, teacher-forced on
-    the run's ``tokens``: the reference's argmax at each decode position, and its logits there.
+    Every weight decoded by the registry's reference decoder, one layer at a time, run by transformers'
+    own decoder layers (the graph's own where transformers is absent: :mod:`.reference_stream`),
+    teacher-forced on the run's ``tokens``: the reference's argmax at each decode position, and its
+    logits there.
     """
-    from .reference_stream import streamed_reference
+    from .reference_stream import driver_reference
 
-    return streamed_reference(session, resolved, contract, prompt, tokens)
+    return driver_reference(session, resolved, contract, prompt, tokens)
 
 
 def _modes(request: UpRequest) -> tuple[str, str]:
@@ -319,9 +321,9 @@ def _check(
         tuple(reporter["tokens"]),
         torch.from_numpy(np.array(reporter["token_logits"])),
     )
-    reference = reference_generation(session, resolved, contract, request.tokens, run.tokens)
+    reference, source = reference_generation(session, resolved, contract, request.tokens, run.tokens)
     tol = tolerance(reports, contract.layers, float(reference.prompt_logits.abs().max()))
-    parity = compare(run, reference, tol["value"]).model_dump(mode="json")
+    parity = compare(run, reference, tol["value"], source).model_dump(mode="json")
     parity["tolerance_derivation"] = tol
     # L5 against the pinned manifest's kernels (push pinned them), not dispatch's order run again
     pins = check_pins(resolved.manifest, reports)

@@ -299,7 +299,9 @@ def _graph_rows(
             and within(parity["decode_max_abs_diff"], parity["tolerance"]),
             "value": parity["max_abs_diff"],
             "tolerance": parity["tolerance"],
-            "detail": f"{parity['positions']} positions; decode max |Δ| {parity['decode_max_abs_diff']:.3g}",
+            "detail": f"{parity['positions']} positions; decode max |Δ| {parity['decode_max_abs_diff']:.3g}; "
+            + "reference: "
+            + ", ".join(map(str, (parity.get("reference") or {"kind": "not named"}).values())),
         },
         {
             "level": "L4",

@@ -10,7 +10,7 @@ else single heads with kv heads replicated); :func:`shard` gives one rank its op
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -291,6 +291,9 @@ class Parity(_Record):
     degenerate_steps: tuple[int, ...] = ()
     """Decode steps whose logits (the run's or the reference's) are not all finite or all equal: the
     greedy tokens are not identical evidence there."""
+    reference: dict[str, str] | None = None
+    """What computed the reference: ``{"kind": "transformers", "version", "class"}`` (transformers' own
+    decoder layers, :mod:`shardport.deploy.reference_hf`) or ``{"kind": "shardport-graph", "why"}``."""
 
     @property
     def ok(self) -> bool:
@@ -336,8 +339,12 @@ def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max())
 
 
-def compare(run: Generation, reference: Generation, tolerance: float) -> Parity:
+def compare(
+    run: Generation, reference: Generation, tolerance: float, source: Mapping[str, str] | None = None
+) -> Parity:
     """Parity of ``run`` against ``reference`` (same prompt, same number of steps).
+
+    ``source``: what computed the reference (:attr:`Parity.reference`).
 
     A position or step whose logits are degenerate on either side (:func:`degenerate_rows`) never
     agrees; a non-finite logit makes ``max |Δ|`` NaN or inf (the evidence fails that row).
@@ -362,6 +369,7 @@ def compare(run: Generation, reference: Generation, tolerance: float) -> Parity:
         tolerance=tolerance,
         degenerate_positions=tuple(int(i) for i in torch.nonzero(bad).flatten()),
         degenerate_steps=tuple(int(i) for i in torch.nonzero(bad_steps).flatten()),
+        reference=None if source is None else dict(source),
     )
 
 

@@ -211,6 +211,9 @@ def test_two_pipeline_stages(home: Path, tmp_path: Path, ray_ranks: Any) -> None
     layers = {(row["rank"], row["weight"].split(".")[2]) for row in result.predicate["dispatch"]}
     assert layers == {(0, "0"), (1, "1")}  # stage 0 runs layer 0, stage 1 layer 1 (and the float head)
     assert result.generated == tuple(result.predicate["parity_l4"]["reference_tokens"])
+    # the L4 reference is transformers' own LlamaDecoderLayer (the test install has it), and L4 says so
+    assert result.predicate["parity_l4"]["reference"]["class"] == "LlamaDecoderLayer"
+    assert "reference: transformers" in next(r for r in late if r["name"].startswith("logits max"))["detail"]
 
 
 @pytest.mark.ray

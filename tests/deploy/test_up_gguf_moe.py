@@ -352,7 +352,8 @@ def test_the_l4_reference_of_a_gguf_moe_agrees_with_transformers_mixtral(home: P
             seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
     # the reference is teacher-forced on a run's tokens: transformers' greedy ones; its own argmax at
     # each decode position must give them back
-    ours = reference_generation(Session.open(store), resolved, contract, PROMPT, seq[len(PROMPT) :])
+    ours, source = reference_generation(Session.open(store), resolved, contract, PROMPT, seq[len(PROMPT) :])
+    assert source["kind"] == "transformers" and source["class"] == "MixtralDecoderLayer", source
     scale, diff = float(theirs.abs().max()), float((ours.prompt_logits - theirs).abs().max())
     print(f"GGUF MoE reference vs transformers Mixtral: max |dlogits| {diff:.3g} (max |logit| {scale:.3g})")
     assert diff <= 1e-4 * max(1.0, scale)
