@@ -38,23 +38,26 @@ import numpy as np
 import torch
 
 from shardport.registry.contracts.graph import GraphContract
+from shardport.registry.families.llama import (
+    CONFIG_KEYS,
+    GGUF_SLOTS,
+    GGUF_STEMS,
+    HF_STACKED_EXPERTS,
+    HF_STEMS,
+    MOE_ROUTER_SLOT,
+    ROPE_SCALING_KEYS,
+    gguf_expert_stacks,
+    hf_expert_names,
+    layer_prefix,
+)
 
 from .errors import GraphWeightError
 from .graph.model import Generation
 
-GGUF_TO_HF: dict[str, str] = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "ffn_gate_inp": "mlp.gate",
-}
+GGUF_TO_HF: dict[str, str] = GGUF_SLOTS
 """GGUF layer tensor stems (``blk.<l>.<stem>.weight|bias``) to transformers' module paths in a layer."""
+QK_STEMS = (GGUF_STEMS["q"], GGUF_STEMS["k"])
+"""GGUF's rope-permuted stems (llama.cpp stores Q and K rows interleaved)."""
 
 
 MIN_TRANSFORMERS = (5, 20)
@@ -109,7 +112,10 @@ def transformers_classes(contract: GraphContract) -> HfClasses | str:
 
 
 def _rope(contract: GraphContract) -> dict[str, Any]:
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": contract.rope_base}
+    rope: dict[str, Any] = {
+        ROPE_SCALING_KEYS["kind"]: "default",
+        CONFIG_KEYS["rope_base"]: contract.rope_base,
+    }
     s = contract.rope_scaling
     if s is not None:
         rope.update(rope_type=s.kind, factor=s.factor)
@@ -150,9 +156,9 @@ def hf_config(contract: GraphContract, classes: HfClasses, positions: int) -> An
     config._attn_implementation = "eager"
     config._experts_implementation = "eager"
     for key, want in (
-        ("head_dim", c.head_dim),
-        ("num_key_value_heads", c.kv_heads),
-        ("rms_norm_eps", c.norm_eps),
+        (CONFIG_KEYS["head_dim"], c.head_dim),
+        (CONFIG_KEYS["kv_heads"], c.kv_heads),
+        (CONFIG_KEYS["norm_eps"], c.norm_eps),
     ):
         if getattr(config, key, None) != want:
             raise GraphWeightError(
@@ -226,16 +232,13 @@ def _stacked(
     return torch.from_numpy(out)
 
 
-def _expert_blocks(contract: GraphContract, prefix: str) -> tuple[list[list[str]], list[list[str]]]:
+def _expert_blocks(contract: GraphContract, index: int) -> tuple[list[list[str]], list[list[str]]]:
     """The source tensors of transformers' ``experts.gate_up_proj`` (gate, then up) and ``down_proj``."""
     if contract.source == "gguf":
-        gate, up, down = (f"{prefix}ffn_{w}_exps.weight" for w in ("gate", "up", "down"))
+        gate, up, down = gguf_expert_stacks(index)
         return [[gate], [up]], [[down]]
-    stem, count = f"{prefix}block_sparse_moe.experts.", range(contract.experts)
-    return (
-        [[f"{stem}{e}.w1.weight" for e in count], [f"{stem}{e}.w3.weight" for e in count]],
-        [[f"{stem}{e}.w2.weight" for e in count]],
-    )
+    names = [hf_expert_names(index, e) for e in range(contract.experts)]
+    return [[n[0] for n in names], [n[1] for n in names]], [[n[2] for n in names]]
 
 
 def layer_state(
@@ -247,31 +250,31 @@ def layer_state(
     held). A tensor of the layer with no transformers parameter is a :class:`GraphWeightError`.
     """
     c, gguf = contract, contract.source == "gguf"
-    prefix = f"blk.{index}." if gguf else f"model.layers.{index}."
+    prefix = layer_prefix(index, gguf)
     state: dict[str, torch.Tensor] = {}
     used: set[str] = set()
     if c.moe:
-        gate_up, down = _expert_blocks(c, prefix)
+        gate_up, down = _expert_blocks(c, index)
         used = {n for blocks in (gate_up, down) for block in blocks for n in block}
         absent = sorted(n for n in used if n not in tensors)
         if absent:
             raise GraphWeightError(f"tensor {absent[0]}: the model needs it and the checkpoint has none")
-        state["mlp.experts.gate_up_proj"] = _stacked(
+        state[HF_STACKED_EXPERTS[0]] = _stacked(
             gate_up, (c.experts, 2 * c.intermediate, c.hidden), tensors, track
         )
-        state["mlp.experts.down_proj"] = _stacked(down, (c.experts, c.hidden, c.intermediate), tensors, track)
+        state[HF_STACKED_EXPERTS[1]] = _stacked(down, (c.experts, c.hidden, c.intermediate), tensors, track)
     own = [n for n in tensors if n.startswith(prefix) and n not in used]
-    for name in sorted(own, key=lambda n: (n[len(prefix) :].split(".")[0] not in ("attn_q", "attn_k"), n)):
+    for name in sorted(own, key=lambda n: (n[len(prefix) :].split(".")[0] not in QK_STEMS, n)):
         stem, _, leaf = name[len(prefix) :].rpartition(".")
         if gguf and stem not in GGUF_TO_HF:
             raise GraphWeightError(
                 f"tensor {name}: transformers' {family_of(c)} layer has no parameter for it"
             )
-        path = GGUF_TO_HF[stem] if gguf else stem.replace("block_sparse_moe.gate", "mlp.gate")
+        path = GGUF_TO_HF[stem] if gguf else (MOE_ROUTER_SLOT if stem == HF_STEMS["router"] else stem)
         w = tensors[name]
         tensors.release(name)  # its quantized planes, while the rest of the layer is decoded
-        if gguf and c.rope_pairs == "interleaved" and stem in ("attn_q", "attn_k"):
-            w = _hf_qk_order(w, c.heads if stem == "attn_q" else c.kv_heads, track)
+        if gguf and c.rope_pairs == "interleaved" and stem in QK_STEMS:
+            w = _hf_qk_order(w, c.heads if stem == QK_STEMS[0] else c.kv_heads, track)
         state[f"{path}.{leaf}"] = w
     return state
 

@@ -223,9 +223,14 @@ MLP_OPS = ("gate", "up", "down")
 """The MLP's operators, in the order the graph takes them (gate, up, down)."""
 
 
+def layer_prefix(layer: int, gguf: bool) -> str:
+    """Layer ``layer``'s name prefix: ``blk.3.`` (GGUF), ``model.layers.3.`` (Hugging Face)."""
+    return f"blk.{layer}." if gguf else f"model.layers.{layer}."
+
+
 def layer_stem(layer: int, op: str, gguf: bool) -> str:
     """Layer ``layer``'s ``op`` stem: ``blk.3.attn_q`` (GGUF), ``model.layers.3.self_attn.q_proj``."""
-    return f"blk.{layer}.{GGUF_STEMS[op]}" if gguf else f"model.layers.{layer}.{HF_STEMS[op]}"
+    return layer_prefix(layer, gguf) + (GGUF_STEMS[op] if gguf else HF_STEMS[op])
 
 
 def layer_name(layer: int, op: str, gguf: bool, leaf: str = "weight") -> str:
@@ -274,6 +279,11 @@ def hf_expert_names(layer: int, expert: int) -> tuple[str, str, str]:
     stem = f"model.layers.{layer}.block_sparse_moe.experts.{expert}"
     gate, up, down = (f"{stem}.{w}.weight" for w in _HF_EXPERT_WEIGHTS)
     return gate, up, down
+
+
+#: transformers 5's Mixtral decoder layer holds the experts stacked: ``[E, 2 I, H]`` (gate rows, then up
+#: rows) and ``[E, H, I]``, under these parameter names.
+HF_STACKED_EXPERTS = ("mlp.experts.gate_up_proj", MOE_EXPERT_SLOTS[2])
 
 
 def gguf_expert_stacks(layer: int) -> tuple[str, str, str]:
