@@ -7,6 +7,10 @@ inside the rank, after the step it corrupts, so the rows measure it as they woul
 - ``misscale``: the first quantized operator (by weight name) computes and decodes 1 % too large, as a
   packer that mis-scales its layout would: L2 (layout decode vs reference decode) and L3 (operator
   error) fail on that weight, with the numbers;
+- ``codes``: one stored code of the first quantized operator's own integer layout is flipped (its
+  lowest bit), as a repack that misplaced a nibble would: L1 (codes read back out of the layout vs the
+  planes' codes) fails, with the place; a layout that runs the loaded planes in place has no bytes of
+  its own to flip, and is left alone (its planes are the witness's business, L2);
 - ``leak``: the first quantized operator keeps a full float32 decode of its weight alive, as a
   "temporary" dequant nobody freed: L5 "no persistent full dequant (measured)" fails with its bytes;
 - ``kv-cache``: after the prefill, the first layer's cached keys are shifted by 0.5, as a cache written
@@ -29,8 +33,8 @@ from shardport.kernels import PreparedLinear
 from shardport.kernels.weight import RankWeight
 
 FAULT_ENV = "SHARDPORT_FAULT"
-Kind = Literal["misscale", "leak", "kv-cache"]
-KINDS: tuple[Kind, ...] = ("misscale", "leak", "kv-cache")
+Kind = Literal["misscale", "codes", "leak", "kv-cache"]
+KINDS: tuple[Kind, ...] = ("misscale", "codes", "leak", "kv-cache")
 #: The ``misscale`` factor: inside no kernel's tolerance, far inside a logit's top-1 margin.
 SCALE = 1.01
 #: The ``kv-cache`` shift added to the first layer's cached keys.
@@ -95,10 +99,12 @@ class _Misscaled(PreparedLinear):
 
 def after_prepare(kind: Kind | None, ops: dict[str, dict[str, PreparedLinear]]) -> str | None:
     """Apply ``misscale`` or ``leak`` to the first quantized operator of ``ops``; the weight hit."""
-    if kind not in ("misscale", "leak") or not ops:
+    if kind not in ("misscale", "codes", "leak") or not ops:
         return None
     name = sorted(ops)[0]
     phases = ops[name]
+    if kind == "codes":
+        return name if _flip_a_code(next(iter(phases.values()))) else None
     if kind == "misscale":
         wrapped: dict[int, PreparedLinear] = {}
         for phase, op in phases.items():  # one wrapper per operator (the phases may share one)
@@ -107,6 +113,19 @@ def after_prepare(kind: Kind | None, ops: dict[str, dict[str, PreparedLinear]]) 
         first = next(iter(phases.values()))
         first.leaked_decode = first.decode()  # type: ignore[attr-defined]
     return name
+
+
+def _flip_a_code(op: PreparedLinear) -> bool:
+    """Flip the lowest bit of the first element of ``op``'s own integer tensor (its packed codes)."""
+    import torch
+
+    if op.transformation not in ("repack", "conversion"):  # the loaded planes in place: no bytes of its own
+        return False
+    for value in vars(op).values():
+        if isinstance(value, torch.Tensor) and not value.is_floating_point() and value.numel():
+            value.view(-1)[0] ^= 1
+            return True
+    return False
 
 
 def after_prefill(kind: Kind | None, keys: dict[Any, Any]) -> bool:

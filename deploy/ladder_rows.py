@@ -59,6 +59,8 @@ def l1_row(ladders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     detail += f" (read back: {', '.join(f'{k} {v}' for k, v in sorted(how.items()))})"
     if none:
         detail += f"; not applicable on {len(none)}: {'; '.join(reasons)}"
+    failed = [lad for lad in ladders if not lad["l1"]["passed"]]
+    detail += "".join(f"; FAIL {lad['weight']}: {lad['l1'].get('first_mismatch')}" for lad in failed[:3])
     return {
         "level": "L1",
         "name": name,

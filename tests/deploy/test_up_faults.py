@@ -35,11 +35,21 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     return url
 
 
-def _up(store: str, fault: str | None, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def packed(store: str) -> str:
+    """The same checkpoint pushed preferring int4pack: its layout is repacked, bytes of its own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SHARDPORT_HOME", str(Path(store).parent / "home"))
+        folder = Path(store).parent / "gptq"
+        ok(store, "push", folder, "llama/gptq:packed", "--kernels-preferred", "cpu.int4pack")
+    return store
+
+
+def _up(store: str, fault: str | None, monkeypatch: pytest.MonkeyPatch, tag: str = "v1") -> dict[str, Any]:
     monkeypatch.setenv("SHARDPORT_HOME", str(Path(store).parent / "home"))
     if fault is not None:
         monkeypatch.setenv(FAULT_ENV, fault)
-    request = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, steps=3, store=store, ladder="full")
+    request = UpRequest(ref=f"llama/gptq:{tag}", tokens=PROMPT, steps=3, store=store, ladder="full")
     result = bring_up(Session.open(store), request, launcher=run_in_process, store_evidence=False)
     pred: dict[str, Any] = result.predicate
     assert verdict_findings(pred) == []  # the verdict is what its rows say, failing or not
@@ -65,6 +75,15 @@ def test_a_misscaled_layout_fails_l2_and_l3_with_the_error(
     l3 = failed["operator error vs reference (max E_kernel)"]
     assert l2["value"] > l2["tolerance"] and l3["value"] > l3["tolerance"], (l2, l3)
     assert 0.005 < l3["value"] < 0.02  # the 1 % scale, measured as a relative operator error
+
+
+def test_a_flipped_code_in_a_repacked_layout_fails_l1_naming_the_place(
+    packed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pred = _up(packed, "rank0:codes", monkeypatch, tag="packed")
+    assert all(d["kernel"] == "cpu.int4pack@1" for d in pred["dispatch"])
+    l1 = _failed(pred)["codes preserved by every layout"]
+    assert not pred["passed"] and l1["value"] >= 1 and "row " in l1["detail"], l1
 
 
 def test_a_leaked_float_copy_fails_the_measured_full_dequant_row(
