@@ -89,11 +89,28 @@ def build(root: Path, store: str | None = None) -> Digests:
     session = Session.open(store)
     for name, digest in ((NAME, d.v1), (NAME, d.v2), (OTHER, d.other)):
         store_evidence(
-            session, name, digest, {"created": "2026-12-01T00:00:00Z", "topology": {"tp": 2}, "passed": True}
+            session,
+            name,
+            digest,
+            {"created": "2026-12-01T00:00:00Z", "topology": {"tp": 2}, "passed": True, "parity": PARITY},
         )
     ok(store, "pull", REF, root / "seen")  # the client now trusts version 2
     shutil.rmtree(root / "seen")
     return d
+
+
+#: The evidence's one row: ``registry verify`` recomputes a statement's verdict from its rows (a pass
+#: with none is flagged), so the world's statements carry one that measured something.
+PARITY = [
+    {
+        "level": "L4",
+        "name": "greedy tokens identical",
+        "status": "pass",
+        "passed": True,
+        "value": 3,
+        "measured": 3,
+    }
+]
 
 
 @contextlib.contextmanager

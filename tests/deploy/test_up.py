@@ -334,7 +334,10 @@ def test_activations_flag_refuses_an_unknown_dtype(home: Path, tmp_path: Path) -
 
 
 def test_forbid_refuses_listing_every_candidates_reason(home: Path, tmp_path: Path) -> None:
-    """Pushed by the library without the runtime layer: the rank's dispatch refuses, with every reason."""
+    """Pushed by the library without the runtime layer: the driver's slice admission refuses before any
+    read, and on a joined cluster (devices unknown to the driver) the rank's dispatch; both with every
+    candidate's reason."""
+    from shardport.deploy.errors import UnsupportedModelError
     from shardport.kernels import default_catalog
     from shardport.registry.push import push
 
@@ -342,14 +345,17 @@ def test_forbid_refuses_listing_every_candidates_reason(home: Path, tmp_path: Pa
     ok(store, "keygen")
     push(Session.open(store), gptq_tiny(tmp_path / "gptq2", bits=2), "llama/gptq2", "v1")
     request = UpRequest(ref="llama/gptq2:v1", tokens=PROMPT, fallback="forbid", store=store)
-    with pytest.raises(RankFailedError) as caught:
+    with pytest.raises(UnsupportedModelError) as admitted:
         bring_up(Session.open(store), request, launcher=run_in_process)
+    joined = UpRequest(**{**request.__dict__, "address": "127.0.0.1:6379"})  # the launcher is in-process
+    with pytest.raises(RankFailedError) as caught:
+        bring_up(Session.open(store), joined, launcher=run_in_process)
     assert caught.value.stage == "repack" and "Forbidden" in caught.value.kind
-    message = str(caught.value)
-    assert "model.layers.0.mlp.down_proj.weight" in message  # 2-bit codes: no kernel here takes them
-    for kernel in default_catalog():  # every candidate's reason, the policy's refusals included
-        assert kernel.capability.id in message, kernel.capability.id
-    assert "policy" in message
+    for message in (str(admitted.value), str(caught.value)):
+        assert "model.layers.0.mlp.down_proj.weight" in message  # 2-bit codes: no kernel here takes them
+        for kernel in default_catalog():  # every candidate's reason, the policy's refusals included
+            assert kernel.capability.id in message, kernel.capability.id
+        assert "policy" in message
 
 
 def test_allow_runs_codes_no_kernel_reads_and_l1_says_not_applicable(home: Path, tmp_path: Path) -> None:

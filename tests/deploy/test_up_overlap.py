@@ -5,6 +5,7 @@ driver's plan imports no torch."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -27,6 +28,8 @@ from shardport.placement.errors import UnsplittableError
 from shardport.registry.errors import NotFoundError, UsageError
 from shardport.registry.session import Session
 
+#: A cluster the driver joins (the launchers here are given; admission leaves the plan to the start).
+JOINED = "127.0.0.1:6379"
 PROMPT = (1, 5, 300, 7)
 
 
@@ -98,10 +101,16 @@ def test_a_refused_plan_closes_the_started_launch_and_raises_the_plans_error(
     launcher = _Starting()
     # tp 6 fits the 6 heads (3 kv heads, 2 each), but o_proj's K = 192 holds 3 groups of 64: the
     # placement plan refuses it, while the launch is already started
-    request = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, tp=6, store=store, ladder=False)
+    # on a joined cluster (``--address``: the ranks' devices are theirs to know, so the driver plans while
+    # the launch starts); the embedded default plans in admission, before anything starts
+    request = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, tp=6, store=store, ladder=False, address=JOINED)
     with pytest.raises(UnsplittableError, match=r"holds 3 whole unit\(s\) of 64"):
         bring_up(Session.open(store), request, launcher=launcher)
     assert launcher.log == ["start 6", "close"]  # started while planning, never launched, torn down
+    launcher = _Starting()
+    with pytest.raises(UnsplittableError, match=r"holds 3 whole unit\(s\) of 64"):
+        bring_up(Session.open(store), dataclasses.replace(request, address=None), launcher=launcher)
+    assert launcher.log == []
     # an unknown reference: the resolve's own error, before anything starts (admission resolves)
     launcher = _Starting()
     with pytest.raises(NotFoundError, match="llama/absent"):
@@ -115,7 +124,7 @@ def test_a_refused_plan_closes_the_started_launch_and_raises_the_plans_error(
 
 def test_a_refused_plan_wins_over_a_failed_start(home: Path, tmp_path: Path) -> None:
     store = _push_unlisted(tmp_path, Path(gptq_tiny(tmp_path / "gptq")), "llama/gptq:v1")
-    refused = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, tp=6, store=store, ladder=False)
+    refused = UpRequest(ref="llama/gptq:v1", tokens=PROMPT, tp=6, store=store, ladder=False, address=JOINED)
     launcher = _Starting(start_error=ClusterError("cannot start or join Ray"))
     with pytest.raises(UnsplittableError, match="o_proj") as caught:
         bring_up(Session.open(store), refused, launcher=launcher)
@@ -182,7 +191,9 @@ def test_a_refused_plan_tears_the_started_actors_down(home: Path, tmp_path: Path
     store = _push_unlisted(tmp_path, Path(gguf_mixtral(tmp_path / "moe")), "llama/gmoe:v1")
     events: list[tuple[int, str]] = []
     # the K-quant experts' K = 256 cannot split at tp 2 (test_up_gguf_moe): refused by the placement plan
-    request = UpRequest(ref="llama/gmoe:v1", tokens=PROMPT, tp=2, ep=2, store=store, ladder=False)
+    request = UpRequest(
+        ref="llama/gmoe:v1", tokens=PROMPT, tp=2, ep=2, store=store, ladder=False, address=JOINED
+    )
     with pytest.raises(UnsplittableError, match="ffn_down_exps"):
         bring_up(
             Session.open(store), request, launcher=ray_launcher(None, lambda r, w: events.append((r, w)))
