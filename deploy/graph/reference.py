@@ -291,6 +291,10 @@ class Parity(_Record):
     degenerate_steps: tuple[int, ...] = ()
     """Decode steps whose logits (the run's or the reference's) are not all finite or all equal: the
     greedy tokens are not identical evidence there."""
+    per_position_abs_diff: tuple[float, ...] = ()
+    """``max |Δ|`` over the vocabulary at each prompt position (the report's L4 chart)."""
+    decode_per_step_abs_diff: tuple[float, ...] = ()
+    """``max |Δ|`` over the vocabulary at each decode step."""
     reference: dict[str, str] | None = None
     """What computed the reference: ``{"kind": "transformers", "version", "class"}`` (transformers' own
     decoder layers, :mod:`shardport.deploy.reference_hf`) or ``{"kind": "shardport-graph", "why"}``."""
@@ -339,6 +343,13 @@ def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max())
 
 
+def _rows_max_abs(a: torch.Tensor, b: torch.Tensor) -> tuple[float, ...]:
+    """``max |a - b|`` of each row (NaN where a row holds one, as :func:`_max_abs`)."""
+    if a.numel() == 0:
+        return ()
+    return tuple(float(x) for x in (a - b).abs().amax(-1))
+
+
 def compare(
     run: Generation, reference: Generation, tolerance: float, source: Mapping[str, str] | None = None
 ) -> Parity:
@@ -369,6 +380,8 @@ def compare(
         tolerance=tolerance,
         degenerate_positions=tuple(int(i) for i in torch.nonzero(bad).flatten()),
         degenerate_steps=tuple(int(i) for i in torch.nonzero(bad_steps).flatten()),
+        per_position_abs_diff=_rows_max_abs(run.prompt_logits, reference.prompt_logits),
+        decode_per_step_abs_diff=_rows_max_abs(run_steps, ref_steps),
         reference=None if source is None else dict(source),
     )
 

@@ -106,6 +106,7 @@ def test_gptq_up_at_tp2_proves_parity_and_stores_evidence(home: Path, tmp_path: 
     page = report.read_text()
     assert "evidence-data" in page and doc["digest"] in page
     assert "No per-operator L3 records" not in page  # the CLI hands the ladder values to the L3 chart
+    assert "Only the maxima are in this evidence" not in page  # L4 |Δ| per position and decode step
     browser = shutil.which("chromium-headless-shell") or shutil.which("chromium")
     assert browser is not None, "no headless Chromium: scripts/test.sh installs chromium-headless-shell"
     flags = ["--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", "--dump-dom"]

@@ -63,6 +63,10 @@ def _failed(pred: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_without_a_fault_every_row_that_ran_passes(store: str, monkeypatch: pytest.MonkeyPatch) -> None:
     pred = _up(store, None, monkeypatch)
     assert pred["passed"] and not _failed(pred)
+    l4 = pred["parity_l4"]  # |Δ| per prompt position and decode step: what the report's L4 chart draws
+    assert len(l4["per_position_abs_diff"]) == len(PROMPT) and len(l4["decode_per_step_abs_diff"]) == 3
+    assert max(l4["per_position_abs_diff"]) == l4["max_abs_diff"]
+    assert max(l4["decode_per_step_abs_diff"]) == l4["decode_max_abs_diff"]
 
 
 def test_a_misscaled_layout_fails_l2_and_l3_with_the_error(
