@@ -29,7 +29,12 @@ from shardport.registry.checkpoint.analysis import check_stored
 from shardport.registry.checkpoint.describe import METADATA_DIR
 from shardport.registry.errors import DigestMismatchError, UnsafePathError, UsageError
 from shardport.registry.output.destination import full_pull_destination
-from shardport.registry.output.staging import remove_stale, stop_on_signals, temp_name
+from shardport.registry.output.staging import (
+    block_stopping_signals,
+    remove_stale,
+    stop_on_signals,
+    temp_name,
+)
 from shardport.registry.output.writers import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2
 from shardport.registry.progress import Quiet, Reporter
 from shardport.registry.session import Session
@@ -149,7 +154,7 @@ def _fetch_all(session: Session, files: list[FileEntry], tmp: Path, advance: Cal
                 active[0] -= 1
                 state.notify_all()
 
-    pool = ThreadPoolExecutor(max_workers=WORKERS)
+    pool = ThreadPoolExecutor(max_workers=WORKERS, initializer=block_stopping_signals)
     try:
         total = 0
         for n in pool.map(fetch, files):

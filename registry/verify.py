@@ -28,7 +28,7 @@ from shardport.registry.errors import (
     UsageError,
     VerificationError,
 )
-from shardport.registry.output.staging import stop_on_signals
+from shardport.registry.output.staging import block_stopping_signals, stop_on_signals
 from shardport.registry.results import result_json
 from shardport.registry.session import Session
 from shardport.registry.tiles.model import TileIndex
@@ -298,7 +298,7 @@ def _verify_ref(session: Session, ref: Ref, workdir: Path | None) -> Report:
     _check_room(workdir, sum(f.size for f in manifest.files if f.path in copied))
     with tempfile.TemporaryDirectory(prefix="shardport-verify-", dir=workdir) as tmp:
         root = Path(tmp)
-        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        with ThreadPoolExecutor(max_workers=WORKERS, initializer=block_stopping_signals) as pool:
             done = list(
                 pool.map(
                     lambda f: (f, _fetch(session, f, root if f.path in copied else None)), manifest.files

@@ -103,6 +103,16 @@ def remove_stale(folder: Path, kind: Kind, *, dir_fd: int | None = None) -> list
     return removed
 
 
+def block_stopping_signals() -> None:
+    """A worker thread's initializer: SIGTERM, SIGHUP and SIGINT are delivered to the main thread only.
+
+    The kernel hands a process-directed signal to any thread that does not block it; one handed to a
+    download worker would not interrupt the main thread's blocking call (a wait, a sleep), so
+    :func:`stop_on_signals`' handler would run only once that call returned, possibly much later.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)
+
+
 class StopSignal(BaseException):
     """A stopping signal (SIGTERM, SIGHUP, or SIGINT without Python's handler) arrived while a pull ran."""
 
