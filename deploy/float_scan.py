@@ -22,15 +22,13 @@ the policy. Costs a walk of the operators (~the release's own).
 
 from __future__ import annotations
 
-import gc
 import time
-import types
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-from .release import _LEAVES, WALK_LIMIT
+from .release import WALK_LIMIT, _owner, reachable_arrays
 
 #: Float buffers of at least this many bytes are looked at (smaller ones cannot be a weight's copy that
 #: matters; a 64 x 64 float32 weight is 16 KiB).
@@ -38,34 +36,21 @@ MIN_BYTES = 4096
 
 
 def _buffers(root: object, *, limit: int = WALK_LIMIT) -> Iterable[tuple[int, str, int, int]]:
-    """``(address, dtype, elements, bytes)`` of every float buffer reachable from ``root`` (owners, once)."""
-    import torch
+    """``(address, dtype, elements, bytes)`` of every float buffer reachable from ``root`` (owners, once).
 
-    seen: set[int] = set()
-    stack: list[object] = [root]
-    while stack and len(seen) < limit:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, _LEAVES):
-            continue
-        seen.add(id(obj))
+    The walk of :func:`.release.reachable_arrays`; a numpy array by its owning array, a torch tensor
+    by its whole storage, on any device.
+    """
+    for obj in reachable_arrays(root, limit=limit):
         if isinstance(obj, np.ndarray):
-            owner = obj
-            while isinstance(owner.base, np.ndarray):
-                owner = owner.base
+            owner = _owner(obj)
             if owner.dtype.kind == "f" and owner.nbytes >= MIN_BYTES:
                 yield int(owner.__array_interface__["data"][0]), str(owner.dtype), owner.size, owner.nbytes
             continue
-        if isinstance(obj, torch.Tensor):
-            storage = obj.untyped_storage()
-            if obj.is_floating_point() and storage.nbytes() >= MIN_BYTES:
-                size = obj.element_size()
-                yield storage.data_ptr(), str(obj.dtype), storage.nbytes() // size, storage.nbytes()
-            continue
-        if isinstance(obj, types.FunctionType):
-            stack += [c.cell_contents for c in obj.__closure__ or () if c.cell_contents is not None]
-            stack += list(obj.__defaults__ or ())
-            continue
-        stack += gc.get_referents(obj)
+        storage = obj.untyped_storage()
+        if obj.is_floating_point() and storage.nbytes() >= MIN_BYTES:
+            size = obj.element_size()
+            yield storage.data_ptr(), str(obj.dtype), storage.nbytes() // size, storage.nbytes()
 
 
 def scan_floats(ops: Any, kept: Mapping[str, object] | None = None) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import gc
 import time
 import types
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,37 +95,46 @@ def _span(array: np.ndarray[Any, Any]) -> tuple[int, int]:
     return start, start + int(array.nbytes)
 
 
-def reachable_spans(root: object, *, limit: int = WALK_LIMIT) -> list[tuple[int, int]]:
-    """Address ranges ``[start, end)`` of every numpy array and CPU torch tensor reachable from ``root``.
+def reachable_arrays(root: object, *, limit: int = WALK_LIMIT) -> Iterator[Any]:
+    """Every numpy array and torch tensor reachable from ``root``, each object once.
 
     Walks the garbage collector's referents (instance attributes, containers, closures' cells), not
-    into modules, classes or a function's globals. A torch tensor counts by its whole storage (a tensor
-    made from a numpy array shares that array's memory). Stops after ``limit`` objects.
+    into modules, classes or a function's globals, and not into an array or tensor. Stops after
+    ``limit`` objects.
     """
     import torch
 
     seen: set[int] = set()
-    spans: list[tuple[int, int]] = []
     stack: list[object] = [root]
     while stack and len(seen) < limit:
         obj = stack.pop()
         if id(obj) in seen or isinstance(obj, _LEAVES):
             continue
         seen.add(id(obj))
-        if isinstance(obj, np.ndarray):
-            if obj.nbytes:
-                spans.append(_span(obj))
-            continue
-        if isinstance(obj, torch.Tensor):
-            if obj.device.type == "cpu" and obj.untyped_storage().nbytes():
-                storage = obj.untyped_storage()
-                spans.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+        if isinstance(obj, np.ndarray | torch.Tensor):
+            yield obj
             continue
         if isinstance(obj, types.FunctionType):  # its closure and defaults, never its module's globals
             stack += [c.cell_contents for c in obj.__closure__ or () if c.cell_contents is not None]
             stack += list(obj.__defaults__ or ())
             continue
         stack += gc.get_referents(obj)
+
+
+def reachable_spans(root: object, *, limit: int = WALK_LIMIT) -> list[tuple[int, int]]:
+    """Address ranges ``[start, end)`` of every numpy array and CPU torch tensor reachable from ``root``.
+
+    The walk of :func:`reachable_arrays`. A torch tensor counts by its whole storage (a tensor made from
+    a numpy array shares that array's memory).
+    """
+    spans: list[tuple[int, int]] = []
+    for obj in reachable_arrays(root, limit=limit):
+        if isinstance(obj, np.ndarray):
+            if obj.nbytes:
+                spans.append(_span(obj))
+        elif obj.device.type == "cpu" and obj.untyped_storage().nbytes():
+            storage = obj.untyped_storage()
+            spans.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
     return spans
 
 
