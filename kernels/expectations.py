@@ -34,6 +34,7 @@ from .capability import ActivationDtype, OperatorSignature, operator_signature
 from .catalog import Catalog, Kernel, default_catalog, named, ordered, slow_path
 from .device import Device
 from .policy import FallbackPolicy
+from .slice_admission import first_admitted
 from .weight import RankWeight
 
 RUNTIME = "shardport"
@@ -85,15 +86,7 @@ def weight_class(op: OperatorSignature) -> str:
 def _first(
     op: OperatorSignature, kernels: Sequence[Kernel], policy: FallbackPolicy, required: Sequence[str]
 ) -> Kernel | None:
-    for kernel in kernels:
-        if required and not named(kernel, required):
-            continue
-        if (
-            admit(op, kernel.capability).accepted
-            and policy.mode(kernel.capability.transformation) != "forbid"
-        ):
-            return kernel
-    return None
+    return first_admitted(op, kernels, policy, required)[0]
 
 
 def _dtype_only_ahead(

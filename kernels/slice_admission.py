@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .admission import Admission, Reason, Refusal, admit
-from .capability import ActivationDtype, Phase, operator_signature
-from .catalog import Catalog, named, ordered
+from .capability import ActivationDtype, OperatorSignature, Phase, operator_signature
+from .catalog import Catalog, Kernel, named, ordered
 from .device import Device
 from .policy import FallbackPolicy
 from .weight import RankWeight
@@ -23,22 +23,17 @@ from .weight import RankWeight
 PHASES: tuple[Phase, ...] = ("prefill", "decode")
 
 
-def _walk(
-    weight: RankWeight,
-    catalog: Catalog,
-    dtype: ActivationDtype,
-    phase: Phase,
-    device: Device,
-    policy: FallbackPolicy,
-    required: Sequence[str],
-    preferred: Sequence[str],
-) -> tuple[str | None, list[Admission]]:
-    """The first kernel dispatch would try to prepare, or None with every candidate's refusal."""
-    op = operator_signature(weight, dtype, phase, device)
+def first_admitted(
+    op: OperatorSignature, kernels: Sequence[Kernel], policy: FallbackPolicy, required: Sequence[str]
+) -> tuple[Kernel | None, list[Admission]]:
+    """The first of ``kernels`` dispatch would try to prepare for ``op``, and the refusals before it.
+
+    Admitted by its capability, named by ``required`` (when given), its declared class not forbidden by
+    ``policy``: :func:`~.selection.dispatch`'s walk up to preparation.
+    """
     refused: list[Admission] = []
-    for kernel in ordered(catalog, dtype, preferred):
+    for kernel in kernels:
         cap = kernel.capability
-        name = f"{cap.id}@{cap.version}"
         verdict = admit(op, cap)
         extra: list[Refusal] = []
         if required and not named(kernel, required):
@@ -50,9 +45,25 @@ def _walk(
                 Refusal(reason=Reason.POLICY, expected=f"a class {policy} allows", found=cap.transformation)
             )
         if verdict.accepted and not extra:
-            return name, refused
+            return kernel, refused
+        name = f"{cap.id}@{cap.version}"
         refused.append(Admission(kernel=name, accepted=False, refusals=(*verdict.refusals, *extra)))
     return None, refused
+
+
+def _walk(
+    weight: RankWeight,
+    catalog: Catalog,
+    dtype: ActivationDtype,
+    phase: Phase,
+    device: Device,
+    policy: FallbackPolicy,
+    required: Sequence[str],
+    preferred: Sequence[str],
+) -> tuple[Kernel | None, list[Admission]]:
+    """:func:`first_admitted` for ``weight`` in ``phase``, in dispatch's order for ``dtype``."""
+    op = operator_signature(weight, dtype, phase, device)
+    return first_admitted(op, ordered(catalog, dtype, preferred), policy, required)
 
 
 def refusals(
