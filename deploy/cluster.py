@@ -33,6 +33,7 @@ from shardport.deploy import scratch
 from shardport.deploy.cluster_auth import embedded_auth_env
 from shardport.deploy.devices import bundle_spec
 from shardport.deploy.errors import ClusterError
+from shardport.placement.nodes import NodeView
 
 LOOPBACK = "127.0.0.1"
 #: Ray resolves "127.0.0.1" to the machine's external address unless this is set when ray is imported.
@@ -251,3 +252,27 @@ def driver_node() -> str:
     """The Ray node id of this driver (the ranks' nodes are compared with it: :mod:`.rendezvous`)."""
     ray = _ray()
     return str(ray.get_runtime_context().get_node_id())
+
+
+def alive_nodes() -> list[NodeView]:
+    """Ray's view of the cluster: each alive node's id, address, CPUs and GPUs (node placement's input)."""
+    ray = _ray()
+    views = []
+    for node in ray.nodes():
+        if not node.get("Alive", False):
+            continue
+        resources = node.get("Resources", {}) or {}
+        views.append(
+            NodeView(
+                node_id=str(node["NodeID"]),
+                address=str(node.get("NodeManagerAddress", "")),
+                cpus=float(resources.get("CPU", 0.0)),
+                gpus=float(resources.get("GPU", 0.0)),
+            )
+        )
+    return views
+
+
+def node_alive(node_id: str) -> bool:
+    """Whether Ray still counts ``node_id`` among the alive nodes."""
+    return any(v.node_id == node_id for v in alive_nodes())

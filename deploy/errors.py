@@ -81,8 +81,9 @@ class RankLostError(DeployError):
     """A rank's process died (its actor was killed or crashed, its node went away) before it reported.
 
     ``rank``: the lost rank (the lowest one when several stopped answering; None when unknown);
-    ``stage``: the driver's phase when it was lost (``prepare`` or ``run``); ``attempts``: what every
-    attempt of a bring-up with retries did (filled by the retry loop when the last attempt was lost).
+    ``stage``: the driver's phase when it was lost (``prepare`` or ``run``); ``node``: the node that went
+    away with it (id, address, the ranks it ran), None when the node is still alive; ``attempts``: what
+    every attempt of a bring-up with retries did (filled by the retry loop when the last attempt was lost).
     The only failure ``registry up --retries`` relaunches: a validation, admission or I/O failure is a
     :class:`RankFailedError` and aborts at once.
     """
@@ -92,6 +93,7 @@ class RankLostError(DeployError):
     def __init__(self, message: str, *, rank: int | None = None, stage: str = "") -> None:
         super().__init__(message)
         self.rank, self.stage = rank, stage
+        self.node: dict[str, Any] | None = None
         self.attempts: list[dict[str, Any]] = []
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from shardport.placement import Topology
 from shardport.registry.errors import UsageError
 
 from .errors import RankLostError
@@ -44,8 +45,8 @@ class StartingLauncher(Protocol):
         """One whole launch, started fresh (a relaunch after a lost rank)."""
         ...
 
-    def start(self, world: int) -> Started:
-        """Start ``world`` ranks now (returns once they are booting); the specs follow."""
+    def start(self, topology: Topology) -> Started:
+        """Start ``topology``'s ranks now (returns once they are booting); the specs follow."""
         ...
 
 
@@ -63,13 +64,13 @@ class RayLauncher:
     connect_timeout: float = 30.0
     verbose: bool = False
 
-    def start(self, world: int) -> Started:
-        """Join (or start) the cluster and start ``world`` actors, importing; the specs follow."""
+    def start(self, topology: Topology) -> Started:
+        """Join (or start) the cluster and start one actor per rank, importing; the specs follow."""
         from .ray_ranks import StartedRayRanks
 
         return StartedRayRanks(
             self.address,
-            world,
+            topology,
             progress=self.progress,
             stage_timeout=self.stage_timeout,
             connect_timeout=self.connect_timeout,
@@ -78,13 +79,14 @@ class RayLauncher:
 
     def __call__(self, specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
         """One launch from scratch (a relaunch after a lost rank)."""
-        return self.start(len(specs)).launch(specs)
+        first = specs[0]
+        return self.start(Topology(tp=first.tp, ep=first.ep, pp=first.pp)).launch(specs)
 
 
 def start_while_planning(
-    launcher: StartingLauncher, world: int, planning: Callable[[], T]
+    launcher: StartingLauncher, topology: Topology, planning: Callable[[], T]
 ) -> tuple[T, Started]:
-    """Start ``world`` ranks (this thread) while ``planning`` runs in another; both results.
+    """Start ``topology``'s ranks (this thread) while ``planning`` runs in another; both results.
 
     The start (joining or starting the cluster, placing the actors) mostly waits on other processes,
     and the ranks then import for seconds: the driver's resolve and plan fit inside. A planning failure
@@ -104,7 +106,7 @@ def start_while_planning(
     thread = threading.Thread(target=plan, name="shardport-plan", daemon=True)
     thread.start()
     try:
-        started = launcher.start(world)
+        started = launcher.start(topology)
     except Exception:  # not an interrupt: that propagates as it is
         thread.join()
         refused = outcome.get("error")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -173,6 +174,8 @@ class Rank:
         self.ops: Any = None
         self.contract: Any = None
         self.manifest: Any = None
+        self._session: Any = None
+        self._resolved: Any = None
         self.device = RankDevice("cpu")
         self.cuda_visible: list[str] = []
         self.ladder_mode = "off"
@@ -180,6 +183,12 @@ class Rank:
         self.plan_digest: str | None = None
         self.float_buffers: dict[str, Any] | None = None
         self.fault: str | None = None  # a fault armed for the evidence's tests (:mod:`.faults`)
+        self.preloaded: Any = None
+        """This rank's tensors from its node's one shared read (:meth:`read_node`), when it was one."""
+        self.node_read: dict[str, Any] | None = None
+        """The node's shared read (ranks, leader, bytes assigned and fetched, requests, seconds)."""
+        self.fetched_here = True
+        """Whether this process fetched the bytes it holds (False: another rank of its node did)."""
 
     def _enter(self, stage: str) -> None:
         """Begin ``stage`` (a failure is reported with it); the failpoint ``rank<R>-<stage>`` is here.
@@ -217,20 +226,17 @@ class Rank:
             torch.cuda.set_device(self.device.index)
             torch.cuda.reset_peak_memory_stats(self.device.index)
 
-    def _prepare(self) -> dict[str, Any]:
-        from shardport.loader import load_rank
-        from shardport.placement import Topology
+    def _open(self) -> tuple[Any, Any]:
+        """The rank's device and session, and the pinned manifest resolved (trust checked again here)."""
         from shardport.registry.artifact.refs import parse_ref
         from shardport.registry.session import Session
         from shardport.registry.trust.resolve import resolve
 
         from .contract import contract_of
-        from .devices import kernel_device
-        from .faults import after_prepare, armed
-        from .ladder_budget import ladder_mode
-        from .rank_ops import policy_of, prepare_ops, run_ladders
 
         spec = self.spec
+        if self.manifest is not None:
+            return self._session, self._resolved
         self._take_device()
         if spec.home is not None:
             os.environ["SHARDPORT_HOME"] = spec.home
@@ -248,15 +254,68 @@ class Rank:
         self.manifest = resolved.manifest
         self.contract = contract_of(resolved.manifest)
         self.timeline["resolve"] = time.perf_counter() - t0
+        self._session, self._resolved = session, resolved
+        return session, resolved
+
+    def read_node(self, ranks: list[int]) -> dict[int, Any]:
+        """Read and verify ``ranks``' union once (this rank is one of them, its node's first).
+
+        Keeps this rank's tensors for :meth:`prepare`; returns every other rank's, to be handed to them
+        (``load_ranks``: each tile fetched and verified once for the node). Raises on failure (the
+        caller reports it as this rank's, at ``fetch``).
+        """
+        from shardport.loader import load_ranks
+        from shardport.placement import Topology
+
+        spec = self.spec
+        session, resolved = self._open()
         self._enter("fetch")
         t1 = time.perf_counter()
-        topology = Topology(tp=spec.tp, ep=spec.ep, pp=spec.pp)
-        loaded = load_rank(session, resolved, topology, spec.rank)
+        node = load_ranks(session, resolved, Topology(tp=spec.tp, ep=spec.ep, pp=spec.pp), ranks)
         wall = time.perf_counter() - t1
+        ledger = node.ledger
+        self.node_read = {
+            "ranks": list(ranks),
+            "leader": spec.rank,
+            "bytes_assigned": int(ledger.bytes_assigned),
+            "bytes_fetched": int(ledger.bytes_fetched),
+            "read_amplification": float(ledger.read_amplification),
+            "requests": int(ledger.requests),
+            "tiles_verified": int(ledger.tiles_verified),
+            "seconds": wall,
+        }
+        self.preloaded = node.rank(spec.rank)
+        return {r.rank: r for r in node.ranks if r.rank != spec.rank}
+
+    def _load(self, session: Any, resolved: Any) -> Any:
+        """The rank's verified tensors: from its node's shared read, or read here (one rank per node)."""
+        from shardport.loader import load_rank
+        from shardport.placement import Topology
+
+        spec = self.spec
+        self._enter("fetch")
+        t1 = time.perf_counter()
+        if self.preloaded is not None:
+            loaded, self.preloaded = self.preloaded, None
+            wall = float(self.node_read["seconds"]) if self.node_read else 0.0
+        else:
+            loaded = load_rank(session, resolved, Topology(tp=spec.tp, ep=spec.ep, pp=spec.pp), spec.rank)
+            wall = time.perf_counter() - t1
         sec = loaded.ledger.seconds
         self.timeline["plan"] = max(0.0, wall - sec.fetch - sec.verify - sec.materialize)
         self.timeline["fetch"] = sec.fetch
         self.timeline["verify"] = sec.verify + sec.materialize
+        return loaded
+
+    def _prepare(self) -> dict[str, Any]:
+        from .devices import kernel_device
+        from .faults import after_prepare, armed
+        from .ladder_budget import ladder_mode
+        from .rank_ops import policy_of, prepare_ops, run_ladders
+
+        spec = self.spec
+        session, resolved = self._open()
+        loaded = self._load(session, resolved)
         self.loaded = loaded
         self._enter("repack")
         t2 = time.perf_counter()
@@ -281,9 +340,10 @@ class Rank:
             run_ladders(loaded, weights, self.ops, mode=self.ladder_mode)
             self.timeline["ladder"] = time.perf_counter() - t3
         ledger = loaded.ledger
+        fetched = int(ledger.bytes_fetched) if self.fetched_here else 0  # a node's read: its first rank's
         self.ledger = {
             "bytes_assigned": int(loaded.bytes_assigned),
-            "bytes_fetched": int(ledger.bytes_fetched),
+            "bytes_fetched": fetched,
             "codes_and_qparams": int(loaded.bytes_assigned),
             "prepared_operators": int(self.ops.operator_bytes),
             "float_tensors": int(self.ops.float_bytes),
@@ -324,30 +384,33 @@ class Rank:
         """
         from .float_scan import scan_floats
 
-        skip = ("loaded", "ops", "manifest", "contract")  # planes; walked per operator; no arrays
+        # planes; walked per operator; no arrays (the session and the resolved manifest neither)
+        skip = ("loaded", "ops", "manifest", "contract", "_session", "_resolved", "preloaded")
         state = {k: v for k, v in vars(self).items() if k not in skip}
         ops = {k: v for k, v in vars(self.ops).items() if k not in ("ops", "traces", "ladders")}
         return scan_floats(self.ops, {"rank": state, "rank operators' container": ops})
 
     # -- phase 2 ---------------------------------------------------------------------------------
-    def run(self, init_method: str | None) -> dict[str, Any]:
+    def run(self, init_method: str | None, store: Callable[[timedelta], Any] | None = None) -> dict[str, Any]:
         """Join the group at ``init_method`` (world 1: none), build the graph, generate.
 
-        Returns the rank's report, or ``{"failure": …}``.
+        ``store``: where ranks on several nodes meet instead (rank 0's TCP store: called with the join's
+        timeout, it returns the store or a client connected to it). Returns the rank's report, or
+        ``{"failure": …}``.
         """
         import torch.distributed as dist
 
         world = self.spec.tp * self.spec.ep * self.spec.pp
         joined = False
+        timeout = timedelta(seconds=120)
         try:
             self._enter("join")
             if world > 1:
+                where: dict[str, Any] = (
+                    {"init_method": init_method} if store is None else {"store": store(timeout)}
+                )
                 dist.init_process_group(
-                    self.device.backend,
-                    init_method=init_method,
-                    rank=self.spec.rank,
-                    world_size=world,
-                    timeout=timedelta(seconds=120),
+                    self.device.backend, rank=self.spec.rank, world_size=world, timeout=timeout, **where
                 )
                 joined = True
             return self._run()
@@ -377,6 +440,7 @@ class Rank:
             "float_buffers": self.float_buffers,
             "plan_digest": self.plan_digest,
             "clock": dict(self.clock),
+            "node_read": self.node_read,
         }
 
     def _run(self) -> dict[str, Any]:

@@ -434,6 +434,12 @@ def _plan(evidence: Mapping[str, Any]) -> str | None:
         text += f"; decisions {place['decisions']}"
     if "agree" in place:
         text += "; every rank's plan agrees" if place["agree"] is True else "; the ranks' plans DISAGREE"
+    for node in items(place.get("nodes")):
+        where = mapping(node)
+        text += (
+            f"; node {where.get('address') or where.get('node')!s}: ranks {where.get('ranks')}, "
+            f"{where.get('reads')} read(s), amplification {float(where.get('read_amplification', 0.0)):.2f}"
+        )
     return text
 
 

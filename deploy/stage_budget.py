@@ -32,8 +32,11 @@ class StageTimeouts:
     run: float
 
     def of(self, stage: str) -> float:
-        """The timeout of ``stage`` (``prepare`` or ``run``)."""
-        return self.prepare if stage == "prepare" else self.run
+        """The timeout of ``stage``: ``run``'s for the run, ``prepare``'s for every stage before it.
+
+        The stages before the run: a node's shared read, the preparation, rank 0's rendezvous.
+        """
+        return self.run if stage == "run" else self.prepare
 
 
 def stage_timeouts(

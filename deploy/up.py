@@ -470,7 +470,10 @@ def _plan_and_launch(
     if not isinstance(launch, StartingLauncher):
         planned = planning()
         return planned, *launch_with_retries(launch, planned.specs, request.retries, progress)
-    planned, started = start_while_planning(launch, request.tp * request.ep * request.pp, planning)
+    from shardport.placement import Topology
+
+    topology = Topology(tp=request.tp, ep=request.ep, pp=request.pp)
+    planned, started = start_while_planning(launch, topology, planning)
     pending: list[Launcher] = [started.launch]
 
     def launch_once(specs: Sequence[RankSpec]) -> list[dict[str, Any]]:

@@ -95,13 +95,20 @@ def ladder_values(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def placement(driver_plan: Mapping[str, str] | None, reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The placement plan's digests: the driver's plan and each rank's (they must agree)."""
+    """The placement plan's digests (the driver's and each rank's: they must agree), and the nodes.
+
+    ``nodes``: each node's ranks and its one read of their union (:func:`~.node_ledger.node_ledger`).
+    """
+    from .node_ledger import node_ledger, tp_spans_nodes
+
     ranks = {str(r["rank"]): r.get("plan_digest") for r in sorted(reports, key=lambda r: int(r["rank"]))}
     decisions = (driver_plan or {}).get("decisions")
     return {
         **(driver_plan or {}),
         "ranks": ranks,
         "agree": decisions is not None and all(d == decisions for d in ranks.values()),
+        "nodes": node_ledger(reports),
+        "tp_spans_nodes": tp_spans_nodes(reports),
     }
 
 

@@ -17,7 +17,13 @@ import pytest
 from shardport.deploy import scratch
 from shardport.deploy.cluster import probe
 from shardport.deploy.errors import ClusterError
-from shardport.deploy.rendezvous import local_rendezvous, rendezvous_for
+from shardport.deploy.rendezvous import (
+    interface_of,
+    local_rendezvous,
+    on_driver_node,
+    socket_env,
+    store_rendezvous,
+)
 from shardport.deploy.stage_budget import FLOOR_S, stage_timeouts
 
 
@@ -112,11 +118,24 @@ def test_the_sweep_removes_only_folders_whose_owner_is_dead(tmp_path: Path) -> N
 
 
 def test_ranks_on_the_drivers_node_meet_through_a_file_and_loopback(tmp_path: Path) -> None:
-    meet = rendezvous_for(["n1", "n1"], "n1", tmp_path, "abc")
-    assert meet == local_rendezvous(tmp_path, "abc")
-    assert meet.init_method == (tmp_path / "rendezvous-abc").as_uri()
+    assert on_driver_node(["n1", "n1"], "n1") and not on_driver_node(["n1", "n2"], "n1")
+    meet = local_rendezvous(tmp_path, "abc")
+    assert meet.init_method == (tmp_path / "rendezvous-abc").as_uri() and meet.store is None
     assert meet.env["GLOO_SOCKET_IFNAME"] == meet.env["NCCL_SOCKET_IFNAME"]
     assert meet.env["GLOO_SOCKET_IFNAME"] in {name for _, name in socket.if_nameindex()}
-    with pytest.raises(ClusterError, match=r"ranks \[1\] were placed on another node than the driver's"):
-        rendezvous_for(["n1", "n2"], "n1", tmp_path, "abc")
     assert os.listdir(tmp_path) == []  # nothing written before the ranks join
+
+
+def test_ranks_on_several_nodes_meet_at_rank_zeros_store_on_their_own_interfaces() -> None:
+    meet = store_rendezvous("10.0.0.5", 29511)
+    assert meet.store == ("10.0.0.5", 29511) and meet.init_method == "tcp://10.0.0.5:29511"
+    assert store_rendezvous("fd00::1", 5).init_method == "tcp://[fd00::1]:5"
+    for host, port in (("", 5), ("10.0.0.5", 0), ("10.0.0.5", 70000)):
+        with pytest.raises(ClusterError, match="no usable rendezvous address"):
+            store_rendezvous(host, port)
+    lo = interface_of("127.0.0.1")
+    assert lo is not None and lo in {name for _, name in socket.if_nameindex()}
+    assert interface_of("192.0.2.77") is None  # TEST-NET-1: on no interface here
+    assert socket_env("127.0.0.1", {}) == {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo}
+    assert socket_env("127.0.0.1", {"GLOO_SOCKET_IFNAME": "eth9"}) == {"NCCL_SOCKET_IFNAME": lo}
+    assert socket_env("192.0.2.77", {}) == {}

@@ -30,8 +30,13 @@ def evidence() -> dict[str, object]:
             {"level": "L4", "name": "graph <script>alert(1)</script>", "passed": False, "value": 0.5},
         ],
         "dispatch": [
-            {"rank": r, "weight": "model.layers.0.mlp.up_proj", "phase": "decode", "kernel": "cpu-int4pack",
-             "transformation": "repack"}
+            {
+                "rank": r,
+                "weight": "model.layers.0.mlp.up_proj",
+                "phase": "decode",
+                "kernel": "cpu-int4pack",
+                "transformation": "repack",
+            }
             for r in (0, 1)
         ],
         "timeline": {"0": {"resolve": 0.1, "fetch": 0.4, "repack": 0.2}, "1": {"resolve": 0.1, "fetch": 0.5}},
@@ -43,7 +48,10 @@ def browse(page: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     assert BROWSER is not None, "no headless Chromium: scripts/test.sh installs chromium-headless-shell"
     return subprocess.run(
         [BROWSER, *FLAGS, "--enable-logging=stderr", "--v=0", *extra, page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -231,15 +239,28 @@ def test_a_135m_class_report_renders_without_script_errors(tmp_path: Path) -> No
 
 
 def test_dispatch_detail_keeps_every_trace_with_its_candidates_and_summary() -> None:
-    refused = {"kernel": "cpu.int4pack@1", "selected": False, "note": None,
-               "admission": {"accepted": False, "refusals": [{"reason": "group_size"}]}}
+    refused = {
+        "kernel": "cpu.int4pack@1",
+        "selected": False,
+        "note": None,
+        "admission": {"accepted": False, "refusals": [{"reason": "group_size"}]},
+    }
     chosen = {"kernel": "cpu.int4-direct@1", "selected": True,
               "admission": {"accepted": True, "refusals": []}}  # fmt: skip
     dispatch = [
-        {"rank": rank, "weight": f"blk.{layer}.attn_q.weight", "phase": phase, "kernel": "cpu.int4-direct@1",
-         "transformation": "none", "activations": "float32", "path": "slow" if layer == 1 else "fast",
-         "candidates": [refused, chosen]}
-        for rank in (0, 1) for layer in range(3) for phase in ("prefill", "decode")
+        {
+            "rank": rank,
+            "weight": f"blk.{layer}.attn_q.weight",
+            "phase": phase,
+            "kernel": "cpu.int4-direct@1",
+            "transformation": "none",
+            "activations": "float32",
+            "path": "slow" if layer == 1 else "fast",
+            "candidates": [refused, chosen],
+        }
+        for rank in (0, 1)
+        for layer in range(3)
+        for phase in ("prefill", "decode")
     ] + [{"rank": 0, "weight": "token_embd.weight", "phase": "decode", "kernel": "cpu.gguf-direct@1"}]
     summary = {"traces": 13, "kernels": {"cpu.int4-direct@1": 12, "cpu.gguf-direct@1": 1}}
     page = render_report({"dispatch": dispatch, "dispatch_summary": summary})

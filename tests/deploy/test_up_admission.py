@@ -42,7 +42,8 @@ class _NeverStarted:
     def __init__(self) -> None:
         self.log: list[str] = []
 
-    def start(self, world: int) -> Started:
+    def start(self, topology: Any) -> Started:
+        world = topology.world_size
         self.log.append(f"start {world}")
         raise AssertionError(f"started {world} ranks for a request the driver should have refused")
 

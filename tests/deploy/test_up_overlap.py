@@ -77,7 +77,8 @@ class _Starting:
         self.log: list[str] = []
         self.lose_first, self.start_error = lose_first, start_error
 
-    def start(self, world: int) -> Started:
+    def start(self, topology: Any) -> Started:
+        world = topology.world_size
         if self.start_error is not None:
             self.log.append("start failed")
             raise self.start_error
@@ -209,6 +210,7 @@ def test_an_interrupt_while_the_plan_hangs_ends_the_driver_at_once() -> None:
         """
         import signal, time
         from shardport.deploy.launch import start_while_planning
+        from shardport.placement import Topology
         # a parent (pytest after Ray started in it) may ignore SIGINT, and children inherit that
         signal.signal(signal.SIGINT, signal.default_int_handler)
         class Booted:
@@ -220,7 +222,7 @@ def test_an_interrupt_while_the_plan_hangs_ends_the_driver_at_once() -> None:
         def planning():
             time.sleep(60)
         print("ready", flush=True)
-        start_while_planning(Starting(), 1, planning)
+        start_while_planning(Starting(), Topology(tp=1), planning)
         """
     )
     proc = subprocess.Popen(
