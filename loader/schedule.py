@@ -29,6 +29,7 @@ import contextlib
 import gc
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 
 from shardport.registry.artifact.manifest import FileEntry, TensorEntry
 from shardport.registry.tiles.model import TileIndex
@@ -210,14 +211,23 @@ def _schedule(
     batches: list[Batch] = []
     group: list[Band] = []
     size = largest = 0
-    for band in plan_bands(slices, tensors, by_path, index, batch_bytes):
-        largest = max(largest, min(band.rows, band.row_block) * min(band.col_block, band.row_bytes))
-        weight = gaps.weight(band)  # a band read whole (priced requests) holds its extent in memory
-        if group and size + weight > batch_bytes:
+    for _, same_rows in groupby(plan_bands(slices, tensors, by_path, index, batch_bytes), key=_tile_rows):
+        # a band read whole (priced requests) holds its extent in memory
+        unit = [(band, gaps.weight(band)) for band in same_rows]
+        need = sum(weight for _, weight in unit)
+        # narrow bands of the same tile rows (a node's ranks splitting them by columns) are one range
+        # when read together, a request per band and run when a batch boundary splits them
+        narrow = len(unit) > 1 and not all(band.contiguous for band, _ in unit)
+        if group and narrow and size + need > batch_bytes >= need:
             batches.append(_batch(group, gaps))
             group, size = [], 0
-        group.append(band)
-        size += weight
+        for band, weight in unit:
+            largest = max(largest, min(band.rows, band.row_block) * min(band.col_block, band.row_bytes))
+            if group and size + weight > batch_bytes:
+                batches.append(_batch(group, gaps))
+                group, size = [], 0
+            group.append(band)
+            size += weight
     if group:
         batches.append(_batch(group, gaps))
     blobs = {band.file: by_path[band.file].digest for b in batches for band in b.bands}
@@ -231,6 +241,11 @@ def _schedule(
             bounce = max(bounce, int(sum(band.nbytes for band in b.bands) * gaps.factor))
     shifts = direct_shifts(band for b in batches for band in b.bands)
     return ReadSchedule(tuple(slices), tuple(batches), blobs, slot, largest, bounce, shifts)
+
+
+def _tile_rows(band: Band) -> tuple[str, int, int]:
+    """Bands of the same tile rows of a tensor: adjacent in band order, their runs side by side."""
+    return band.tensor, band.i, band.i1
 
 
 def _batch(bands: list[Band], gaps: _Gaps) -> Batch:

@@ -9,7 +9,9 @@ map it onto every plane, and total the bytes. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+import gc
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from shardport.registry.artifact.manifest import TensorEntry
@@ -178,12 +180,17 @@ class _Planner:
         self.splits = _decide(self.placed, topology, self.dims, policy) if topology.tp > 1 else {}
         bound = {p.tensor for w in inventory.weights for p in w.planes}
         self.orphans = [e for name, e in sorted(self.tensors.items()) if name not in bound]
-        self._runs: dict[tuple[str, tuple[Range, ...]], tuple[Run, ...]] = {}
+        # per stage, the weights it uses, in inventory order (a rank looks only at its stage's)
+        self.staged: dict[int, list[_Placed]] = {}
+        for item in self.placed:
+            for stage in item.uses:
+                self.staged.setdefault(stage, []).append(item)
+        self._runs: dict[tuple[str, tuple[Range, ...]], tuple[tuple[Run, ...], int]] = {}
 
     def reads(self, at: RankCoords) -> list[TensorRead]:
         """Every tensor rank ``at`` reads, in inventory order."""
         out: list[TensorRead] = []
-        for item in self.placed:
+        for item in self.staged.get(at.pp_stage, ()):
             if not _needs(item, at, self.topology, self.dims):
                 continue
             bounds = _bounds(item, at, self.topology, self.dims, self.splits)
@@ -195,8 +202,9 @@ class _Planner:
                 index = layout.index(bounds)
                 key = (layout.tensor, index)
                 if key not in self._runs:
-                    self._runs[key] = layout.runs(index)
-                runs = self._runs[key]
+                    found = layout.runs(index)
+                    self._runs[key] = found, sum(n * c for _, n, _, c in found)
+                runs, nbytes = self._runs[key]
                 entry_index = layout.entry_index(index)
                 out.append(
                     TensorRead.model_construct(
@@ -211,7 +219,7 @@ class _Planner:
                         index=entry_index,
                         shape=tuple(b - a for a, b in entry_index),
                         runs=runs,
-                        nbytes=sum(n * c for _, n, _, c in runs),
+                        nbytes=nbytes,
                     )
                 )
         out.extend(_orphan_read(entry) for entry in self.orphans)
@@ -259,6 +267,29 @@ def plan(
     """
     if policy not in ("align", "refuse"):
         raise TopologyError(f"placement policy {policy!r}: expected 'align' or 'refuse'")
+    with _paused_gc():
+        return _plan(source, topology, policy, max_gap, ranks)
+
+
+@contextlib.contextmanager
+def _paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector (process-wide) while a plan's acyclic records are built.
+
+    A 405B llama's plan at 512 ranks builds ~40k reads; in a driver holding a manifest and another plan,
+    the collections they triggered (each walking every live object) took 1.5-3.5x the planning itself.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _plan(
+    source: Source, topology: Topology, policy: Policy, max_gap: int, ranks: Iterable[int] | None
+) -> Plan:
     planner = _Planner(source, topology, policy)  # the topology and splits checked before any rank loop
     wanted = range(topology.world_size) if ranks is None else sorted(set(ranks))
     if ranks is not None:
