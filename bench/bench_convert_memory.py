@@ -1,7 +1,7 @@
 """Whole-process peak memory of ``registry convert --layout tiled`` at two checkpoint sizes; prints JSON.
 
     .venv/bin/python bench/bench_convert_memory.py [--layers 2 12] [--gguf-layers 4] [--label NAME]
-        [--out bench/results/convert-memory.json]
+        [--out bench/results/convert-memory.json [--merge]]
 
 Llama-shaped float16 safetensors checkpoints of the same shapes (hidden 1024, intermediate 4096, 2 kv
 heads of 128, vocab 8192; one file per layer plus one for the embeddings and head, as
