@@ -30,7 +30,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -332,7 +332,7 @@ def _run_bounded(pool: ThreadPoolExecutor, jobs: list[tuple[int, Callable[[], No
     """Run ``(cost, job)`` pairs on ``pool`` in order, at most ``budget`` cost in flight.
 
     A job costlier than ``budget`` runs alone. Raises the first failure in job order; what is still
-    queued then is cancelled.
+    queued then is cancelled, and what is running is waited for.
     """
     pending: deque[tuple[int, Future[None]]] = deque()
     held = 0
@@ -349,6 +349,7 @@ def _run_bounded(pool: ThreadPoolExecutor, jobs: list[tuple[int, Callable[[], No
     finally:
         for _, queued in pending:
             queued.cancel()
+        wait([f for _, f in pending])  # those already running finish before their files are closed
 
 
 def check_cost(w: LogicalWeight, planes: int) -> int:

@@ -10,15 +10,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llama_artifacts import gguf_llama, gptq_llama, ok
+from llama_artifacts import cli, gguf_llama, gptq_llama, ok
 from safetensors.numpy import save_file
 
 from shardport.cli.publish import manifest_layers
 from shardport.registry.artifact.hashing import CHUNK
+from shardport.registry.artifact.manifest import Manifest
 from shardport.registry.artifact.refs import parse_ref
 from shardport.registry.convert import WORKERS, convert
 from shardport.registry.errors import UsageError
 from shardport.registry.session import Session
+from shardport.registry.store.keys import blob_key
 
 TILES = ("--tile-min", "256", "--tile-size", "16384")
 MIB = 1 << 20
@@ -136,3 +138,23 @@ def test_a_budget_below_one_byte_is_refused(tmp_path: Path, home: Path) -> None:
     ok(store, "push", sharded_float(tmp_path / "ck"), "acme/f:src")
     with pytest.raises(UsageError, match="a memory budget of 0 bytes"):
         convert(Session.open(store), parse_ref("acme/f:src"), "acme/f", "t", budget=0)
+
+
+def test_a_damaged_tensor_fails_the_slab_check_and_the_source_is_named(tmp_path: Path, home: Path) -> None:
+    store = str(tmp_path / "store")
+    ok(store, "keygen")
+    digest = ok(store, "push", sharded_float(tmp_path / "ck"), "acme/f:src")["digest"]
+    session = Session.open(store)
+    manifest = Manifest.from_bytes(session.store.read_blob(digest))
+    t = next(t for t in manifest.tensors or [] if t.name == "lm_head.weight")
+    f = next(f for f in manifest.files if f.path == t.file)
+    blob = Path(session.store.path(blob_key(f.digest)))
+    blob.chmod(0o644)
+    data = bytearray(blob.read_bytes())
+    data[t.start + 100] ^= 0x40  # inside the tensor: its tile check fails, then the source digest
+    blob.write_bytes(bytes(data))
+    code, out = cli(store, "convert", "acme/f:src", "acme/f:tiled", "--layout", "tiled")
+    assert code != 0 and out["error"]["type"] == "DigestMismatchError", out
+    assert f.path in out["error"]["message"] and f.digest in out["error"]["message"]
+    assert cli(store, "inspect", "acme/f:tiled")[0] != 0  # nothing was published
+    assert not list(Session.open(store).store.walk("uploads"))  # the work folder is gone
