@@ -7,11 +7,15 @@ row. The converted artifact stores each tensor in the ``shardport-tiled`` layout
 verbatim) followed by every tensor's tiled region; other files are copied unchanged. Tile hashes,
 contracts and witnesses carry over (the bytes of every tile are the same).
 
-The conversion is transactional and validated before anything is published: the source files are
-fetched and verified, the tiled files written to a temporary folder, then reopened — every tile's hash
-is recomputed from the new files and every weight's reference decode is compared bit for bit with the
-source's — and only then uploaded with the new manifest (container ``shardport-tiled``, provenance
-naming the source manifest), signature and tag document.
+The conversion streams: one tensor at a time, one slab of rows at a time (:mod:`.tiles.stream`), by
+positioned reads of the source files and writes of the new ones, so it holds at most ``budget`` bytes
+of tensor data (:data:`BUDGET`) plus the planes of the one weight under check, whatever the
+checkpoint's size. It is transactional and validated before anything is published: the source files
+are fetched and verified, the tiled files written to a temporary folder, then reopened — every tensor
+compared bit for bit with the source's and every tile's hash recomputed from the new files, every
+weight's gates and witness run on its planes read back through the new entries — and only then
+uploaded with the new manifest (container ``shardport-tiled``, provenance naming the source manifest),
+signature and tag document.
 """
 
 from __future__ import annotations
@@ -20,21 +24,22 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import tempfile
+import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 import shardport
-from shardport.registry.artifact.hashing import digest_bytes, digest_file
+from shardport.registry.artifact.hashing import digest_bytes
 from shardport.registry.artifact.manifest import (
     ContainerInfo,
     FileEntry,
@@ -45,9 +50,9 @@ from shardport.registry.artifact.manifest import (
     TileIndexRef,
 )
 from shardport.registry.artifact.refs import Ref
-from shardport.registry.checkpoint.analysis import PlaneReader, check_weight, stored_inventory
+from shardport.registry.checkpoint.analysis import NUMPY_DTYPES, check_weight, stored_inventory
 from shardport.registry.checkpoint.layers import encoding_of
-from shardport.registry.contracts import LogicalWeight, TensorInfo, decode_weight
+from shardport.registry.contracts import LogicalWeight, TensorInfo
 from shardport.registry.errors import (
     DigestMismatchError,
     NotFoundError,
@@ -60,22 +65,26 @@ from shardport.registry.push import LEASE_TIME, PushResult, publish, source_date
 from shardport.registry.session import Session
 from shardport.registry.store.copies import file_identity
 from shardport.registry.store.keys import blob_key
-from shardport.registry.tiles.layout import LAYOUT, LAYOUT_VERSION, tile_offset, to_tiled
-from shardport.registry.tiles.model import TensorTiles, TileIndex, tile_hash
+from shardport.registry.tiles.grid import plane_layout
+from shardport.registry.tiles.layout import LAYOUT, LAYOUT_VERSION
+from shardport.registry.tiles.model import TensorTiles, TileIndex
+from shardport.registry.tiles.stream import check_tiled, copy_range, digest_path, read_tiled, write_tiled
 from shardport.registry.trust.resolve import resolve
 from shardport.registry.trust.tagging import DEFAULT_VALIDITY, require_signing_scope
 from shardport.registry.trust.tags import format_time
 
 SUFFIX = ".sptiled"
 WORKERS = max(1, min(4, os.cpu_count() or 1))
-"""Threads for hashing and decode checks (numpy and the hashes release the GIL)."""
-DECODE_BUDGET = 1 << 30
-"""Bytes of decodes in flight during validation (a larger weight is checked alone)."""
-DECODE_BYTES_PER_ELEMENT = {"float": 16}
-"""Peak bytes per logical element of checking one weight, by contract family (tracemalloc): a float
-weight 14 (both float32 decodes, the de-tiled plane, the comparison), a quantized one up to ~29 (the
-decoders' intermediates); families not listed count :data:`DECODE_BYTES_DEFAULT`."""
-DECODE_BYTES_DEFAULT = 32
+"""Threads for hashing and checks (numpy, file reads and the hashes release the GIL)."""
+BUDGET = 64 << 20
+"""Default bytes of tensor data the conversion holds at once (slabs being tiled or checked, planes under
+check), whatever the checkpoint's size; a weight whose check alone costs more is checked alone."""
+CHECK_BYTES_PER_ELEMENT = {"float": 0.25, "gguf_block": 2.0, "affine_int": 3.0}
+"""Peak bytes per logical element of a weight's gates and witness beyond its planes, by contract family
+(tracemalloc, ``tests/registry/test_convert_jobs.py``: float ~0, GGUF Q4_1 0.5-0.9, GPTQ ~1.5, about
+half of these); families not listed count
+:data:`CHECK_BYTES_DEFAULT`."""
+CHECK_BYTES_DEFAULT = 16.0
 
 
 def _fetch_all(
@@ -159,46 +168,99 @@ def _check_sources(checks: list[tuple[FileEntry, Callable[[], tuple[str, int]]]]
             )
 
 
+class _Files:
+    """Read-only descriptors of the conversion's files, opened once each, closed by :meth:`close`.
+
+    Shared by the pool's threads: they only read, by position.
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[Path, int] = {}
+        self._lock = threading.Lock()
+
+    def fd(self, path: Path) -> int:
+        with self._lock:
+            if path not in self._fds:
+                self._fds[path] = os.open(path, os.O_RDONLY)
+            return self._fds[path]
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+def _chunk(budget: int) -> int:
+    """Bytes of one slab: the budget shared by the writer and the pool's checks (two slabs each)."""
+    return max(1, budget // (2 * (WORKERS + 1)))
+
+
+def _tiles_of(index: TileIndex, t: TensorEntry, size: int) -> TensorTiles:
+    """Tensor ``t``'s tiles, checked against its manifest entry and its file's size before any read."""
+    tt = index.tensors.get(t.name)
+    if tt is None:
+        raise VerificationError(f"convert: {t.file}: tensor {t.name} has no tiles in the tile index")
+    if tt.file != t.file or tt.start != t.start or tt.nbytes != t.end - t.start or t.end > size:
+        raise VerificationError(
+            f"convert: {t.file}: tensor {t.name}: the tile index has {tt.rows} x {tt.row_bytes} bytes "
+            f"at {tt.file}:{tt.start}, the manifest bytes {t.start}..{t.end} of a {size}-byte file"
+        )
+    return tt
+
+
 def _write_tiled(
-    src: Path, out: Path, path: str, tensors: list[TensorEntry], index: TileIndex
+    src: Path, out: Path, path: str, tensors: list[TensorEntry], index: TileIndex, chunk: int
 ) -> tuple[str, list[TensorEntry], dict[str, TensorTiles]]:
+    """Write ``<path>.sptiled``: the bytes before the first tensor, then each tensor tiled, in file order.
+
+    One tensor at a time, one slab at a time (:mod:`.tiles.stream`): ``O(chunk)`` bytes in memory.
+    """
     new_path = path + SUFFIX
-    data = np.memmap(src / path, dtype=np.uint8, mode="r")
     ordered = sorted(tensors, key=lambda t: t.start)
     entries, tiles = [], {}
     target = out / new_path
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target, "wb") as fh:
-        fh.write(data[: ordered[0].start].data)  # header and metadata, verbatim
-        at = ordered[0].start
-        for t in ordered:
-            tt = index.tensors[t.name]
-            region = to_tiled(
-                np.asarray(data[t.start : t.end]), tt.rows, tt.row_bytes, tt.row_block, tt.col_block
-            )
-            fh.write(region.data)
-            n = t.end - t.start
-            entries.append(
-                t.model_copy(
-                    update={
-                        "file": new_path,
-                        "start": at,
-                        "end": at + n,
-                        "layout": LAYOUT,
-                        "tile_rows": tt.row_block,
-                        "tile_cols": tt.col_block,
-                    }
+    src_fd = os.open(src / path, os.O_RDONLY)
+    try:
+        dst_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            size = os.fstat(src_fd).st_size
+            at = ordered[0].start
+            if at > size:
+                raise VerificationError(
+                    f"convert: {path}: the first tensor starts at {at}, the file has {size} bytes"
                 )
-            )
-            tiles[t.name] = tt.model_copy(update={"file": new_path, "start": at, "layout": "tiled"})
-            at += n
+            copy_range(src_fd, dst_fd, 0, at, 0, chunk, f"convert: {path}: header")  # verbatim
+            for t in ordered:
+                tt = _tiles_of(index, t, size)
+                write_tiled(src_fd, t.start, dst_fd, at, tt, chunk, f"convert: {path}: tensor {t.name}")
+                n = t.end - t.start
+                entries.append(
+                    t.model_copy(
+                        update={
+                            "file": new_path,
+                            "start": at,
+                            "end": at + n,
+                            "layout": LAYOUT,
+                            "tile_rows": tt.row_block,
+                            "tile_cols": tt.col_block,
+                        }
+                    )
+                )
+                tiles[t.name] = tt.model_copy(update={"file": new_path, "start": at, "layout": "tiled"})
+                at += n
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
     return new_path, entries, tiles
 
 
 def _write_all(
-    m: Manifest, src: Path, out: Path, index: TileIndex
+    m: Manifest, src: Path, out: Path, index: TileIndex, chunk: int
 ) -> tuple[list[TensorEntry], dict[str, TensorTiles], list[str]]:
-    """Write every file of ``m`` under ``out``: tensor files tiled, the others copied."""
+    """Write every file of ``m`` under ``out``: tensor files tiled, the others copied (streamed)."""
     by_file: dict[str, list[TensorEntry]] = {}
     for t in m.tensors or []:
         by_file.setdefault(t.file, []).append(t)
@@ -207,49 +269,70 @@ def _write_all(
     paths: list[str] = []
     for f in m.files:
         if f.path in by_file:
-            new_path, new_entries, new_tiles = _write_tiled(src, out, f.path, by_file[f.path], index)
+            new_path, new_entries, new_tiles = _write_tiled(src, out, f.path, by_file[f.path], index, chunk)
             entries += new_entries
             tiles.update(new_tiles)
             paths.append(new_path)
         else:
             (out / f.path).parent.mkdir(parents=True, exist_ok=True)
-            (out / f.path).write_bytes((src / f.path).read_bytes())
+            shutil.copyfile(src / f.path, out / f.path)
             paths.append(f.path)
     return entries, tiles, paths
 
 
-def _check_tiles(out: Path, name: str, tt: TensorTiles) -> None:
-    """Every tile of tensor ``name`` in the written file must hash to its recorded hash."""
-    mm = np.memmap(out / tt.file, dtype=np.uint8, mode="r")
-    for i in range(tt.grid_rows):
-        for j in range(tt.grid_cols):
-            r0, r1, c0, c1 = tt.tile_rect(i, j)
-            at = tt.start + tile_offset(tt.rows, tt.row_bytes, tt.row_block, tt.col_block, i, j)
-            if tile_hash(mm[at : at + (r1 - r0) * (c1 - c0)].data) != tt.hashes[i * tt.grid_cols + j]:
-                raise VerificationError(f"convert: {tt.file}: tensor {name} tile ({i}, {j}) does not verify")
+def _check_tensor(
+    files: _Files, src: Path, out: Path, old: TensorEntry, tt: TensorTiles, chunk: int, name: str
+) -> None:
+    """Tensor ``name`` in the written file: the source's bytes bit for bit, every tile its recorded hash."""
+    check_tiled(files.fd(src / old.file), old.start, files.fd(out / tt.file), tt.start, tt, chunk, name)
+
+
+def _planes(
+    files: _Files,
+    out: Path,
+    w: LogicalWeight,
+    by_name: Mapping[str, TensorEntry],
+    index: TileIndex,
+    chunk: int,
+) -> dict[str, npt.NDArray[Any]]:
+    """Weight ``w``'s planes, read back from the written files through the new entries.
+
+    Row-major copies; missing ones are left out (the gates report a dropped plane).
+    """
+    planes: dict[str, npt.NDArray[Any]] = {}
+    for plane in w.planes:
+        e = by_name.get(plane.tensor)
+        if e is None:
+            continue
+        shape = plane_layout(e)
+        tt = TensorTiles(
+            file=e.file,
+            start=e.start,
+            rows=shape.rows,
+            row_bytes=shape.row_bytes,
+            row_block=e.tile_rows or 0,
+            col_block=e.tile_cols or 0,
+            hashes=index.tensors[e.name].hashes,
+            layout="tiled",
+        )
+        raw = read_tiled(files.fd(out / e.file), e.start, tt, chunk, f"convert: {e.file}: tensor {e.name}")
+        dt = NUMPY_DTYPES.get(e.dtype)
+        planes[plane.tensor] = raw if dt is None else raw.view(dt).reshape(e.shape)
+    return planes
 
 
 def _check_weight(
-    w: LogicalWeight,
-    before: Callable[[], dict[str, npt.NDArray[Any]]],
-    after: Callable[[], dict[str, npt.NDArray[Any]]],
-    inventory: Mapping[str, TensorInfo],
+    w: LogicalWeight, planes: Callable[[], dict[str, npt.NDArray[Any]]], inventory: Mapping[str, TensorInfo]
 ) -> None:
-    """The weight decodes bit for bit as in the source, and its gates and witness pass on the new bytes."""
-    planes = after()
-    with np.errstate(all="ignore"):
-        a = decode_weight(w, before())
-        b = decode_weight(w, planes)
-    if a.shape != b.shape or not np.array_equal(_bits(a), _bits(b)):
-        raise VerificationError(f"convert: weight {w.name} decodes differently after conversion")
-    check_weight(w, planes, inventory)
+    """The weight's gates and witness pass on the new bytes (its planes, read back from the new files)."""
+    check_weight(w, planes(), inventory)
 
 
 def _run_bounded(pool: ThreadPoolExecutor, jobs: list[tuple[int, Callable[[], None]]], budget: int) -> None:
     """Run ``(cost, job)`` pairs on ``pool`` in order, at most ``budget`` cost in flight.
 
     A job costlier than ``budget`` runs alone. Raises the first failure in job order; what is still
-    queued then is cancelled.
+    queued then is cancelled, and what is running is waited for.
     """
     pending: deque[tuple[int, Future[None]]] = deque()
     held = 0
@@ -266,6 +349,16 @@ def _run_bounded(pool: ThreadPoolExecutor, jobs: list[tuple[int, Callable[[], No
     finally:
         for _, queued in pending:
             queued.cancel()
+        wait([f for _, f in pending])  # those already running finish before their files are closed
+
+
+def check_cost(w: LogicalWeight, planes: int) -> int:
+    """Estimated peak bytes of checking weight ``w`` whose planes hold ``planes`` bytes.
+
+    The planes read back, plus the gates' and witness's intermediates (:data:`CHECK_BYTES_PER_ELEMENT`).
+    """
+    per_element = CHECK_BYTES_PER_ELEMENT.get(w.contract.family, CHECK_BYTES_DEFAULT)
+    return planes + math.ceil(per_element * math.prod(w.shape.extents))
 
 
 def _validate(
@@ -275,42 +368,37 @@ def _validate(
     entries: list[TensorEntry],
     index: TileIndex,
     pool: ThreadPoolExecutor,
+    budget: int,
 ) -> None:
-    """Reopen the written files: every tile hash and every weight's decode must match the source.
+    """Reopen the written files: every tensor's bytes and tile hashes, every weight's gates and witness.
 
-    Tensors' tile checks and weights' decode comparisons run on ``pool``; the decodes in flight stay
-    within :data:`DECODE_BUDGET` bytes (estimated: :data:`DECODE_BYTES_PER_ELEMENT` per logical element
-    of the weight's family, plus its planes).
+    Each tensor is compared slab by slab with the source's bytes and its tiles hashed as they are read
+    (this bit-for-bit equality of every plane implies the weights decode as in the source: a decode is
+    a function of the weight's record and its planes' bytes, and both are the source's). Then each
+    weight's planes are read back through the new entries and its gates and witness run on them. The
+    checks run on ``pool`` with at most ``budget`` bytes in flight (a weight whose check costs more,
+    :func:`check_cost`, runs alone).
     """
     by_name = {e.name: e for e in entries}
     old = {e.name: e for e in manifest.tensors or []}
-    before, after = PlaneReader(src), PlaneReader(out)
     inventory = stored_inventory(entries)
+    chunk = _chunk(budget)
+    files = _Files()
     jobs: list[tuple[int, Callable[[], None]]] = [
-        (0, partial(_check_tiles, out, name, tt)) for name, tt in index.tensors.items()
+        (
+            2 * min(tt.nbytes, max(chunk, tt.row_bytes)),
+            partial(_check_tensor, files, src, out, old[name], tt, chunk, name),
+        )
+        for name, tt in index.tensors.items()
     ]
     for w in manifest.weights or []:
         planes = sum(by_name[p.tensor].end - by_name[p.tensor].start for p in w.planes if p.tensor in by_name)
-        per_element = DECODE_BYTES_PER_ELEMENT.get(w.contract.family, DECODE_BYTES_DEFAULT)
-        cost = per_element * math.prod(w.shape.extents) + planes
-        jobs.append(
-            (
-                cost,
-                partial(
-                    _check_weight,
-                    w,
-                    partial(before.planes, w, old),
-                    partial(after.planes, w, by_name),
-                    inventory,
-                ),
-            )
-        )
-    _run_bounded(pool, jobs, DECODE_BUDGET)
-
-
-def _bits(a: np.ndarray) -> np.ndarray:
-    """``a``'s bytes as uint8 (compared bit for bit: NaNs and signed zeros included)."""
-    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        read = partial(_planes, files, out, w, by_name, index, chunk)
+        jobs.append((check_cost(w, planes), partial(_check_weight, w, read, inventory)))
+    try:
+        _run_bounded(pool, jobs, budget)
+    finally:
+        files.close()
 
 
 def _tiled_manifest(
@@ -356,14 +444,18 @@ def convert(
     retries: int = 0,
     valid_for: timedelta = DEFAULT_VALIDITY,
     layers: Callable[[Manifest], Manifest] | None = None,
+    budget: int = BUDGET,
 ) -> PushResult:
     """Convert ``ref`` to ``layout`` and publish it as ``name:tag``.
 
     ``layers``: as :func:`shardport.registry.push.push`'s — finishes the converted manifest (the CLI fills
-    ``runtime`` and ``topology``); without it they are the source's.
+    ``runtime`` and ``topology``); without it they are the source's. ``budget``: bytes of tensor data held
+    at once (:data:`BUDGET`); the output does not depend on it.
     """
     if layout != "tiled":
         raise UsageError(f"--layout {layout!r}: the only layout is 'tiled'")
+    if budget < 1:
+        raise UsageError(f"convert: a memory budget of {budget} bytes; it must be at least 1")
     require_signing_scope(session, name, tag)
     source_date()  # a bad SOURCE_DATE_EPOCH fails before anything is fetched
     resolved = resolve(session, ref)
@@ -381,13 +473,13 @@ def convert(
         sources = _fetch_all(session, m, src, pool)
         digests: list[tuple[str, tuple[int, int, int, int], Future[tuple[str, int]]]] = []
         try:
-            entries, tiles, paths = _write_all(m, src, out, index)
+            entries, tiles, paths = _write_all(m, src, out, index, _chunk(budget))
             new_index = TileIndex(
                 tile_target=index.tile_target, tile_minimum=index.tile_minimum, tensors=tiles
             )
             for p in paths:  # hashed beside the validation; identity taken before hashing
-                digests.append((p, file_identity(out / p), pool.submit(digest_file, out / p)))
-            _validate(m, src, out, entries, new_index, pool)
+                digests.append((p, file_identity(out / p), pool.submit(digest_path, out / p, _chunk(budget))))
+            _validate(m, src, out, entries, new_index, pool, budget)
         except Exception:
             for _, _, pending in digests:
                 pending.cancel()
