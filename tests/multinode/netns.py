@@ -75,6 +75,10 @@ print(json.dumps([{"id": n["NodeID"], "address": n["NodeManagerAddress"], "alive
 class ClusterStartError(RuntimeError):
     """The two-node cluster did not come up; the message holds the command's output and Ray's logs."""
 
+    def __init__(self, message: str, cluster: TwoNodeCluster) -> None:
+        super().__init__(message)
+        self.cluster = cluster  # torn down by the time the caller sees this error
+
 
 @dataclass(frozen=True, slots=True)
 class NodeNet:
@@ -271,7 +275,7 @@ def _signal_all(procs: Sequence[Proc], sig: int) -> None:
                 os.kill(p.pid, sig)
 
 
-def _end_netns_procs(namespaces: Sequence[str], grace_s: float = 3.0) -> list[Proc]:
+def _end_netns_procs(namespaces: Sequence[str], grace_s: float = 1.0) -> list[Proc]:
     """SIGTERM every process in ``namespaces``, SIGKILL what is left after ``grace_s``; return them all."""
     ended: dict[int, Proc] = {}
     for _ in range(5):  # a process may start another while the first round ends
@@ -427,7 +431,8 @@ def _ray_start(cluster: TwoNodeCluster, node: NodeNet, args: Sequence[str], cpus
     if done.returncode != 0:
         raise ClusterStartError(
             f"`ray start` in {node.netns} ({node.address}) exited {done.returncode}:\n"
-            f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}\n{_log_tails(cluster.folder)}"
+            f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}\n{_log_tails(cluster.folder)}",
+            cluster,
         )
 
 
@@ -442,7 +447,8 @@ def _start_ray(cluster: TwoNodeCluster, cpus: int, system_config: Mapping[str, A
     if alive != sorted([cluster.a.address, cluster.b.address]):
         raise ClusterStartError(
             f"expected nodes {cluster.a.address} and {cluster.b.address} alive, the GCS lists {nodes}\n"
-            f"{_log_tails(cluster.folder)}"
+            f"{_log_tails(cluster.folder)}",
+            cluster,
         )
 
 

@@ -18,6 +18,7 @@ from netns import (
     ClusterStartError,
     NodeNet,
     TwoNodeCluster,
+    leftovers,
     sweep_stale,
     two_node_cluster,
 )
@@ -126,10 +127,10 @@ def test_a_failed_start_is_torn_down_and_says_why(tmp_path: Path) -> None:
         with two_node_cluster(tmp_path, cpus_per_node=-1) as cluster:
             pytest.fail(f"a cluster of -1 CPUs a node came up: {cluster}")
     assert "Resource quantities must be nonnegative" in str(failed.value), failed.value
-    ours = f"{PREFIX}-{os.getpid()}-"
-    assert [ns for ns in _namespaces() if ns.startswith(ours)] == []
-    assert list(Path("/tmp").glob(f"{ours}*")) == []
-    assert _processes_mentioning(f"/tmp/{ours}") == []
+    cluster = failed.value.cluster
+    assert cluster.ended, "no process was ended: the GCS did not start?"
+    assert leftovers(cluster) == []
+    assert _processes_mentioning(str(cluster.folder)) == []
     assert list((tmp_path / "ray-logs").glob("*/gcs_server.out")), "the GCS's log was not kept"
 
 
