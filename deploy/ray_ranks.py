@@ -450,8 +450,11 @@ class RayRanks:
             if self.cluster.folder is None:
                 raise ClusterError("no private folder for the ranks' rendezvous")
             return local_rendezvous(self.cluster.folder, self.id)
-        if self.cluster.started_here:  # pragma: no cover - an embedded head is one node on loopback
-            raise ClusterError("ranks of the embedded cluster were placed on another node")
+        if self.cluster.address is None:  # pragma: no cover - an embedded head is one node on loopback
+            raise ClusterError(
+                "ranks were placed on another node than the driver's without --address: the embedded head "
+                "is one node on loopback, and a cross-node rendezvous is opened only on a joined cluster"
+            )
         world = len(self.actors)
         ref = self.actors[0].open_store.remote(world, self.timeouts.of("run"))
         host, port = self._gather_one(ref, 0, "rendezvous")
