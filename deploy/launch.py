@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from shardport.placement import Topology
+from shardport.placement.nodes import NodeCapacityError
 from shardport.registry.errors import UsageError
 
 from .errors import RankLostError
@@ -133,9 +134,12 @@ def launch_with_retries(
 
     Only :class:`RankLostError` (an actor died, a node went away, a rank stopped answering) is retried:
     by then the launcher has torn everything down (actors, placement group, process group), so each
-    attempt starts clean. A rank's own failure (validation, admission, I/O: :class:`RankFailedError`)
-    and every other error propagate at once. Returns the reports and one record per attempt
-    (``attempt``, ``outcome`` lost/ok, ``seconds``; a lost one also ``rank``, ``stage``, ``reason``).
+    attempt starts clean, placed on the nodes still alive. A relaunch those nodes cannot hold
+    (:class:`~shardport.placement.nodes.NodeCapacityError`) ends the retries as a
+    :class:`RankLostError` naming the loss and the refusal's arithmetic. A rank's own failure
+    (validation, admission, I/O: :class:`RankFailedError`) and every other error propagate at once.
+    Returns the reports and one record per attempt (``attempt``, ``outcome`` lost/ok, ``seconds``; a
+    lost one also ``rank``, ``stage``, ``reason``).
     When the last attempt is lost, its error is raised with ``attempts`` set (and, after retries, the
     earlier attempts named in its message).
     """
@@ -146,6 +150,17 @@ def launch_with_retries(
         t0 = time.perf_counter()
         try:
             reports = launch(specs)
+        except NodeCapacityError as exc:
+            if not attempts:  # the first launch: the cluster never could hold it (exit 2, as it is)
+                raise
+            # a relaunch after a lost node: the surviving nodes cannot hold the topology
+            lost = RankLostError(
+                f"{attempts[-1]['reason']}; relaunching on the surviving nodes was refused: {exc}",
+                rank=attempts[-1]["rank"],
+                stage=str(attempts[-1]["stage"]),
+            )
+            lost.attempts = attempts
+            raise lost from exc
         except RankLostError as exc:
             attempts.append(
                 {

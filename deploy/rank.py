@@ -125,10 +125,13 @@ def failure(rank: int, stage: str, exc: BaseException) -> dict[str, Any]:
 
 
 def _rss() -> int:
-    """Resident bytes of the process, after handing freed heap back to the system (glibc ``malloc_trim``).
+    """The process's own resident bytes, after handing freed heap back to the system (``malloc_trim``).
 
     Without the trim, RSS keeps what transient buffers (the ladder's decodes, read staging) used after
     they were freed, and the L5 check would measure the allocator's caching instead of live memory.
+    Shared-memory pages (``RssShmem``) are not the rank's own: they are the node's object store, which a
+    node's first rank writes the other ranks' slices into (mapped into it until Ray unmaps them), and
+    which the node ledger accounts for.
     """
     import ctypes
 
@@ -139,7 +142,19 @@ def _rss() -> int:
     trim = libc_function("malloc_trim", ctypes.c_int, [ctypes.c_size_t])
     if callable(trim):
         trim(0)
-    return int(psutil.Process().memory_info().rss)
+    return max(0, int(psutil.Process().memory_info().rss) - _status_bytes("RssShmem"))
+
+
+def _status_bytes(field: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` in bytes (0 where there is none)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def _peak_rss() -> int:
@@ -148,14 +163,7 @@ def _peak_rss() -> int:
     Not ``ru_maxrss``: Linux carries that across ``fork``/``exec`` from the parent, so a worker started
     by a big process would report the parent's peak; ``VmHWM`` belongs to this process's own memory.
     """
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return _status_bytes("VmHWM")
 
 
 class Rank:
@@ -242,7 +250,7 @@ class Rank:
             os.environ["SHARDPORT_HOME"] = spec.home
         self.rss_start = _rss()
         self._enter("resolve")
-        self.clock["resolve"] = time.time()
+        self.clock.setdefault("resolve", time.time())  # a rank handed its node's read: when that began
         t0 = time.perf_counter()
         session = Session.open(
             spec.store,
@@ -268,6 +276,7 @@ class Rank:
         from shardport.placement import Topology
 
         spec = self.spec
+        began = time.time()
         session, resolved = self._open()
         self._enter("fetch")
         t1 = time.perf_counter()
@@ -283,6 +292,7 @@ class Rank:
             "requests": int(ledger.requests),
             "tiles_verified": int(ledger.tiles_verified),
             "seconds": wall,
+            "began": began,
         }
         self.preloaded = node.rank(spec.rank)
         return {r.rank: r for r in node.ranks if r.rank != spec.rank}

@@ -126,6 +126,7 @@ class _RankActor:
             except BaseException as exc:  # the object went with the node's first rank
                 return {"failure": failure(spec.rank, "fetch", exc)}
             rank.node_read, rank.fetched_here = shared["node_read"], False
+            rank.clock["resolve"] = float(shared["node_read"]["began"])  # its first stage: the node's read
         out = rank.prepare()
         out["node"] = self.node()  # where this rank runs (rendezvous)
         return out

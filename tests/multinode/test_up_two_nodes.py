@@ -181,7 +181,7 @@ def test_losing_a_node_mid_fetch_names_it_and_leaves_nothing(
     }
     argv = [
         str(BIN / "registry"), "--json", "--store", pushed["store"], "up", REF, "--address",
-        two_nodes.head_address, *TOPOLOGY, "--tokens", PROMPT, "--no-evidence",
+        two_nodes.head_address, *TOPOLOGY, "--tokens", PROMPT, "--no-evidence", "--retries", "1",
     ]  # fmt: skip
     driver = two_nodes.popen_in_head(argv, env=env)
     try:
@@ -202,6 +202,9 @@ def test_losing_a_node_mid_fetch_names_it_and_leaves_nothing(
     assert driver.returncode == 6, (out[-2000:], err[-3000:])
     message = json.loads(out.strip().splitlines()[-1])["error"]["message"]
     assert f"({two_nodes.b.address}) was lost during fetch: ranks [2, 3]" in message, (out, err)
+    # --retries 1: the relaunch is placed on the surviving node, which cannot hold 4 ranks
+    refused = "relaunching on the surviving nodes was refused: 2x1x2 = 4 ranks; the nodes hold 2 rank(s)"
+    assert refused in message, message
     assert seconds < 60, seconds
     left = two_nodes.run_in_head([two_nodes.python, "-c", _LEFT, two_nodes.head_address], timeout=90)
     assert left.returncode == 0, left.stderr[-2000:]
