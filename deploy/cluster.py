@@ -116,6 +116,22 @@ def probe(address: str, timeout: float) -> None:
         )
 
 
+def embedded_object_store() -> int:
+    """The embedded head's object store: where a node's first rank hands the other ranks their slices.
+
+    A tenth of the machine's memory, at least 128 MiB and at most 4 GiB (Ray maps it lazily: pages
+    cost memory only while a handed-over slice is in flight); below what the ranks hand over at once,
+    Ray spills to disk and the bring-up slows down, but stays correct.
+    """
+    try:
+        import psutil
+
+        total = int(psutil.virtual_memory().total)
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        total = 0
+    return max(128 * 2**20, min(4 * 2**30, total // 10))
+
+
 def _reload_auth_settings() -> None:
     """Make this process's Ray read ``RAY_AUTH_*`` again (its C++ config read them at import).
 
@@ -182,7 +198,7 @@ def _start(ray: Any, address: str | None, world: int, folder: Path, timeout: flo
             num_cpus=max(world, os.cpu_count() or 1),
             _node_ip_address=LOOPBACK,
             dashboard_host=LOOPBACK,
-            object_store_memory=128 * 1024 * 1024,
+            object_store_memory=embedded_object_store(),
             _temp_dir=str(folder / "r"),  # Ray makes its folder 0777: the private one (0700) holds it
         )
     else:

@@ -266,3 +266,30 @@ def test_the_human_output_names_each_lost_attempt() -> None:
     text = render(result)
     assert "attempt 1: rank 1 lost during run after 4.3 s (relaunched)" in text
     assert "attempt 2" not in text
+
+
+def test_a_relaunch_the_surviving_nodes_cannot_hold_ends_as_the_loss_with_the_arithmetic() -> None:
+    from shardport.deploy.launch import launch_with_retries
+    from shardport.placement import Topology
+    from shardport.placement.nodes import NodeCapacityError, NodeView, place_on_nodes
+
+    alive = [NodeView("a" * 32, "10.0.0.1", 1.0, 1.0), NodeView("b" * 32, "10.0.0.2", 1.0, 1.0)]
+
+    def launch(specs: Sequence[RankSpec]) -> list[dict[str, Any]]:
+        # the real placement over the nodes still alive: the first attempt loses node b
+        place_on_nodes(Topology(tp=1, pp=2), alive, use_gpus=True, cpu_share=1.0)
+        alive.pop()
+        raise RankLostError(
+            "node bbbb (10.0.0.2) was lost during fetch: ranks [1] ran on it", rank=1, stage="fetch"
+        )
+
+    with pytest.raises(RankLostError) as caught:
+        launch_with_retries(launch, [], retries=2)
+    message = str(caught.value)
+    assert message.startswith("node bbbb (10.0.0.2) was lost during fetch: ranks [1] ran on it; relaunching")
+    assert "refused: 1x1x2 = 2 ranks; the nodes hold 1 rank(s) in all" in message
+    assert caught.value.exit_code == 6 and caught.value.stage == "fetch" and caught.value.rank == 1
+    assert [a["outcome"] for a in caught.value.attempts] == ["lost"]
+    assert isinstance(caught.value.__cause__, NodeCapacityError)
+    with pytest.raises(NodeCapacityError):  # a first launch the cluster cannot hold stays a refusal (exit 2)
+        launch_with_retries(launch, [], retries=2)
