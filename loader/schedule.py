@@ -25,12 +25,11 @@ The schedule also carries each slice's result-array shift (:func:`~.bands.direct
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 
+from shardport.placement.planner import paused_gc
 from shardport.registry.artifact.manifest import FileEntry, TensorEntry
 from shardport.registry.tiles.model import TileIndex
 
@@ -148,7 +147,7 @@ def schedule_reads(
     The cyclic garbage collector is paused meanwhile: planning builds thousands of small acyclic
     records, and the collections they triggered (each walking every live object) doubled its time.
     """
-    with _paused_gc():
+    with paused_gc():
         gaps = _Gaps(max_gap, gap_budget, request_bytes, max_amplification)
         return _schedule(slices, tensors, files, index, batch_bytes, gaps)
 
@@ -185,18 +184,6 @@ class _Gaps:
     def factor(self) -> float:
         """The most bytes a plan reads per band byte."""
         return bridge_factor(self.gap_budget, self.request_bytes, self.max_amplification)
-
-
-@contextlib.contextmanager
-def _paused_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector (process-wide) for a burst of small acyclic allocations."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _schedule(

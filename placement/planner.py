@@ -267,16 +267,17 @@ def plan(
     """
     if policy not in ("align", "refuse"):
         raise TopologyError(f"placement policy {policy!r}: expected 'align' or 'refuse'")
-    with _paused_gc():
+    with paused_gc():
         return _plan(source, topology, policy, max_gap, ranks)
 
 
 @contextlib.contextmanager
-def _paused_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector (process-wide) while a plan's acyclic records are built.
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector (process-wide) while many small acyclic records are built.
 
-    A 405B llama's plan at 512 ranks builds ~40k reads; in a driver holding a manifest and another plan,
-    the collections they triggered (each walking every live object) took 1.5-3.5x the planning itself.
+    Used by the planner and the loader's read scheduler. A 405B llama's plan at 512 ranks builds ~40k
+    reads; in a driver holding a manifest and another plan, the collections they triggered (each walking
+    every live object) took 1.5-3.5x the planning itself.
     """
     enabled = gc.isenabled()
     gc.disable()

@@ -21,7 +21,6 @@ HIDDEN, INTER, LAYERS, HEADS = 1024, 2048, 2, 8
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "checkpoint_format": "gptq"}
 
 
-
 def linear_shapes(hidden: int, inter: int, kv_dim: int, *, gguf: bool = False) -> dict[str, tuple[int, int]]:
     """A llama layer's linear weights ``[N, K]`` by slot: Hugging Face names, or GGUF's (``gguf``)."""
     hf = {
@@ -37,6 +36,7 @@ def linear_shapes(hidden: int, inter: int, kv_dim: int, *, gguf: bool = False) -
         return hf
     names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
     return dict(zip(names, hf.values(), strict=True))
+
 
 def cli(store: str, *args: str | Path) -> tuple[int, dict[str, Any]]:
     buf = io.StringIO()
@@ -224,4 +224,25 @@ def gguf_smollm(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return folder
+
+
+def sharded_float(folder: Path) -> Path:
+    """A small float checkpoint with an index whose total_size is the file sizes (a note rides along)."""
+    rng = np.random.default_rng(11)
+    shards = {
+        "model-00001-of-00002.safetensors": {"model.embed_tokens.weight": rng.standard_normal((64, 32))},
+        "model-00002-of-00002.safetensors": {"lm_head.weight": rng.standard_normal((64, 32))},
+    }
+    folder.mkdir(parents=True)
+    for file, tensors in shards.items():
+        save_file({k: v.astype(np.float16) for k, v in tensors.items()}, str(folder / file))
+    index = {
+        "metadata": {"total_size": sum((folder / f).stat().st_size for f in shards)},
+        "weight_map": {t: f for f, ts in shards.items() for t in ts},
+    }
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    (folder / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 32})
+    )
     return folder

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llama_artifacts import cli, gguf_llama, gptq_llama, ok
+from llama_artifacts import cli, gguf_llama, gptq_llama, ok, sharded_float
 from safetensors.numpy import save_file
 
 from shardport.cli.publish import manifest_layers
@@ -24,27 +24,6 @@ from shardport.registry.store.keys import blob_key
 
 TILES = ("--tile-min", "256", "--tile-size", "16384")
 MIB = 1 << 20
-
-
-def sharded_float(folder: Path) -> Path:
-    """Two float16 shards, an index and a config (``tests/registry/test_digest_determinism.py``'s)."""
-    rng = np.random.default_rng(11)
-    shards = {
-        "model-00001-of-00002.safetensors": {"model.embed_tokens.weight": rng.standard_normal((64, 32))},
-        "model-00002-of-00002.safetensors": {"lm_head.weight": rng.standard_normal((64, 32))},
-    }
-    folder.mkdir(parents=True)
-    for file, tensors in shards.items():
-        save_file({k: v.astype(np.float16) for k, v in tensors.items()}, str(folder / file))
-    index = {
-        "metadata": {"total_size": sum((folder / f).stat().st_size for f in shards)},
-        "weight_map": {t: f for f, ts in shards.items() for t in ts},
-    }
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    (folder / "config.json").write_text(
-        json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 32})
-    )
-    return folder
 
 
 def content_digest(store: str, digest: str) -> str:

@@ -3,37 +3,14 @@ tag, folder or time; one changed byte gives another. Push time lives in the tag 
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
-from safetensors.numpy import save_file
+from llama_artifacts import sharded_float as checkpoint
 from support import Cli
 
 from shardport.registry.errors import UsageError
-
-
-def checkpoint(folder: Path) -> Path:
-    """A small float checkpoint with an index whose total_size is the file sizes (a note rides along)."""
-    rng = np.random.default_rng(11)
-    shards = {
-        "model-00001-of-00002.safetensors": {"model.embed_tokens.weight": rng.standard_normal((64, 32))},
-        "model-00002-of-00002.safetensors": {"lm_head.weight": rng.standard_normal((64, 32))},
-    }
-    folder.mkdir(parents=True)
-    for file, tensors in shards.items():
-        save_file({k: v.astype(np.float16) for k, v in tensors.items()}, str(folder / file))
-    index = {
-        "metadata": {"total_size": sum((folder / f).stat().st_size for f in shards)},
-        "weight_map": {t: f for f, ts in shards.items() for t in ts},
-    }
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    (folder / "config.json").write_text(
-        json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 32})
-    )
-    return folder
 
 
 @pytest.fixture
