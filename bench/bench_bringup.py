@@ -142,22 +142,25 @@ def registry(env: dict[str, str], store: str, *args: str) -> dict[str, Any]:
     return dict(json.loads(out.stdout))
 
 
-def run_up(env: dict[str, str], store: str, ref: str, tp: int, generate: int) -> dict[str, Any]:
-    """``registry up`` under a pty (progress lines) and /usr/bin/time; returns the measurements."""
+def pty_run(
+    argv: list[str], env: dict[str, str], timeout: float = float("inf")
+) -> tuple[int, str, list[tuple[float, str]], float]:
+    """Run ``argv`` with stderr on a pty (its lines timestamped from launch) and stdout to a file.
+
+    Stdout goes to a file, not a pipe: the ``--json`` document of a large model outgrows a pipe's
+    buffer, and this loop drains only the pty until the process ends. Returns the exit status, stdout,
+    the timestamped stderr lines and the wall time; the process is killed after ``timeout`` seconds.
+    """
     master, slave = pty.openpty()
-    timefile = tempfile.NamedTemporaryFile(suffix=".time", delete=False)
-    timefile.close()
-    argv = ["/usr/bin/time", "-f", "%M", "-o", timefile.name, REGISTRY, "--store", store, "--json", "up", ref]
-    argv += ["--tp", str(tp), "--tokens", ",".join(map(str, PROMPT)), "--generate", str(generate)]
-    t0 = time.perf_counter()
-    # stdout to a file, not a pipe: the --json document of a large model outgrows a pipe's buffer, and
-    # this loop drains only the pty until the process ends
     out_file = tempfile.TemporaryFile()
+    t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=out_file, stderr=slave, stdin=subprocess.DEVNULL)
     os.close(slave)
     events: list[tuple[float, str]] = []
     buf = b""
     while True:
+        if time.perf_counter() - t0 > timeout:
+            proc.kill()
         ready, _, _ = select.select([master], [], [], 0.2)
         if ready:
             try:
@@ -174,16 +177,26 @@ def run_up(env: dict[str, str], store: str, ref: str, tp: int, generate: int) ->
         elif proc.poll() is not None:
             break
     proc.wait()
+    wall = time.perf_counter() - t0
+    os.close(master)
     out_file.seek(0)
     stdout = out_file.read().decode()
     out_file.close()
-    wall = time.perf_counter() - t0
-    os.close(master)
+    return proc.returncode, stdout, events, wall
+
+
+def run_up(env: dict[str, str], store: str, ref: str, tp: int, generate: int) -> dict[str, Any]:
+    """``registry up`` under a pty (progress lines) and /usr/bin/time; returns the measurements."""
+    timefile = tempfile.NamedTemporaryFile(suffix=".time", delete=False)
+    timefile.close()
+    argv = ["/usr/bin/time", "-f", "%M", "-o", timefile.name, REGISTRY, "--store", store, "--json", "up", ref]
+    argv += ["--tp", str(tp), "--tokens", ",".join(map(str, PROMPT)), "--generate", str(generate)]
+    returncode, stdout, events, wall = pty_run(argv, env)
     driver_kib = int(Path(timefile.name).read_text().strip().splitlines()[-1])
     os.unlink(timefile.name)
-    if proc.returncode not in (0, 1):
+    if returncode not in (0, 1):
         tail = "\n".join(line for _, line in events[-40:])
-        raise RuntimeError(f"registry up --tp {tp}: exit {proc.returncode}\n{stdout[-2000:]}\n{tail}")
+        raise RuntimeError(f"registry up --tp {tp}: exit {returncode}\n{stdout[-2000:]}\n{tail}")
     doc = json.loads(stdout)
     prepared = [t for t, line in events if line.endswith("prepare done")]
     timeline = doc["timeline"]
@@ -196,7 +209,7 @@ def run_up(env: dict[str, str], store: str, ref: str, tp: int, generate: int) ->
     rank0_decode = None if decode is None else float(decode["0"])
     return {
         "tp": tp,
-        "exit": proc.returncode,
+        "exit": returncode,
         "passed": doc["passed"],
         "generated": doc["generated"],
         "seconds_to_first_token": ttft,

@@ -41,8 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pty
-import select
 import shutil
 import subprocess
 import sys
@@ -55,51 +53,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "multinode"))
 
 import netns
-from bench_bringup import HIDDEN, PROMPT, REGISTRY, SIZES, VOCAB, layer_bytes, make_gguf, registry
+from bench_bringup import HIDDEN, PROMPT, REGISTRY, SIZES, VOCAB, layer_bytes, make_gguf, pty_run, registry
 from netns import TwoNodeCluster, two_node_cluster
 
 REF = "bench/llama-q4:prod"
 GOAL = 1.25  # the issue's bound: two-node TTFT over the single-node TTFT
 OBJECT_STORE_BYTES = 128 * 2**20  # what the embedded head gives its node (deploy/cluster.py)
 SHARDED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-
-
-def _pty_run(
-    argv: list[str], env: dict[str, str], timeout: float
-) -> tuple[int, str, list[tuple[float, str]], float]:
-    """Run ``argv`` with stderr on a pty (lines timestamped from launch) and stdout to a file."""
-    master, slave = pty.openpty()
-    out_file = tempfile.TemporaryFile()
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=out_file, stderr=slave, stdin=subprocess.DEVNULL)
-    os.close(slave)
-    events: list[tuple[float, str]] = []
-    buf = b""
-    while True:
-        if time.perf_counter() - t0 > timeout:
-            proc.kill()
-        ready, _, _ = select.select([master], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                break
-            now = time.perf_counter() - t0
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                events.append((now, line.decode(errors="replace").strip()))
-        elif proc.poll() is not None:
-            break
-    proc.wait()
-    wall = time.perf_counter() - t0
-    os.close(master)
-    out_file.seek(0)
-    stdout = out_file.read().decode()
-    out_file.close()
-    return proc.returncode, stdout, events, wall
 
 
 def show_evidence(env: dict[str, str], store: str, digest: str) -> dict[str, Any]:
@@ -127,7 +87,7 @@ def run_up_in_head(
     argv = ["ip", "netns", "exec", cluster.a.netns, "/usr/bin/time", "-f", "%M", "-o", timefile.name]
     argv += [REGISTRY, "--store", store, "up", REF, *args]
     argv += ["--tokens", ",".join(map(str, PROMPT)), "--generate", str(generate)]
-    code, stdout, events, wall = _pty_run(argv, cluster.driver_env(env), timeout=900)
+    code, stdout, events, wall = pty_run(argv, cluster.driver_env(env), timeout=900)
     driver_kib = int(Path(timefile.name).read_text().strip().splitlines()[-1] or 0)
     os.unlink(timefile.name)
     evidence = [line.split()[1] for line in stdout.splitlines() if line.strip().startswith("evidence ")]
