@@ -243,7 +243,7 @@ class Rank:
         from .contract import contract_of
 
         spec = self.spec
-        if self.manifest is not None:
+        if self._resolved is not None:  # resolved already (a node's first rank, for its node's read)
             return self._session, self._resolved
         self._take_device()
         if spec.home is not None:

@@ -465,7 +465,7 @@ class RayRanks:
         """One actor's answer within the stage's timeout (a lost actor is a :class:`RankLostError`)."""
         ray = self.ray
         try:
-            return ray.get(ref, timeout=self.timeouts.of("prepare"))
+            return ray.get(ref, timeout=self.timeouts.of(what))
         except ray.exceptions.GetTimeoutError as exc:
             raise RankLostError(f"rank {rank}: no answer to {what}", rank=rank, stage=what) from exc
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:

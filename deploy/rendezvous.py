@@ -40,15 +40,7 @@ class Rendezvous:
 
 def loopback_interface() -> str:
     """The name of the interface that holds 127.0.0.1 (``lo`` on Linux)."""
-    try:
-        import psutil
-
-        for name, addresses in psutil.net_if_addrs().items():
-            if any(a.address == "127.0.0.1" for a in addresses):
-                return str(name)
-    except ImportError:  # pragma: no cover - psutil is a dependency
-        pass
-    return "lo"
+    return interface_of("127.0.0.1") or "lo"
 
 
 def local_rendezvous(folder: Path, launch: str) -> Rendezvous:

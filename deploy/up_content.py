@@ -19,6 +19,8 @@ from shardport.kernels import OperatorSignature
 from shardport.kernels.expectations import weight_class
 from shardport.provenance.canonical import finite_text
 
+from .node_ledger import node_ledger, tp_spans_nodes
+
 
 def _class_of(trace: Mapping[str, Any]) -> str:
     return weight_class(OperatorSignature.model_validate(trace["requested"]))
@@ -99,8 +101,6 @@ def placement(driver_plan: Mapping[str, str] | None, reports: Sequence[Mapping[s
 
     ``nodes``: each node's ranks and its one read of their union (:func:`~.node_ledger.node_ledger`).
     """
-    from .node_ledger import node_ledger, tp_spans_nodes
-
     ranks = {str(r["rank"]): r.get("plan_digest") for r in sorted(reports, key=lambda r: int(r["rank"]))}
     decisions = (driver_plan or {}).get("decisions")
     return {

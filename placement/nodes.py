@@ -98,13 +98,14 @@ class NodePlacement:
 
 
 def _describe(nodes: Sequence[NodeView], use_gpus: bool, cpu_share: float) -> str:
-    unit = "GPU(s)" if use_gpus else f"CPU(s), {cpu_share:g} CPU per rank"
+    resource = "GPU(s)" if use_gpus else "CPU(s)"
+    per_rank = "" if use_gpus else f", {cpu_share:g} CPU per rank"
     parts = [
-        f"{n.address or n.node_id[:8]}: {n.gpus if use_gpus else n.cpus:g} {unit.split(',')[0]} -> "
+        f"{n.address or n.node_id[:8]}: {n.gpus if use_gpus else n.cpus:g} {resource} -> "
         f"{n.capacity(use_gpus, cpu_share)} rank(s)"
         for n in nodes
     ]
-    return f"{len(nodes)} node(s) ({unit}): " + "; ".join(parts)
+    return f"{len(nodes)} node(s) ({resource}{per_rank}): " + "; ".join(parts)
 
 
 def place_on_nodes(
